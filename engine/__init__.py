@@ -1,0 +1,1 @@
+"""Brisk's engine: model loading, decoding, caches and storage. Never imports Qt."""

@@ -1,0 +1,232 @@
+"""Headless commands: ``brisk ask``, ``brisk chat``, ``brisk doctor``, ``brisk bench``.
+
+The JSON contract (``--json``, one object per line) is stable: every event has
+``type`` and ``t`` (seconds since the request, ``time.perf_counter()``); token
+events are ``{"type": "token", "t", "text", "ids", "draft"}``; each reply ends
+with ``{"type": "done", "t", "text", "finish_reason", "metrics"}``; failures are
+``{"type": "error", "message"}`` and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.events import Done, Error, Event, Loaded, LoadFailed, Request, Sampling, Token
+from engine.settings import Settings
+
+EXIT_MODEL = 2
+EXIT_REQUEST = 3
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF model folder, .gguf file or hub id (default: bundled)")
+    parser.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+
+
+def add_request_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--system", default=None, help="system prompt TEXT, or @FILE to read it from a file")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="turn KV/prefix caching off")
+    parser.add_argument("--json", action="store_true", help="one JSON event per line")
+
+
+class Session:
+    """Drives an Engine synchronously for the CLI and benchmarks."""
+
+    def __init__(self, args: argparse.Namespace, settings: Settings | None = None) -> None:
+        from engine.engine import Engine, EngineOptions, ModelSpec
+
+        self.settings = settings or Settings()
+        self.events: queue.Queue[object] = queue.Queue()
+        options = EngineOptions(prefix_cache_bytes=self.settings.prefix_cache_mb << 20)
+        self.engine = Engine(self.events.put, options)
+        self.spec = ModelSpec(
+            source=args.model if args.model is not None else "",
+            device=getattr(args, "device", None) or "auto",
+            dtype=getattr(args, "dtype", None) or "auto",
+        )
+        self.loaded: Loaded | None = None
+
+    def load(self) -> Loaded:
+        self.engine.load(self.spec)
+        while True:
+            event = self.events.get()
+            if isinstance(event, Loaded):
+                self.loaded = event
+                return event
+            if isinstance(event, LoadFailed):
+                raise SystemExit(event.message)
+
+    def stream(self, request: Request) -> Iterator[Event]:
+        self.engine.submit(request)
+        while True:
+            event = self.events.get()
+            if isinstance(event, Event) and event.request_id == request.id:
+                yield event
+                if isinstance(event, Done | Error):
+                    return
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
+    def pick(name: str, default: object) -> object:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    return Sampling(
+        temperature=float(pick("temperature", 0.0)),  # the CLI is greedy unless told otherwise
+        top_p=float(pick("top_p", settings.top_p)),
+        top_k=int(pick("top_k", settings.top_k)),
+        repetition_penalty=float(pick("repetition_penalty", settings.repetition_penalty)),
+        seed=pick("seed", None),  # type: ignore[arg-type]
+        max_tokens=int(pick("max_tokens", settings.max_tokens)),
+        stop=tuple(args.stop or ()),
+    )
+
+
+def system_text(value: str | None) -> str | None:
+    if value and value.startswith("@"):
+        return Path(value[1:]).expanduser().read_text(encoding="utf-8")
+    return value
+
+
+def emit_json(payload: dict) -> None:
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        data = event.to_json()
+        if isinstance(event, Token):
+            data["ids"] = list(event.ids)
+        emit_json(data)
+    elif isinstance(event, Token):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    elif isinstance(event, Done):
+        m = event.metrics
+        sys.stdout.write("\n")
+        parts = [f"TTFT {m['ttft_s']:.3f} s" if m.get("ttft_s") is not None else ""]
+        if m.get("tokens_per_s"):
+            parts.append(f"{m['tokens_per_s']:.1f} tok/s")
+        parts.append(f"{m.get('completion_tokens', 0)} tokens")
+        parts.append(f"reused {m.get('cached_tokens', 0)} of {m.get('prompt_tokens', 0)} prompt tokens")
+        print(" · ".join(p for p in parts if p), file=sys.stderr)
+    elif isinstance(event, Error):
+        print(f"error: {event.message}", file=sys.stderr)
+
+
+def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
+    settings = Settings()
+    try:
+        system = system_text(args.system)
+    except OSError as exc:
+        return fail(f"Cannot read the system prompt file: {exc}", args.json, EXIT_REQUEST)
+    session = Session(args, settings)
+    try:
+        try:
+            session.load()
+        except SystemExit as exc:
+            return fail(str(exc), args.json, EXIT_MODEL)
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        conversation = uuid.uuid4().hex
+        status = 0
+        for line in lines:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            messages.append({"role": "user", "content": text})
+            request = Request(
+                id=uuid.uuid4().hex,
+                messages=tuple(messages),
+                sampling=sampling_from(args, settings),
+                conversation_id=conversation,
+                prefix_cache=not args.no_prefix_cache,
+            )
+            reply = ""
+            for event in session.stream(request):
+                print_event(event, args.json)
+                if isinstance(event, Done):
+                    reply = event.text
+                elif isinstance(event, Error):
+                    status = EXIT_REQUEST
+            messages.append({"role": "assistant", "content": reply})
+        return status
+    finally:
+        session.close()
+
+
+def fail(message: str, as_json: bool, code: int) -> int:
+    if as_json:
+        emit_json({"type": "error", "t": 0.0, "message": message})
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        return fail("The message is empty. Type something to ask.", args.json, EXIT_REQUEST)
+    return run_conversation(args, iter([args.prompt]))
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return run_conversation(args, iter(sys.stdin))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine.doctor import report
+
+    data = report()
+    if args.json:
+        emit_json(data)
+    else:
+        for key, value in data.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="brisk", description="Brisk: low-latency chat with local models")
+    add_model_args(parser)
+    sub = parser.add_subparsers(dest="command")
+    ask = sub.add_parser("ask", help="one reply to PROMPT")
+    ask.add_argument("prompt")
+    add_request_args(ask)
+    ask.set_defaults(func=cmd_ask)
+    chat = sub.add_parser("chat", help="a conversation, one user message per line of standard input")
+    add_request_args(chat)
+    chat.set_defaults(func=cmd_chat)
+    doctor = sub.add_parser("doctor", help="report on this machine: torch, devices, dtypes, quantization")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+    bench = sub.add_parser("bench", help="benchmarks; prints a table and writes JSON")
+    bench.add_argument("scenario", nargs="?", default="foundation")
+    bench.add_argument("--runs", type=int, default=5)
+    bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
+    add_model_args(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser

@@ -1,0 +1,32 @@
+"""``brisk doctor``: what this machine can do, as a flat dict of facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+
+def report() -> dict[str, Any]:
+    import torch
+    import transformers
+
+    data: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        data["gpu"] = props.name
+        data["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
+        data["bf16_supported"] = torch.cuda.is_bf16_supported()
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        data["memory_gb"] = round(pages / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return data

@@ -1,0 +1,159 @@
+"""The engine thread: owns the model and its caches, serves requests in order.
+
+``Engine(on_event)`` starts one daemon thread.  ``load(spec)``, ``submit(request)``
+and ``cancel(request_id)`` return at once; ``on_event`` is called on the engine
+thread with ``LoadProgress``/``Loaded``/``LoadFailed`` for loads and
+``Started``/``PrefillProgress``/``Token``/``Done``/``Error`` for requests.
+A request that arrives before a model is loaded gets an ``Error``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.decode import Decoder, done_event
+from engine.events import Error, Loaded, LoadFailed, LoadProgress, Request, Started
+from engine.kv import KVState
+from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_model
+from engine.prefix_cache import PrefixCache
+from engine.prompt import build_prompt
+
+__all__ = ["Engine", "EngineOptions", "ModelSpec"]
+
+
+@dataclass
+class EngineOptions:
+    prefix_cache_bytes: int = 512 << 20
+
+
+class Engine:
+    def __init__(self, on_event: Callable[[object], None], options: EngineOptions | None = None) -> None:
+        self.on_event = on_event
+        self.options = options or EngineOptions()
+        self.loaded: LoadedModel | None = None
+        self.decoder: Decoder | None = None
+        self.prefix_cache: PrefixCache | None = None
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="brisk-engine", daemon=True)
+        self._thread.start()
+
+    # -- public, thread-safe --------------------------------------------------
+    def load(self, spec: ModelSpec) -> None:
+        self._queue.put(("load", spec))
+
+    def submit(self, request: Request) -> None:
+        if not request.submitted_at:
+            object.__setattr__(request, "submitted_at", time.perf_counter())
+        self._queue.put(("request", request))
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(request_id)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self._queue.put(("stop", None))
+        self._thread.join(timeout)
+
+    def call(self, fn: Callable[[Engine], Any]) -> None:
+        """Run ``fn(engine)`` on the engine thread, in order with requests."""
+        self._queue.put(("call", fn))
+
+    # -- engine thread ----------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            kind, item = self._queue.get()
+            if kind == "stop":
+                return
+            try:
+                if kind == "load":
+                    self._load(item)
+                elif kind == "request":
+                    self._serve(item)
+                elif kind == "call":
+                    item(self)
+            except Exception:  # never let the thread die; report instead
+                traceback.print_exc()
+
+    def _load(self, spec: ModelSpec) -> None:
+        def progress(fraction: float, message: str) -> None:
+            self.on_event(LoadProgress(fraction, message))
+
+        try:
+            loaded = load_model(spec, progress)
+        except ModelLoadError as exc:
+            self.on_event(LoadFailed(str(exc)))
+            return
+        except Exception as exc:
+            self.on_event(LoadFailed(f"Unexpected error while loading the model: {exc}"))
+            return
+        self.loaded = loaded
+        self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
+        self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+        self.on_event(
+            Loaded(
+                loaded.name, loaded.device.type, str(loaded.dtype).removeprefix("torch."), loaded.load_s, loaded.info
+            )
+        )
+
+    def _is_cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._cancelled
+
+    def _serve(self, request: Request) -> None:
+        t0 = request.submitted_at
+
+        def since() -> float:
+            return time.perf_counter() - t0
+
+        if self.loaded is None or self.decoder is None or self.prefix_cache is None:
+            self.on_event(
+                Error(
+                    request.id,
+                    since(),
+                    "No model is loaded yet. Wait for loading to finish or pick a model in Settings.",
+                )
+            )
+            return
+        try:
+            prompt = build_prompt(
+                self.loaded.tokenizer, list(request.messages), self.loaded.context_length, request.sampling.max_tokens
+            )
+        except ValueError as exc:
+            self.on_event(Error(request.id, since(), str(exc)))
+            return
+        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated))
+        cache = self.prefix_cache
+        state = cache.lookup(prompt.ids, prefer=request.conversation_id) if request.prefix_cache else None
+        state = state or KVState()
+        try:
+            result = self.decoder.run(
+                request.id,
+                prompt.ids,
+                state,
+                request.sampling,
+                self.on_event,
+                lambda: self._is_cancelled(request.id),
+                t0,
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            self.on_event(Error(request.id, since(), f"The model failed while generating: {exc}"))
+            return
+        finally:
+            with self._lock:
+                self._cancelled.discard(request.id)
+        if request.prefix_cache:
+            if prompt.system_tokens:
+                cache.insert(f"system:{hash(tuple(prompt.ids[: prompt.system_tokens]))}", state, prompt.system_tokens)
+            cache.insert(f"conv:{request.conversation_id or request.id}", state)
+        result.metrics["cache_bytes"] = cache.nbytes()
+        result.metrics["truncated"] = prompt.truncated
+        self.on_event(done_event(request.id, t0, result))

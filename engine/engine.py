@@ -9,19 +9,22 @@ A request that arrives before a model is loaded gets an ``Error``.
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.decode import Decoder, done_event
 from engine.events import Error, Loaded, LoadFailed, LoadProgress, Request, Started
 from engine.kv import KVState
 from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_model
-from engine.prefix_cache import PrefixCache
+from engine.paths import cache_dir
+from engine.prefix_cache import PERSISTED, PrefixCache
 from engine.prompt import build_prompt
 
 __all__ = ["Engine", "EngineOptions", "ModelSpec"]
@@ -30,6 +33,7 @@ __all__ = ["Engine", "EngineOptions", "ModelSpec"]
 @dataclass
 class EngineOptions:
     prefix_cache_bytes: int = 512 << 20
+    persist_prefixes: bool = True  # save system-prompt KV for a warm first message after restart
 
 
 class Engine:
@@ -97,11 +101,30 @@ class Engine:
         self.loaded = loaded
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
         self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+        warm = self.prefix_cache.load(self._kv_file()) if self.options.persist_prefixes else 0
+        loaded.info["warm_prefixes"] = warm
         self.on_event(
             Loaded(
                 loaded.name, loaded.device.type, str(loaded.dtype).removeprefix("torch."), loaded.load_s, loaded.info
             )
         )
+
+    def _kv_file(self) -> Path:
+        assert self.loaded is not None
+        return cache_dir() / "kv" / f"{self.loaded.identity}.safetensors"
+
+    def _remember(self, state: KVState, system_tokens: int, conversation: str) -> None:
+        """Keep this conversation's KV, and its system prompt's KV under a key of its own."""
+        cache = self.prefix_cache
+        assert cache is not None
+        if system_tokens:
+            digest = hashlib.sha256(str(state.tokens[:system_tokens]).encode()).hexdigest()[:16]
+            key = f"{PERSISTED}{digest}"
+            is_new = key not in cache.entries
+            cache.insert(key, state, system_tokens)
+            if is_new and self.options.persist_prefixes and key in cache.entries:
+                cache.save(self._kv_file())
+        cache.insert(f"conv:{conversation}", state)
 
     def _is_cancelled(self, request_id: str) -> bool:
         with self._lock:
@@ -151,9 +174,7 @@ class Engine:
             with self._lock:
                 self._cancelled.discard(request.id)
         if request.prefix_cache:
-            if prompt.system_tokens:
-                cache.insert(f"system:{hash(tuple(prompt.ids[: prompt.system_tokens]))}", state, prompt.system_tokens)
-            cache.insert(f"conv:{request.conversation_id or request.id}", state)
+            self._remember(state, prompt.system_tokens, request.conversation_id or request.id)
         result.metrics["cache_bytes"] = cache.nbytes()
         result.metrics["truncated"] = prompt.truncated
         self.on_event(done_event(request.id, t0, result))

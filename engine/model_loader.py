@@ -194,7 +194,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     model.to(device).eval()
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    identity = hashlib.sha256(f"{location}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
+    identity = hashlib.sha256(f"{fingerprint(location)}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
     load_s = time.perf_counter() - start
     progress(1.0, "Ready")
     return LoadedModel(
@@ -211,6 +211,15 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         load_s=load_s,
         info={"parameters": sum(p.numel() for p in model.parameters())},
     )
+
+
+def fingerprint(location: str) -> str:
+    """Identifies the exact weights: folder, file names, sizes and modification times."""
+    folder = Path(location)
+    if not folder.is_dir():
+        return location  # a hub id
+    files = sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"})
+    return str(folder.resolve()) + "".join(f"|{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
 
 
 def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:

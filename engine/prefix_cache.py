@@ -9,6 +9,10 @@ radix tree or hashed blocks because a desktop app holds few, long sequences;
 matching is exact at token granularity (no block rounding), and snapshots are
 views of immutable tensors (see ``engine.kv``), so reuse copies nothing.
 
+System-prompt entries are saved to disk (``save``/``load``) so the first
+message after a restart is warm too; the file records the model identity and
+is ignored when it does not match.
+
 Entries are keyed: a conversation's entry is replaced by its next turn, and
 system prompts get entries of their own so other conversations find them.
 Bytes are counted per tensor storage, so shared views are not counted twice;
@@ -19,12 +23,21 @@ new cache when the model changes, so entries never mix.
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from engine.decode import common_prefix
 from engine.kv import KVState, Snapshot
+
+PERSISTED = "system:"  # entries with keys starting so are saved for the next start
 
 
 @dataclass
@@ -90,3 +103,45 @@ class PrefixCache:
             self.entries.popitem(last=False)
         if self.entries and self.nbytes() > self.budget_bytes:
             self.entries.clear()
+
+    def save(self, path: Path) -> int:
+        """Write the system-prompt entries to ``path``; return how many."""
+        tensors: dict[str, torch.Tensor] = {}
+        meta: dict[str, list[int]] = {}
+        for key, entry in self.entries.items():
+            if not key.startswith(PERSISTED):
+                continue
+            meta[key] = entry.tokens
+            for i, (k, v) in enumerate(entry.snapshot):
+                tensors[f"{key}|{i}|k"] = k.contiguous()
+                tensors[f"{key}|{i}|v"] = v.contiguous()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"identity": self.identity, "entries": json.dumps(meta)})
+        os.replace(tmp, path)
+        return len(meta)
+
+    def load(self, path: Path) -> int:
+        """Add saved system-prompt entries from ``path`` if they belong to this model; return how many."""
+        if not path.is_file():
+            return 0
+        try:
+
+            with safe_open(str(path), "pt") as fh:
+                meta = fh.metadata() or {}
+            if meta.get("identity") != self.identity:
+                return 0
+            entries = json.loads(meta["entries"])
+            tensors = load_file(str(path))
+        except (SafetensorError, OSError, ValueError, KeyError):
+            return 0  # a damaged file only costs a cold start
+        for key, tokens in entries.items():
+            layers = []
+            i = 0
+            while f"{key}|{i}|k" in tensors:
+                layers.append((tensors[f"{key}|{i}|k"], tensors[f"{key}|{i}|v"]))
+                i += 1
+            if layers and all(k.shape[-2] == len(tokens) for k, _ in layers):
+                self.entries[key] = Entry(list(tokens), tuple(layers), time.monotonic())
+        self.evict()
+        return len(entries)

@@ -1,0 +1,156 @@
+"""KV and prefix caching: a cache hit never changes greedy output, and reuses what it should."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import EngineRunner, done, token_ids
+
+from engine.events import Sampling
+from engine.kv import KVState
+from engine.prefix_cache import PrefixCache
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph. " * 3}
+GREEDY = Sampling(max_tokens=20)
+
+
+def cold(runner: EngineRunner, messages: list[dict[str, str]]) -> list[int]:
+    return token_ids(runner.run(messages, sampling=GREEDY, prefix_cache=False))
+
+
+def warm(runner: EngineRunner, messages: list[dict[str, str]], conversation: str):  # noqa: ANN201
+    events = runner.run(messages, sampling=GREEDY, conversation_id=conversation)
+    return token_ids(events), done(events)
+
+
+def check_state_consistent(runner: EngineRunner) -> None:
+    for key, entry in runner.engine.prefix_cache.entries.items():
+        lengths = {k.shape[-2] for k, _ in entry.snapshot} | {v.shape[-2] for _, v in entry.snapshot}
+        assert lengths == {len(entry.tokens)}, f"entry {key}: KV length {lengths} != {len(entry.tokens)} tokens"
+
+
+def scenario(runner: EngineRunner, tag: str) -> None:
+    # 1. shared system prompt: a second conversation reuses the first one's system prompt
+    first = [SYSTEM, {"role": "user", "content": "Name a colour."}]
+    ids, final = warm(runner, first, f"{tag}-a")
+    assert ids == cold(runner, first)
+    other = [SYSTEM, {"role": "user", "content": "Name an animal."}]
+    ids, final = warm(runner, other, f"{tag}-b")
+    assert ids == cold(runner, other)
+    assert final.metrics["cached_tokens"] >= 20, "the shared system prompt must be reused"
+
+    # 2. a multi-turn conversation: each turn computes only what is new
+    messages = list(first)
+    previous_prompt = 0
+    for i, text in enumerate(["Why?", "Say it again, shorter.", "Thanks."]):
+        reply = done(runner.run(messages, sampling=GREEDY, conversation_id=f"{tag}-chat")).text
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": text}]
+        ids, final = warm(runner, messages, f"{tag}-chat")
+        assert ids == cold(runner, messages), f"turn {i}"
+        m = final.metrics
+        assert m["cached_tokens"] + m["computed_tokens"] == m["prompt_tokens"]
+        assert m["cached_tokens"] >= previous_prompt - 4, "history must be reused (up to re-tokenisation at the seam)"
+        previous_prompt = m["prompt_tokens"]
+        check_state_consistent(runner)
+
+    # 3. regenerate: the very same prompt again is a full hit (one token left to compute)
+    ids, final = warm(runner, messages, f"{tag}-chat")
+    assert ids == cold(runner, messages)
+    assert final.metrics["computed_tokens"] == 1
+
+    # 4. edit an earlier turn: reuse up to the change only
+    edited = [*messages[:1], {"role": "user", "content": "Name a shape."}, *messages[2:]]
+    ids, final = warm(runner, edited, f"{tag}-chat")
+    assert ids == cold(runner, edited)
+    assert 0 < final.metrics["cached_tokens"] < final.metrics["prompt_tokens"] - 10
+    check_state_consistent(runner)
+
+
+def test_cache_hits_equal_cold_on_tiny_model(tiny_engine: EngineRunner) -> None:
+    scenario(tiny_engine, "tiny")
+
+
+@pytest.mark.bundled
+def test_cache_hits_equal_cold_on_bundled_model(bundled_engine: EngineRunner) -> None:
+    scenario(bundled_engine, "bundled")
+
+
+def test_cache_off_computes_everything(tiny_engine: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Off please."}]
+    final = done(tiny_engine.run(messages, sampling=GREEDY, prefix_cache=False))
+    assert final.metrics["cached_tokens"] == 0
+    assert final.metrics["computed_tokens"] == final.metrics["prompt_tokens"]
+
+
+def fake_state(tokens: list[int], layers: int = 2) -> KVState:
+    snap = tuple((torch.randn(1, 2, len(tokens), 8), torch.randn(1, 2, len(tokens), 8)) for _ in range(layers))
+    return KVState.from_snapshot(snap, tokens)
+
+
+def test_lookup_finds_longest_prefix_and_leaves_one_token() -> None:
+    cache = PrefixCache("m")
+    cache.insert("a", fake_state([1, 2, 3, 4, 5]))
+    cache.insert("b", fake_state([1, 2, 9]))
+    state = cache.lookup([1, 2, 3, 4, 7])
+    assert state.tokens == [1, 2, 3, 4] and state.cache_length() == 4
+    full = cache.lookup([1, 2, 3, 4, 5])
+    assert full.tokens == [1, 2, 3, 4], "at least one prompt token must be left to compute"
+    assert len(cache.lookup([8, 8])) == 0
+
+
+def test_reuse_shares_tensors_and_never_mutates_an_entry() -> None:
+    cache = PrefixCache("m")
+    cache.insert("a", fake_state([1, 2, 3, 4]))
+    before = cache.entries["a"].snapshot[0][0].clone()
+    state = cache.lookup([1, 2, 3, 9, 9])
+    layer = state.cache.layers[0]
+    assert layer.keys.untyped_storage().data_ptr() == cache.entries["a"].snapshot[0][0].untyped_storage().data_ptr()
+    layer.update(torch.ones(1, 2, 2, 8), torch.ones(1, 2, 2, 8))  # what the model does while decoding
+    assert torch.equal(cache.entries["a"].snapshot[0][0], before)
+    assert state.cache_length() == 5
+
+
+def test_lru_eviction_respects_byte_budget() -> None:
+    one = fake_state(list(range(100))).nbytes()
+    cache = PrefixCache("m", budget_bytes=int(one * 2.5))
+    for name in "abc":
+        cache.insert(name, fake_state([ord(name)] + list(range(99))))
+    assert list(cache.entries) == ["b", "c"]
+    cache.lookup([ord("b")] + list(range(50)))  # touch b
+    cache.insert("d", fake_state([ord("d")] + list(range(99))))
+    assert list(cache.entries) == ["b", "d"]
+    assert cache.nbytes() <= cache.budget_bytes
+
+
+def test_saved_prefixes_reload_only_for_the_same_model(tmp_path: Path) -> None:
+    cache = PrefixCache("model-1")
+    cache.insert("system:x", fake_state([5, 6, 7]))
+    cache.insert("conv:y", fake_state([5, 6, 7, 8]))
+    path = tmp_path / "kv.safetensors"
+    assert cache.save(path) == 1
+    same = PrefixCache("model-1")
+    assert same.load(path) == 1 and list(same.entries) == ["system:x"]
+    assert torch.equal(same.entries["system:x"].snapshot[1][1], cache.entries["system:x"].snapshot[1][1])
+    assert PrefixCache("model-2").load(path) == 0
+    path.write_bytes(b"garbage")
+    assert PrefixCache("model-1").load(path) == 0
+
+
+def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "After a restart?"}]
+    first = EngineRunner(str(tiny_dir))
+    try:
+        expected = cold(first, messages)
+        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY)
+    finally:
+        first.close()
+    second = EngineRunner(str(tiny_dir))
+    try:
+        assert second.load_event.info["warm_prefixes"] >= 1
+        ids, final = warm(second, messages, "after-restart")
+        assert final.metrics["cached_tokens"] >= 20
+        assert ids == expected
+    finally:
+        second.close()

@@ -27,18 +27,21 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class EngineRunner:
     """Drives a real Engine synchronously: submit a request, collect its events."""
 
-    def __init__(self, source: str, **options: object) -> None:
+    def __init__(self, source: str, draft: str = "", **options: object) -> None:
         from engine.engine import Engine, EngineOptions, ModelSpec
         from engine.events import Loaded, LoadFailed
 
         self.events: queue.Queue[object] = queue.Queue()
         self.engine = Engine(self.events.put, EngineOptions(**options))  # type: ignore[arg-type]
-        self.engine.load(ModelSpec(source=source, dtype="float32"))
+        self.engine.load(ModelSpec(source=source, dtype="float32", draft=draft))
         while True:
             event = self.events.get(timeout=300)
             if isinstance(event, Loaded | LoadFailed):
                 self.load_event = event
                 break
+        self.draft_error = None
+        if isinstance(self.load_event, Loaded) and "draft_error" in self.load_event.info:
+            self.draft_error = self.events.get(timeout=10)  # the LoadFailed that explains it
 
     def run(self, messages: list[dict[str, str]], cancel_after: int | None = None, **kwargs: object) -> list[object]:
         from engine.events import Done, Error, Request, Sampling, Token
@@ -88,3 +91,12 @@ def bundled_engine():
     runner = EngineRunner("")
     yield runner
     runner.close()
+
+
+@pytest.fixture
+def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private data folder for one test (settings.json, brisk.db); GUI tests use it."""
+    data = tmp_path / "brisk-data"
+    data.mkdir()
+    monkeypatch.setenv("BRISK_DATA_DIR", str(data))
+    return data

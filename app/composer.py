@@ -1,0 +1,150 @@
+"""The message box: type, Enter to send, Shift+Enter for a new line, Esc to stop.
+
+:class:`Composer` emits ``send_requested(text)`` with the text as typed (the
+caller clears the box with :meth:`clear` once the message is safely stored, so
+nothing is lost on failure) and ``stop_requested()`` for Esc or the Stop
+button.  Empty or whitespace-only text is never sent: a gentle hint appears and
+the box keeps what it had.  The button reads Send or Stop (:meth:`set_busy`);
+Send is disabled with a tooltip while no model is ready (:meth:`set_ready`),
+but typing always works.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+HINT_MS = 4000
+EMPTY_HINT = "Type a message first."
+BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
+NOT_READY_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
+
+
+class MessageEdit(QPlainTextEdit):
+    """A plain-text editor whose Enter submits and Esc stops."""
+
+    enter_pressed = Signal()
+    escape_pressed = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
+        key = event.key()
+        if key in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            if event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+                self.insertPlainText("\n")
+            else:
+                self.enter_pressed.emit()
+            event.accept()
+            return
+        if key == Qt.Key.Key_Escape:
+            self.escape_pressed.emit()
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.busy = False
+        self.ready = False
+        self._not_ready_reason = NOT_READY_TIP
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(16, 6, 16, 12)
+        layout.setSpacing(4)
+        row = QHBoxLayout()
+        row.setSpacing(8)
+        self.editor = MessageEdit()
+        self.editor.setPlaceholderText("Message Brisk\u2026  (Enter to send, Shift+Enter for a new line)")
+        self.editor.setTabChangesFocus(True)
+        self.editor.enter_pressed.connect(self.submit)
+        self.editor.escape_pressed.connect(self._escape)
+        self.editor.textChanged.connect(self._fit_height)
+        row.addWidget(self.editor, 1)
+        self.button = QPushButton("Send")
+        self.button.setObjectName("primary")
+        self.button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.button.clicked.connect(self._clicked)
+        row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignBottom)
+        layout.addLayout(row)
+        self.hint = QLabel()
+        self.hint.setObjectName("hint")
+        self.hint.hide()
+        layout.addWidget(self.hint)
+        self._hint_timer = QTimer(self)
+        self._hint_timer.setSingleShot(True)
+        self._hint_timer.timeout.connect(self.hint.hide)
+        self._fit_height()
+        self._update_button()
+
+    # -- state from the window ---------------------------------------------------------
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self._update_button()
+
+    def set_ready(self, ready: bool, reason: str = NOT_READY_TIP) -> None:
+        self.ready = ready
+        self._not_ready_reason = reason
+        self._update_button()
+
+    def text(self) -> str:
+        return self.editor.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        self.editor.setPlainText(text)
+
+    def clear(self) -> None:
+        self.editor.clear()
+        self.hint.hide()
+
+    def show_hint(self, text: str) -> None:
+        self.hint.setText(text)
+        self.hint.show()
+        self._hint_timer.start(HINT_MS)
+
+    # -- user actions ---------------------------------------------------------------------
+    def submit(self) -> None:
+        text = self.text()
+        if self.busy:
+            self.show_hint(BUSY_HINT)
+        elif not text.strip():
+            self.show_hint(EMPTY_HINT)
+        elif not self.ready:
+            self.show_hint(self._not_ready_reason)
+        else:
+            self.send_requested.emit(text)
+
+    def _clicked(self) -> None:
+        if self.busy:
+            self.stop_requested.emit()
+        else:
+            self.submit()
+        self.editor.setFocus()
+
+    def _escape(self) -> None:
+        if self.busy:
+            self.stop_requested.emit()
+
+    def _update_button(self) -> None:
+        if self.busy:
+            self.button.setText("Stop")
+            self.button.setObjectName("stop")
+            self.button.setEnabled(True)
+            self.button.setToolTip("Stop the reply (Esc); the text so far is kept")
+        else:
+            self.button.setText("Send")
+            self.button.setObjectName("primary")
+            self.button.setEnabled(self.ready)
+            self.button.setToolTip("Send (Enter)" if self.ready else self._not_ready_reason)
+        self.button.style().unpolish(self.button)
+        self.button.style().polish(self.button)
+
+    def _fit_height(self) -> None:
+        lines = max(2, min(8, self.editor.document().blockCount()))
+        line_height = self.editor.fontMetrics().lineSpacing()
+        margins = self.editor.contentsMargins()
+        frame = 2 * self.editor.frameWidth() + int(self.editor.document().documentMargin() * 2)
+        self.editor.setFixedHeight(lines * line_height + frame + margins.top() + margins.bottom() + 4)

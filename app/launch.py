@@ -1,0 +1,91 @@
+"""Start the desktop app: ``run_gui(model, db_path)`` returns the exit code.
+
+Order matters for a window that appears fast: the QApplication, settings and
+store come first, the window is shown, and only then (on the first turn of the
+event loop) does the bridge start the engine and load the model in the
+background.  The event loop is qasync's, so ``async`` code can share it.
+
+If the chat database cannot be opened (:class:`~engine.store.StoreError`), the
+app runs on an in-memory store and says so in a banner; the damaged file is
+never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
+
+from app.bridge import EngineFactory, EngineLike, OnEvent
+from engine.paths import database_path
+from engine.settings import Settings
+from engine.store import Store, StoreError
+
+ICON_PATH = Path(__file__).resolve().parent.parent / "resources" / "brisk.svg"
+
+
+def open_store(path: Path) -> tuple[Store, str | None]:
+    """The store at ``path``, or an in-memory one plus a warning saying why."""
+    try:
+        store = Store(path)
+    except StoreError as exc:
+        warning = f"History will not be saved this session. {exc}"
+        return Store(None), warning
+    try:
+        store.recover_streaming()
+    except StoreError as exc:
+        return store, f"Unfinished replies from last time could not be marked as stopped. {exc}"
+    return store, None
+
+
+def engine_factory_for(settings: Settings) -> EngineFactory:
+    def make(on_event: OnEvent) -> EngineLike:
+        from engine.engine import Engine, EngineOptions  # heavy: imports torch
+
+        return Engine(on_event, EngineOptions(prefix_cache_bytes=settings.prefix_cache_mb << 20))
+
+    return make
+
+
+def app_icon() -> QIcon:
+    return QIcon(str(ICON_PATH)) if ICON_PATH.exists() else QIcon.fromTheme("brisk")
+
+
+def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
+    """Open the Brisk window; ``model`` overrides Settings.model for this run."""
+    import qasync
+
+    from app.bridge import EngineBridge
+    from app.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    assert isinstance(app, QApplication)
+    app.setApplicationName("Brisk")
+    app.setDesktopFileName("brisk")
+    app.setWindowIcon(app_icon())
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+
+    settings = Settings.load()
+    store, warning = open_store(db_path or database_path())
+    bridge = EngineBridge(engine_factory_for(settings))
+    window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model)
+    window.show()
+    QTimer.singleShot(0, window.load_model)
+
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    try:
+        with loop:
+            loop.run_until_complete(closed.wait())
+    finally:
+        bridge.shutdown()
+        try:
+            store.close()
+        except StoreError as exc:
+            print(f"brisk: {exc}", file=sys.stderr)
+    return 0

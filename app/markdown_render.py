@@ -1,0 +1,135 @@
+"""Markdown to Qt rich-text HTML for chat messages (no Qt).
+
+:func:`render_reply` turns an assistant reply, given as ``(text, drafted)``
+segments, into HTML that ``QLabel``/``QTextDocument`` render well: fenced code
+in a monospace block with a background, inline code tinted, raw HTML from the
+model shown as text (never interpreted).  With ``colour_drafts`` the drafted
+segments get a subtle colour; the markers used for that never break Markdown
+structure (fences, headings, list bullets).  With ``streaming`` an unclosed
+code fence is closed for display so a half-written block already looks like
+code.  :func:`render_user` shows a user's message as plain text.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+
+import markdown
+
+DRAFT_COLOUR = "#2f7d6d"
+CODE_BG = "#f3f4f6"
+_S, _E = "\ue000", "\ue001"  # private-use markers around drafted text
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_RULE = re.compile(r"^\s*(?:[-*_=]\s*){3,}$")
+_PREFIX = re.compile(r"^\s*(?:(?:#{1,6}|>|[*+-]|\d{1,9}[.)])(?:\s+|$))*")
+_CODE_BLOCK = re.compile(r"<pre><code[^>]*>(.*?)</code></pre>", re.S)
+_TAG_SPLIT = re.compile(r"(<[^>]*>)")
+_BLOCK_END = re.compile(r"</(?:p|li|h[1-6]|td|th|pre|blockquote)>")
+
+_md = markdown.Markdown(extensions=["fenced_code", "tables", "sane_lists", "nl2br"])
+_md.preprocessors.deregister("html_block")  # the model's raw HTML is shown, not run
+_md.inlinePatterns.deregister("html")
+
+
+def render_user(text: str) -> str:
+    body = html.escape(text).replace("\n", "<br>")
+    return f"<div>{body}</div>"
+
+
+def render_reply(
+    segments: Sequence[tuple[str, bool]] | str,
+    *,
+    colour_drafts: bool = False,
+    streaming: bool = False,
+) -> str:
+    if isinstance(segments, str):
+        segments = [(segments, False)]
+    source = _mark(segments) if colour_drafts else "".join(_clean(t) for t, _ in segments)
+    if streaming and sum(1 for line in _clean(source).split("\n") if _FENCE.match(line)) % 2:
+        source += "\n```"
+    _md.reset()
+    body = _md.convert(source)
+    body = _CODE_BLOCK.sub(_code_block, body)
+    body = body.replace("<code>", f'<code style="background-color:{CODE_BG}; font-family:monospace;">')
+    return _resolve_markers(body)
+
+
+def _clean(text: str) -> str:
+    return text.replace(_S, "").replace(_E, "")
+
+
+def _mark(segments: Sequence[tuple[str, bool]]) -> str:
+    """Wrap drafted text in markers, line by line, then lift them off block syntax."""
+    pieces: list[str] = []
+    for text, drafted in segments:
+        text = _clean(text)
+        if not drafted:
+            pieces.append(text)
+            continue
+        pieces.append("\n".join(f"{_S}{line}{_E}" if line else "" for line in text.split("\n")))
+    return "\n".join(_fix_line(line) for line in "".join(pieces).split("\n"))
+
+
+def _fix_line(line: str) -> str:
+    clean = _clean(line)
+    if clean == line:
+        return line
+    if _FENCE.match(clean) or _RULE.match(clean) or not clean.strip():
+        return clean
+    keep = len(_PREFIX.match(clean).group(0))  # type: ignore[union-attr]
+    out: list[str] = []
+    seen, inside, opened = 0, False, False
+    for ch in line:
+        if ch == _S:
+            inside = True
+        elif ch == _E:
+            inside = False
+            if opened:
+                out.append(_E)
+                opened = False
+        else:
+            if seen >= keep and inside and not opened:
+                out.append(_S)
+                opened = True
+            out.append(ch)
+            seen += 1
+    if opened:
+        out.append(_E)
+    return "".join(out)
+
+
+def _code_block(match: re.Match[str]) -> str:
+    return (
+        f'<table width="100%" cellspacing="0" cellpadding="8" style="background-color:{CODE_BG};">'
+        f'<tr><td><pre style="font-family:monospace; white-space:pre-wrap;">{match.group(1).rstrip()}</pre>'
+        "</td></tr></table>"
+    )
+
+
+def _resolve_markers(body: str) -> str:
+    """Turn markers into spans; markers inside a tag are dropped and spans stay balanced."""
+    out: list[str] = []
+    opened = False
+    for i, part in enumerate(_TAG_SPLIT.split(body)):
+        if i % 2:  # a tag: a marker here would corrupt it
+            if opened and (_E in part or _BLOCK_END.match(part)):
+                out.append("</span>")
+                opened = False
+            out.append(_clean(part))
+            continue
+        for ch in part:
+            if ch == _S:
+                if not opened:
+                    out.append(f'<span style="color:{DRAFT_COLOUR};">')
+                    opened = True
+            elif ch == _E:
+                if opened:
+                    out.append("</span>")
+                    opened = False
+            else:
+                out.append(ch)
+    if opened:
+        out.append("</span>")
+    return "".join(out)

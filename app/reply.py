@@ -1,0 +1,169 @@
+"""Plain-Python state of one assistant reply, folded from engine events (no Qt).
+
+:class:`ReplyState` accepts the events of its own request (``Started``,
+``PrefillProgress``, ``Token``, ``Done``, ``Error``) through :meth:`apply` and
+keeps everything a view needs: the text as segments flagged draft / not draft,
+the live timings taken from the events' ``t`` (TTFT, running tok/s), the final
+metrics, and the status (``streaming``, ``done``, ``cancelled`` or ``error``,
+the same words the store uses).
+
+:func:`stats_line` formats metrics as the grey line under a reply, showing only
+the parts whose numbers exist.  Nothing here estimates: every number comes from
+an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import Done, Error, PrefillProgress, Started, Token
+
+SEP = " \u00b7 "  # " · "
+
+
+@dataclass
+class ReplyState:
+    request_id: str
+    message_id: int
+    conversation_id: str
+    segments: list[tuple[str, bool]] = field(default_factory=list)  # (text, drafted)
+    status: str = "streaming"
+    finish_reason: str = ""
+    truncated: bool = False
+    prompt_tokens: int | None = None
+    prefill: tuple[int, int] | None = None
+    first_token_t: float | None = None
+    last_token_t: float | None = None
+    tokens: int = 0
+    tokens_at_first: int = 0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.segments)
+
+    @property
+    def streaming(self) -> bool:
+        return self.status == "streaming"
+
+    def append(self, text: str, draft: bool = False) -> None:
+        if not text:
+            return
+        if self.segments and self.segments[-1][1] == draft:
+            self.segments[-1] = (self.segments[-1][0] + text, draft)
+        else:
+            self.segments.append((text, draft))
+
+    def apply(self, event: object) -> bool:
+        """Fold one event in; return False when it is not for this streaming reply."""
+        if getattr(event, "request_id", None) != self.request_id or not self.streaming:
+            return False
+        if isinstance(event, Started):
+            self.prompt_tokens = event.prompt_tokens
+            self.truncated = self.truncated or event.truncated
+        elif isinstance(event, PrefillProgress):
+            self.prefill = (event.done, event.total)
+        elif isinstance(event, Token):
+            count = len(event.ids) or 1
+            if self.first_token_t is None:
+                self.first_token_t = event.t
+                self.tokens_at_first = count
+            self.last_token_t = event.t
+            self.tokens += count
+            self.append(event.text, event.draft)
+        elif isinstance(event, Done):
+            if event.text and event.text != self.text:
+                self.segments = [(event.text, False)]
+            self.metrics = dict(event.metrics)
+            self.finish_reason = event.finish_reason
+            self.truncated = self.truncated or bool(self.metrics.get("truncated"))
+            self.status = "cancelled" if event.finish_reason == "cancelled" else "done"
+        elif isinstance(event, Error):
+            if not self.segments and event.partial_text:
+                self.segments = [(event.partial_text, False)]
+            self.error = event.message or "The engine reported an error without a message."
+            self.status = "error"
+        else:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """The user pressed Stop: end the reply here, keeping the text so far."""
+        if self.streaming:
+            self.status = "cancelled"
+            self.finish_reason = "cancelled"
+
+    def live_metrics(self) -> dict[str, Any]:
+        """Timings measured on the token events received so far."""
+        live: dict[str, Any] = {}
+        if self.first_token_t is not None:
+            live["ttft_s"] = self.first_token_t
+            live["completion_tokens"] = self.tokens
+        if self.last_token_t is not None and self.first_token_t is not None:
+            span = self.last_token_t - self.first_token_t
+            if span > 0 and self.tokens > self.tokens_at_first:
+                live["tokens_per_s"] = (self.tokens - self.tokens_at_first) / span
+        if self.prompt_tokens is not None:
+            live["prompt_tokens"] = self.prompt_tokens
+        return live
+
+    def shown_metrics(self) -> dict[str, Any]:
+        """Live timings overlaid with the engine's final metrics once they arrive."""
+        return {**self.live_metrics(), **self.metrics}
+
+    def stored_metrics(self) -> dict[str, Any]:
+        """What is saved with the message, so a restart shows the same line."""
+        saved = self.shown_metrics()
+        if self.finish_reason:
+            saved["finish_reason"] = self.finish_reason
+        if self.truncated:
+            saved["truncated"] = True
+        if self.error:
+            saved["error"] = self.error
+        return saved
+
+    def status_line(self) -> str:
+        """The grey line under the reply, right now."""
+        if self.streaming and self.first_token_t is None:
+            if self.prefill and self.prefill[1]:
+                done, total = self.prefill
+                return f"Reading the prompt: {done} of {total} tokens\u2026"
+            return "Waiting for the first token\u2026"
+        return stats_line(self.shown_metrics(), self.finish_reason if not self.streaming else "")
+
+
+def _num(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def stats_line(metrics: Mapping[str, Any], finish_reason: str = "") -> str:
+    """``TTFT 0.21 s · 38.2 tok/s · 120 tokens · reused 1180 of 1200 prompt tokens · drafted 40 / accepted 31``."""
+    parts: list[str] = []
+    ttft = _num(metrics, "ttft_s")
+    if ttft is not None:
+        parts.append(f"TTFT {ttft:.2f} s")
+    tps = _num(metrics, "tokens_per_s")
+    if tps is not None:
+        parts.append(f"{tps:.1f} tok/s")
+    completion = _num(metrics, "completion_tokens")
+    if completion is not None:
+        parts.append(f"{int(completion)} tokens")
+    prompt, cached = _num(metrics, "prompt_tokens"), _num(metrics, "cached_tokens")
+    if prompt is not None and cached is not None:
+        parts.append(f"reused {int(cached)} of {int(prompt)} prompt tokens")
+    elif prompt is not None:
+        parts.append(f"{int(prompt)} prompt tokens")
+    drafted, accepted = _num(metrics, "drafted"), _num(metrics, "accepted")
+    if drafted:  # missing or zero: no speculative decoding on this reply, nothing to say
+        parts.append(f"drafted {int(drafted)}" + ("" if accepted is None else f" / accepted {int(accepted)}"))
+    if finish_reason == "cancelled":
+        parts.append("stopped")
+    elif finish_reason == "length":
+        parts.append("reached the token limit")
+    return SEP.join(parts)

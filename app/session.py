@@ -1,0 +1,220 @@
+"""The flow of one chat window over the store, in plain Python (no Qt).
+
+:class:`ChatSession` knows which conversation is open and which reply is
+streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
+``"streaming"`` assistant message to the store and return the engine
+:class:`~engine.events.Request` (system prompt + history) together with the
+:class:`~app.reply.ReplyState` that will collect the reply; the caller submits
+the request.  ``apply(event)`` folds engine events into that state and saves
+the text through a :class:`~engine.store.StreamSaver`; the final status is
+``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
+the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
+
+Store failures while setting up a turn raise :class:`~engine.store.StoreError`
+before anything is submitted; failures while streaming go to ``on_store_error``
+and the reply carries on on screen.  One reply streams at a time.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.reply import ReplyState
+from engine.events import Done, Error, Request, Sampling, Token
+from engine.settings import Settings
+from engine.store import Message, Store, StoreError, StreamSaver
+
+DEFAULT_TITLE = "New chat"
+TITLE_CHARS = 40
+
+
+def make_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """The first ``limit`` characters of a message, on one line, cut at a word."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat or DEFAULT_TITLE
+    cut = flat[:limit]
+    if " " in cut[limit // 2 :]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,.;:") + "\u2026"
+
+
+def sampling_from(settings: Settings) -> Sampling:
+    return Sampling(
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        repetition_penalty=settings.repetition_penalty,
+        seed=settings.seed,
+        max_tokens=settings.max_tokens,
+    )
+
+
+@dataclass
+class Turn:
+    """What a send/regenerate/edit produced: submit ``request``, show ``reply``."""
+
+    request: Request
+    reply: ReplyState
+    user_message_id: int | None
+    new_conversation: bool
+
+
+class ChatSession:
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+        self.conversation_id: str | None = None
+        self.active: ReplyState | None = None
+        self.on_store_error: Callable[[StoreError], None] | None = None
+        self._saver: StreamSaver | None = None
+        self._stopped: dict[str, ReplyState] = {}  # stopped locally, engine's Done still due
+
+    # -- conversations ----------------------------------------------------------
+    def open(self, conversation_id: str | None) -> list[Message]:
+        self.conversation_id = conversation_id
+        return self.messages()
+
+    def messages(self) -> list[Message]:
+        if self.conversation_id is None:
+            return []
+        return self.store.messages(self.conversation_id)
+
+    # -- turns --------------------------------------------------------------------
+    def send(self, text: str) -> Turn:
+        self._require_idle()
+        new = self.conversation_id is None
+        if new:
+            self.conversation_id = self.store.create_conversation(
+                make_title(text), system_prompt=self.settings.system_prompt
+            )
+        conversation_id = self._current()
+        untitled = not new and self.store.get_conversation(conversation_id).title == DEFAULT_TITLE
+        if untitled and not self.store.messages(conversation_id):
+            self.store.rename_conversation(conversation_id, make_title(text))
+        user_id = self.store.add_message(conversation_id, "user", text)
+        turn = self._begin(conversation_id)
+        turn.user_message_id, turn.new_conversation = user_id, new
+        return turn
+
+    def regenerate(self, message_id: int) -> Turn:
+        """Ask again for the assistant reply ``message_id`` (it and all after it go)."""
+        self._require_idle()
+        conversation_id = self._current()
+        target = self._find(message_id)
+        if target.role != "assistant":
+            raise ValueError("Only an assistant reply can be regenerated.")
+        self.store.delete_messages_from(conversation_id, message_id)
+        return self._begin(conversation_id)
+
+    def edit(self, message_id: int, text: str) -> Turn:
+        """Replace user message ``message_id`` with ``text``, drop what followed, ask again."""
+        self._require_idle()
+        conversation_id = self._current()
+        if self._find(message_id).role != "user":
+            raise ValueError("Only your own messages can be edited.")
+        self.store.delete_messages_from(conversation_id, message_id)
+        user_id = self.store.add_message(conversation_id, "user", text)
+        turn = self._begin(conversation_id)
+        turn.user_message_id = user_id
+        return turn
+
+    def _begin(self, conversation_id: str) -> Turn:
+        conversation = self.store.get_conversation(conversation_id)
+        history = self.store.messages(conversation_id)
+        messages: list[dict[str, str]] = []
+        if conversation.system_prompt.strip():
+            messages.append({"role": "system", "content": conversation.system_prompt})
+        for message in history:
+            if message.role in ("user", "assistant") and message.content:
+                messages.append({"role": message.role, "content": message.content})
+        reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
+        request = Request(
+            id=uuid.uuid4().hex,
+            messages=tuple(messages),
+            sampling=sampling_from(self.settings),
+            conversation_id=conversation_id,
+            prefix_cache=self.settings.prefix_cache,
+            speculative=self.settings.speculative,
+        )
+        self.active = ReplyState(request.id, reply_id, conversation_id)
+        self._saver = StreamSaver(self.store, reply_id)
+        return Turn(request, self.active, None, False)
+
+    # -- events -------------------------------------------------------------------
+    def apply(self, event: object) -> ReplyState | None:
+        """Fold a request event in; return the reply it changed (None: not ours)."""
+        request_id = getattr(event, "request_id", None)
+        late = self._stopped.get(request_id) if isinstance(request_id, str) else None
+        if late is not None:
+            if isinstance(event, (Done, Error)):
+                del self._stopped[late.request_id]
+                if isinstance(event, Done):
+                    late.metrics = dict(event.metrics)
+                    self._save(
+                        lambda: self.store.update_message(late.message_id, late.text, metrics=late.stored_metrics())
+                    )
+                return late
+            return None
+        reply = self.active
+        if reply is None or not reply.apply(event):
+            return None
+        if isinstance(event, Token) and self._saver is not None:
+            self._save(lambda: self._saver.append(event.text) if self._saver else None)
+        if not reply.streaming:
+            self._finish(reply)
+        return reply
+
+    def stop(self) -> ReplyState | None:
+        """End the streaming reply now, keeping its text; the caller cancels the request."""
+        reply = self.active
+        if reply is None:
+            return None
+        reply.stop()
+        self._stopped[reply.request_id] = reply
+        self._finish(reply)
+        return reply
+
+    def forget(self, conversation_id: str) -> None:
+        """The conversation is being deleted: late events for its stopped replies are dropped."""
+        for request_id, reply in list(self._stopped.items()):
+            if reply.conversation_id == conversation_id:
+                del self._stopped[request_id]
+
+    def _finish(self, reply: ReplyState) -> None:
+        saver, self._saver, self.active = self._saver, None, None
+        metrics = reply.stored_metrics()
+
+        def write() -> None:
+            if saver is not None and saver.text == reply.text:
+                saver.finish(reply.status, metrics)
+            else:
+                self.store.update_message(reply.message_id, reply.text, status=reply.status, metrics=metrics)
+
+        self._save(write)
+
+    def _save(self, write: Callable[[], object]) -> None:
+        try:
+            write()
+        except StoreError as exc:
+            if self.on_store_error is None:
+                raise
+            self.on_store_error(exc)
+
+    # -- helpers ------------------------------------------------------------------
+    def _current(self) -> str:
+        if self.conversation_id is None:
+            raise ValueError("No conversation is open.")
+        return self.conversation_id
+
+    def _find(self, message_id: int) -> Message:
+        for message in self.store.messages(self._current()):
+            if message.id == message_id:
+                return message
+        raise ValueError(f"Message {message_id} is not in this conversation.")
+
+    def _require_idle(self) -> None:
+        if self.active is not None:
+            raise RuntimeError("A reply is still streaming; stop it first.")

@@ -1,0 +1,163 @@
+"""The Settings dialog: model, device, dtype, system prompt, sampling, caches.
+
+``SettingsDialog(settings)`` edits a copy; after ``exec()`` returns accepted,
+:meth:`result_settings` gives the new :class:`~engine.settings.Settings`
+(fields the dialog does not show are carried over unchanged).  Saving and
+reloading are the caller's job; :func:`needs_reload` says whether a change
+means the model must be loaded again.  The model field takes a folder, a
+``.gguf`` file or a hub id; empty means the bundled model.  A blank seed means
+random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtGui import QIntValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.settings import Settings
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model")
+
+
+def needs_reload(old: Settings, new: Settings) -> bool:
+    return any(getattr(old, name) != getattr(new, name) for name in RELOAD_FIELDS)
+
+
+def _combo(values: tuple[str, ...], current: str) -> QComboBox:
+    box = QComboBox()
+    box.addItems(list(values))
+    if current not in values:
+        box.addItem(current)
+    box.setCurrentText(current)
+    return box
+
+
+def _spin(low: float, high: float, step: float, value: float, decimals: int = 2) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    box.setValue(value)
+    return box
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self.setMinimumWidth(520)
+        self._original = settings
+        layout = QVBoxLayout(self)
+
+        model_box = QGroupBox("Model")
+        model_form = QFormLayout(model_box)
+        self.model_edit = QLineEdit(settings.model)
+        self.model_edit.setPlaceholderText("Bundled model")
+        self.model_edit.setToolTip("A model folder, a .gguf file or a Hugging Face id; empty for the bundled model")
+        browse_row = QHBoxLayout()
+        browse_row.addWidget(self.model_edit, 1)
+        folder = QPushButton("Folder\u2026")
+        folder.clicked.connect(self._browse_folder)
+        browse_row.addWidget(folder)
+        gguf = QPushButton("GGUF file\u2026")
+        gguf.clicked.connect(self._browse_file)
+        browse_row.addWidget(gguf)
+        model_form.addRow("Model", browse_row)
+        self.device_combo = _combo(DEVICES, settings.device)
+        model_form.addRow("Device", self.device_combo)
+        self.dtype_combo = _combo(DTYPES, settings.dtype)
+        model_form.addRow("Precision", self.dtype_combo)
+        layout.addWidget(model_box)
+
+        chat_box = QGroupBox("Chat")
+        chat_form = QFormLayout(chat_box)
+        self.system_edit = QPlainTextEdit(settings.system_prompt)
+        self.system_edit.setFixedHeight(70)
+        self.system_edit.setToolTip("Used by new chats and by the chat that is open now")
+        chat_form.addRow("System prompt", self.system_edit)
+        self.temperature = _spin(0.0, 2.0, 0.05, settings.temperature)
+        self.temperature.setToolTip("0 means greedy: always the most likely token")
+        chat_form.addRow("Temperature", self.temperature)
+        self.top_p = _spin(0.0, 1.0, 0.05, settings.top_p)
+        chat_form.addRow("Top-p", self.top_p)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 100_000)
+        self.top_k.setValue(settings.top_k)
+        self.top_k.setSpecialValueText("off")
+        chat_form.addRow("Top-k", self.top_k)
+        self.repetition_penalty = _spin(0.5, 2.0, 0.05, settings.repetition_penalty)
+        chat_form.addRow("Repetition penalty", self.repetition_penalty)
+        self.seed_edit = QLineEdit("" if settings.seed is None else str(settings.seed))
+        self.seed_edit.setPlaceholderText("random")
+        self.seed_edit.setValidator(QIntValidator(0, 2**31 - 1, self))
+        chat_form.addRow("Seed", self.seed_edit)
+        self.max_tokens = QSpinBox()
+        self.max_tokens.setRange(1, 1_000_000)
+        self.max_tokens.setValue(settings.max_tokens)
+        chat_form.addRow("Max tokens", self.max_tokens)
+        layout.addWidget(chat_box)
+
+        speed_box = QGroupBox("Speed")
+        speed_form = QFormLayout(speed_box)
+        self.prefix_cache = QCheckBox("Reuse the prompt cache between turns")
+        self.prefix_cache.setChecked(settings.prefix_cache)
+        speed_form.addRow(self.prefix_cache)
+        self.colour_drafts = QCheckBox("Colour tokens that came from speculative drafting")
+        self.colour_drafts.setChecked(settings.colour_draft_tokens)
+        speed_form.addRow(self.colour_drafts)
+        layout.addWidget(speed_box)
+
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    def result_settings(self) -> Settings:
+        seed_text = self.seed_edit.text().strip()
+        return replace(
+            self._original,
+            model=self.model_edit.text().strip(),
+            device=self.device_combo.currentText(),
+            dtype=self.dtype_combo.currentText(),
+            system_prompt=self.system_edit.toPlainText(),
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            repetition_penalty=self.repetition_penalty.value(),
+            seed=int(seed_text) if seed_text else None,
+            max_tokens=self.max_tokens.value(),
+            prefix_cache=self.prefix_cache.isChecked(),
+            colour_draft_tokens=self.colour_drafts.isChecked(),
+        )
+
+    def _browse_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a model folder", self.model_edit.text())
+        if path:
+            self.model_edit.setText(path)
+
+    def _browse_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a GGUF model file", self.model_edit.text(), "GGUF models (*.gguf);;All files (*)"
+        )
+        if path:
+            self.model_edit.setText(path)

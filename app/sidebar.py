@@ -1,0 +1,188 @@
+"""The left column: New chat, history search, the conversation list, Settings.
+
+The sidebar holds no data of its own beyond the :class:`ConversationListModel`
+its owner fills; every user intent leaves as a signal:
+``new_chat_requested``, ``conversation_selected(id)``,
+``rename_requested(id, title)`` (double-click or context menu, edited in
+place), ``delete_requested(id)``, ``export_requested(id)``,
+``search_changed(query)`` (debounced; ``""`` when cleared),
+``hit_chosen(conversation_id, message_id | None)`` and ``settings_requested``.
+The owner answers a search with :meth:`show_results`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, QPoint, Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QLabel,
+    QLineEdit,
+    QListView,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.conversation_list import ID_ROLE, ConversationListModel
+from engine.store import Conversation, SearchHit
+
+SEARCH_DEBOUNCE_MS = 200
+WIDTH = 240
+
+
+class Sidebar(QWidget):
+    new_chat_requested = Signal()
+    conversation_selected = Signal(str)
+    rename_requested = Signal(str, str)
+    delete_requested = Signal(str)
+    export_requested = Signal(str)
+    search_changed = Signal(str)
+    hit_chosen = Signal(str, object)
+    settings_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("sidebar")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
+        self.setMinimumWidth(180)
+        self.resize(WIDTH, self.height())
+        self._syncing = False
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 12, 10, 10)
+        layout.setSpacing(8)
+
+        self.new_button = QPushButton("+  New chat")
+        self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
+        self.new_button.clicked.connect(self.new_chat_requested)
+        layout.addWidget(self.new_button)
+
+        self.search_box = QLineEdit()
+        self.search_box.setPlaceholderText("Search history")
+        self.search_box.setClearButtonEnabled(True)
+        self.search_box.textChanged.connect(self._search_edited)
+        layout.addWidget(self.search_box)
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_DEBOUNCE_MS)
+        self._search_timer.timeout.connect(lambda: self.search_changed.emit(self.search_box.text().strip()))
+
+        self.model = ConversationListModel()
+        self.model.title_edited.connect(self.rename_requested)
+        self.list_view = QListView()
+        self.list_view.setModel(self.model)
+        self.list_view.setUniformItemSizes(True)
+        self.list_view.setEditTriggers(
+            QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
+        )
+        self.list_view.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list_view.customContextMenuRequested.connect(self._context_menu)
+        self.list_view.selectionModel().currentChanged.connect(self._current_changed)
+
+        self.results = QListWidget()
+        self.results.setWordWrap(True)
+        self.results.itemClicked.connect(self._hit_clicked)
+        self.results.itemActivated.connect(self._hit_clicked)
+        self.no_results = QLabel("No matches.")
+        self.no_results.setObjectName("hint")
+        results_page = QWidget()
+        results_layout = QVBoxLayout(results_page)
+        results_layout.setContentsMargins(0, 0, 0, 0)
+        results_layout.addWidget(self.no_results)
+        results_layout.addWidget(self.results, 1)
+
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.list_view)
+        self.stack.addWidget(results_page)
+        layout.addWidget(self.stack, 1)
+
+        self.settings_button = QPushButton("Settings")
+        self.settings_button.setToolTip("Model, device and sampling settings (Ctrl+,)")
+        self.settings_button.clicked.connect(self.settings_requested)
+        layout.addWidget(self.settings_button)
+
+    # -- from the owner ---------------------------------------------------------------
+    def set_conversations(self, conversations: Sequence[Conversation]) -> None:
+        with self._quiet():
+            self.model.set_conversations(conversations)
+
+    def upsert(self, conversation: Conversation, to_top: bool = False) -> None:
+        with self._quiet():
+            self.model.upsert(conversation, to_top)
+
+    def remove(self, conversation_id: str) -> None:
+        with self._quiet():
+            self.model.remove(conversation_id)
+
+    def select(self, conversation_id: str | None) -> None:
+        """Highlight a conversation without emitting ``conversation_selected``."""
+        with self._quiet():
+            row = self.model.row_of(conversation_id) if conversation_id is not None else None
+            selection = self.list_view.selectionModel()
+            if row is None:
+                selection.clearSelection()
+                selection.setCurrentIndex(QModelIndex(), QItemSelectionModel.SelectionFlag.NoUpdate)
+            else:
+                self.list_view.setCurrentIndex(self.model.index(row))
+
+    def show_results(self, hits: Sequence[SearchHit]) -> None:
+        self.results.clear()
+        for hit in hits:
+            snippet = " ".join(hit.snippet.split())
+            text = hit.title if hit.message_id is None else f"{hit.title}\n{snippet}"
+            item = QListWidgetItem(text)
+            item.setData(ID_ROLE, (hit.conversation_id, hit.message_id))
+            item.setToolTip(snippet)
+            self.results.addItem(item)
+        self.no_results.setVisible(not hits)
+        self.stack.setCurrentIndex(1)
+
+    def rename(self, conversation_id: str) -> None:
+        """Start editing a title in place."""
+        row = self.model.row_of(conversation_id)
+        if row is not None:
+            self.list_view.edit(self.model.index(row))
+
+    # -- internals ---------------------------------------------------------------------
+    @contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """Model and selection changes made by the owner are not user choices."""
+        syncing, self._syncing = self._syncing, True
+        try:
+            yield
+        finally:
+            self._syncing = syncing
+
+    def _search_edited(self, text: str) -> None:
+        if text.strip():
+            self._search_timer.start()
+        else:
+            self._search_timer.stop()
+            self.stack.setCurrentIndex(0)
+            self.search_changed.emit("")
+
+    def _current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if not self._syncing and current.isValid():
+            self.conversation_selected.emit(current.data(ID_ROLE))
+
+    def _hit_clicked(self, item: QListWidgetItem) -> None:
+        conversation_id, message_id = item.data(ID_ROLE)
+        self.hit_chosen.emit(conversation_id, message_id)
+
+    def _context_menu(self, pos: QPoint) -> None:
+        index = self.list_view.indexAt(pos)
+        if not index.isValid():
+            return
+        conversation_id = index.data(ID_ROLE)
+        menu = QMenu(self)
+        menu.addAction("Rename", lambda: self.rename(conversation_id))
+        menu.addAction("Export Markdown\u2026", lambda: self.export_requested.emit(conversation_id))
+        menu.addSeparator()
+        menu.addAction("Delete\u2026", lambda: self.delete_requested.emit(conversation_id))
+        menu.exec(self.list_view.viewport().mapToGlobal(pos))

@@ -1,0 +1,50 @@
+"""The light stylesheet and the few colours the widgets share."""
+
+from __future__ import annotations
+
+ACCENT = "#2563eb"
+MUTED = "#6b7280"
+ERROR = "#b91c1c"
+WARNING = "#92400e"
+
+STYLESHEET = f"""
+QMainWindow, QWidget#chatPanel {{ background: #ffffff; }}
+QWidget#sidebar {{ background: #f7f7f8; border-right: 1px solid #e5e7eb; }}
+QWidget#sidebar QListView, QWidget#sidebar QListWidget {{
+    background: transparent; border: none; outline: none;
+}}
+QWidget#sidebar QListView::item, QWidget#sidebar QListWidget::item {{
+    padding: 7px 8px; border-radius: 6px; color: #111827;
+}}
+QWidget#sidebar QListView::item:selected, QWidget#sidebar QListWidget::item:selected {{
+    background: #e5e7eb; color: #111827;
+}}
+QWidget#sidebar QListView::item:hover, QWidget#sidebar QListWidget::item:hover {{ background: #eef0f3; }}
+QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
+    border: 1px solid #d1d5db; border-radius: 8px; padding: 5px 8px; background: #ffffff;
+}}
+QLineEdit:focus, QPlainTextEdit:focus {{ border-color: {ACCENT}; }}
+QPushButton {{
+    border: 1px solid #d1d5db; border-radius: 8px; padding: 6px 14px; background: #ffffff;
+}}
+QPushButton:hover {{ background: #f3f4f6; }}
+QPushButton#primary {{ background: {ACCENT}; color: white; border: none; font-weight: 600; }}
+QPushButton#primary:hover {{ background: #1d4ed8; }}
+QPushButton#primary:disabled {{ background: #9db7f0; }}
+QPushButton#stop {{ background: #111827; color: white; border: none; font-weight: 600; }}
+QFrame#userBubble {{ background: #eef4ff; border-radius: 12px; }}
+QFrame#assistantBubble {{ background: #ffffff; border: 1px solid #eceef1; border-radius: 12px; }}
+QLabel#role {{ color: {MUTED}; font-weight: 600; }}
+QLabel#stats {{ color: {MUTED}; font-size: 11px; }}
+QLabel#hint {{ color: {MUTED}; font-size: 11px; }}
+QLabel#replyError {{ color: {ERROR}; }}
+QLabel#notice {{ color: {WARNING}; font-size: 11px; }}
+QToolButton {{ border: none; color: {MUTED}; padding: 2px 6px; border-radius: 6px; }}
+QToolButton:hover {{ background: #f3f4f6; color: #111827; }}
+QFrame#banner_error {{ background: #fef2f2; border: 1px solid #fecaca; border-radius: 8px; }}
+QFrame#banner_warning {{ background: #fffbeb; border: 1px solid #fde68a; border-radius: 8px; }}
+QFrame#banner_info {{ background: #eff6ff; border: 1px solid #bfdbfe; border-radius: 8px; }}
+QStatusBar {{ background: #f7f7f8; color: {MUTED}; }}
+QProgressBar {{ border: 1px solid #d1d5db; border-radius: 4px; background: #ffffff; max-height: 8px; }}
+QProgressBar::chunk {{ background: {ACCENT}; border-radius: 3px; }}
+"""

@@ -1,0 +1,148 @@
+"""A scripted stand-in for ``engine.engine.Engine`` for GUI tests.
+
+Same surface as the real engine: ``FakeEngine(on_event)`` starts one worker
+thread; ``load``/``submit``/``cancel`` return at once and the worker calls
+``on_event`` with ``LoadProgress``/``Loaded``/``LoadFailed`` and
+``Started``/``Token``.../``Done`` | ``Error`` events, in that order, from its own
+thread.  The script is plain attributes set by the test:
+
+* ``tokens``: the text deltas of every reply; ``draft_every``: mark every n-th
+  token as drafted (0: none);
+* ``hold_after``: after that many tokens the stream waits until
+  :meth:`release` (or a cancel), so a test can look at a reply mid-way;
+* ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
+* ``truncated``: ``Started(truncated=True)``;
+* ``load_error``: the next loads end with ``LoadFailed(load_error)``.
+
+What it saw is recorded in ``loads``, ``requests`` and ``cancelled``.  Pauses
+are ``threading.Event`` waits, so a cancel ends them at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.events import Done, Error, Loaded, LoadFailed, LoadProgress, Request, Started, Token
+
+METRICS = {
+    "prompt_tokens": 1200,
+    "cached_tokens": 1180,
+    "computed_tokens": 20,
+    "ttft_s": 0.21,
+    "tokens_per_s": 38.2,
+    "completion_tokens": 5,
+    "drafted": 4,
+    "accepted": 3,
+}
+
+
+@dataclass(frozen=True)
+class FakeSpec:
+    source: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+    quant: str = "none"
+
+
+class FakeEngine:
+    def __init__(self, on_event: Callable[[object], None], *, load_error: str | None = None) -> None:
+        self.on_event = on_event
+        self.tokens: list[str] = ["Hello", " there", ",", " friend", "."]
+        self.draft_every = 0
+        self.token_pause = 0.002
+        self.hold_after: int | None = None
+        self.fail_with: str | None = None
+        self.truncated = False
+        self.load_error = load_error
+        self.metrics: dict[str, Any] = dict(METRICS)
+        self.loads: list[Any] = []
+        self.requests: list[Request] = []
+        self.cancelled: list[str] = []
+        self.held = threading.Event()  # set while a stream waits at hold_after
+        self._release = threading.Event()
+        self._cancel = threading.Event()
+        self._cancel_id: str | None = None
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
+        self._thread.start()
+
+    # -- the engine interface -------------------------------------------------------
+    def load(self, spec: Any) -> None:
+        self.loads.append(spec)
+        self._jobs.put(("load", spec))
+
+    def submit(self, request: Request) -> None:
+        self.requests.append(request)
+        self._jobs.put(("request", (request, time.perf_counter())))
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self.cancelled.append(request_id)
+            self._cancel_id = request_id
+            self._cancel.set()
+
+    def shutdown(self) -> None:
+        self.release()
+        self._jobs.put(("stop", None))
+        self._thread.join(5)
+
+    # -- test controls ----------------------------------------------------------------
+    def release(self) -> None:
+        self._release.set()
+
+    # -- worker thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            kind, item = self._jobs.get()
+            if kind == "stop":
+                return
+            if kind == "load":
+                self._load(item)
+            else:
+                self._serve(*item)
+
+    def _load(self, spec: Any) -> None:
+        self.on_event(LoadProgress(0.5, "Loading weights"))
+        if self.load_error:
+            self.on_event(LoadFailed(self.load_error))
+        else:
+            self.on_event(Loaded(spec.source or "fake-model", "cpu", "float32", 0.01))
+
+    def _cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            return self._cancel.is_set() and self._cancel_id == request_id
+
+    def _serve(self, request: Request, t0: float) -> None:
+        def since() -> float:
+            return time.perf_counter() - t0
+
+        self._release.clear()
+        self.on_event(Started(request.id, since(), prompt_tokens=1200, truncated=self.truncated))
+        text = ""
+        for n, delta in enumerate(self.tokens, start=1):
+            if self._cancelled(request.id):
+                break
+            draft = bool(self.draft_every) and n % self.draft_every == 0
+            self.on_event(Token(request.id, since(), delta, (n,), draft))
+            text += delta
+            if self.hold_after is not None and n == self.hold_after:
+                self.held.set()
+                while not self._release.wait(0.01) and not self._cancelled(request.id):
+                    pass
+                self.held.clear()
+            else:
+                self._cancel.wait(self.token_pause)
+        if self.fail_with:
+            self.on_event(Error(request.id, since(), self.fail_with, partial_text=text))
+            return
+        reason = "cancelled" if self._cancelled(request.id) else "stop"
+        with self._lock:
+            self._cancel.clear()
+            self._cancel_id = None
+        self.on_event(Done(request.id, since(), text, reason, dict(self.metrics)))

@@ -32,10 +32,7 @@ def table(title: str, rows: list[dict[str, Any]]) -> str:
     if not rows:
         return f"{title}: no rows"
     cols = list(rows[0])
-    fmt = [
-        [f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols]
-        for r in rows
-    ]
+    fmt = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(cols)]
     line = " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
     out = [f"\n## {title}\n", "| " + line + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -59,9 +56,7 @@ class Runner:
         self.model = self.session.engine.loaded
 
     def ask(self, messages: list[dict[str, str]], max_tokens: int = 64, **kw: Any) -> Done:
-        request = Request(
-            id=uuid.uuid4().hex, messages=tuple(messages), sampling=Sampling(max_tokens=max_tokens), **kw
-        )
+        request = Request(id=uuid.uuid4().hex, messages=tuple(messages), sampling=Sampling(max_tokens=max_tokens), **kw)
         last = None
         for event in self.session.stream(request):
             last = event

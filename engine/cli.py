@@ -41,6 +41,13 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="turn KV/prefix caching off")
+    parser.add_argument(
+        "--speculative",
+        default="off",
+        choices=["off", "auto", "lookup", "answers", "draft"],
+        help="speculative decoding source (default off)",
+    )
+    parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
     parser.add_argument("--json", action="store_true", help="one JSON event per line")
 
 
@@ -58,6 +65,7 @@ class Session:
             source=args.model if args.model is not None else "",
             device=getattr(args, "device", None) or "auto",
             dtype=getattr(args, "dtype", None) or "auto",
+            draft=getattr(args, "draft_model", "") or "",
         )
         self.loaded: Loaded | None = None
 
@@ -67,6 +75,8 @@ class Session:
             event = self.events.get()
             if isinstance(event, Loaded):
                 self.loaded = event
+                if "draft_error" in event.info:
+                    raise SystemExit(event.info["draft_error"])
                 return event
             if isinstance(event, LoadFailed):
                 raise SystemExit(event.message)
@@ -128,6 +138,10 @@ def print_event(event: Event, as_json: bool) -> None:
             parts.append(f"{m['tokens_per_s']:.1f} tok/s")
         parts.append(f"{m.get('completion_tokens', 0)} tokens")
         parts.append(f"reused {m.get('cached_tokens', 0)} of {m.get('prompt_tokens', 0)} prompt tokens")
+        if m.get("drafted"):
+            parts.append(f"accepted {m['accepted']} of {m['drafted']} drafted")
+        if m.get("speedup"):
+            parts.append(f"{m['speedup']:.2f}x plain decode")
         print(" · ".join(p for p in parts if p), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)
@@ -159,6 +173,7 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
                 sampling=sampling_from(args, settings),
                 conversation_id=conversation,
                 prefix_cache=not args.no_prefix_cache,
+                speculative=args.speculative,
             )
             reply = ""
             for event in session.stream(request):

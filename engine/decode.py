@@ -12,7 +12,7 @@ relative to ``t0``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,33 +20,11 @@ import torch
 
 from engine import sampling
 from engine.events import Done, Event, PrefillProgress, Sampling, Token
-from engine.kv import KVState
+from engine.kv import KVState, forward
+from engine.speculative import Controller, Drafter, verify
 
 Emit = Callable[[Event], None]
 PREFILL_CHUNK = 256
-
-
-@torch.inference_mode()
-def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False) -> torch.Tensor:
-    """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab])."""
-    device = model.device
-    out = model(
-        input_ids=torch.tensor([ids], device=device),
-        cache=state.cache,
-        use_cache=True,
-        logits_to_keep=0 if all_logits else 1,
-    )
-    state.tokens.extend(ids)
-    return out.logits[0].float()
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    ta, tb = torch.tensor(a[:n]), torch.tensor(b[:n])
-    diff = (ta != tb).nonzero()
-    return int(diff[0]) if diff.numel() else n
 
 
 @dataclass
@@ -89,6 +67,7 @@ class DecodeResult:
     text: str
     finish_reason: str
     metrics: dict[str, Any]
+    ids: list[int] = field(default_factory=list)
 
 
 class Decoder:
@@ -96,6 +75,7 @@ class Decoder:
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self.controller = Controller()  # learns across requests: plain step time, draft lengths
 
     def prefill(
         self,
@@ -126,52 +106,87 @@ class Decoder:
         emit: Emit,
         cancelled: Callable[[], bool],
         t0: float,
+        drafters: Sequence[Drafter] = (),
     ) -> DecodeResult:
         reused = len(state)
         assert reused < len(prompt) and state.tokens == prompt[:reused], "state must hold a strict prefix"
         generator = sampling.make_generator(params.seed)
         stream = StreamText(self.tokenizer, params.stop)
+        control = self.controller
         t_prefill = time.perf_counter()
         logits = self.prefill(state, prompt, emit, request_id, t0, cancelled)
         prefill_s = time.perf_counter() - t_prefill
         generated: list[int] = []
-        pending: list[int] = []  # ids not yet carried by a Token event
-        history = torch.tensor(prompt)
         finish = "cancelled"
         ttft = None
         t_first = time.perf_counter()
-        while logits is not None:
-            token = sampling.pick(logits[-1], params, history if params.repetition_penalty != 1.0 else None, generator)
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-                t_first = time.perf_counter()
+        drafted = accepted_total = draft_steps = 0
+        per_source: dict[str, list[int]] = {}
+        pending_ids: list[int] = []
+
+        def take(token: int, from_draft: bool) -> str | None:
+            """Add one token to the reply; return a finish reason when the reply is over."""
             if token in self.eos_ids:
-                finish = "stop"
-                break
+                return "stop"
             generated.append(token)
-            pending.append(token)
+            pending_ids.append(token)
             delta = stream.add([token])
             if delta:
-                emit(Token(request_id, time.perf_counter() - t0, delta, tuple(pending)))
-                pending.clear()
+                emit(Token(request_id, time.perf_counter() - t0, delta, tuple(pending_ids), from_draft))
+                pending_ids.clear()
             if stream.stopped:
-                finish = "stop"
-                break
+                return "stop"
             if len(generated) >= params.max_tokens:
-                finish = "length"
-                break
-            if cancelled():
-                break
-            if params.repetition_penalty != 1.0:
-                history = torch.cat([history, torch.tensor([token])])
-            logits = forward(self.model, state, [token])
+                return "length"
+            return None
+
+        if logits is not None:
+            token = sampling.pick(logits[-1], params, self._history(prompt, [], params), generator)
+            ttft = time.perf_counter() - t0
+            t_first = time.perf_counter()
+            reason = take(token, False)
+            while reason is None and not cancelled():
+                drafts: list[int] = []
+                probs = None
+                source = ""
+                for drafter in drafters:
+                    k = min(control.draft_length(drafter.name), params.max_tokens - len(generated) - 1)
+                    if k > 0:
+                        drafts, probs = drafter.propose(prompt + generated, k, params)
+                        drafts = drafts[:k]
+                        if drafts:
+                            source = drafter.name
+                            break
+                step_start = time.perf_counter()
+                logits = forward(self.model, state, [token, *drafts], all_logits=bool(drafts))
+                if drafts:
+                    n_ok, token = verify(logits, drafts, probs, params, prompt + generated, generator)
+                    state.crop(len(state) - (len(drafts) - n_ok))
+                    control.record(source, len(drafts), n_ok, time.perf_counter() - step_start)
+                    drafted += len(drafts)
+                    accepted_total += n_ok
+                    draft_steps += 1
+                    stats = per_source.setdefault(source, [0, 0])
+                    stats[0] += len(drafts)
+                    stats[1] += n_ok
+                    for d in drafts[:n_ok]:
+                        reason = take(d, True)
+                        if reason:
+                            break
+                    if reason:
+                        break
+                else:
+                    token = sampling.pick(logits[-1], params, self._history(prompt, generated, params), generator)
+                    control.record_plain(time.perf_counter() - step_start)
+                reason = take(token, False)
+            finish = reason or "cancelled"
         tail = stream.flush()
-        if tail or pending:
-            emit(Token(request_id, time.perf_counter() - t0, tail, tuple(pending)))
+        if tail or pending_ids:
+            emit(Token(request_id, time.perf_counter() - t0, tail, tuple(pending_ids)))
         end = time.perf_counter()
         decode_s = end - t_first
         n = len(generated)
-        metrics = {
+        metrics: dict[str, Any] = {
             "prompt_tokens": len(prompt),
             "cached_tokens": reused,
             "computed_tokens": len(prompt) - reused,
@@ -182,8 +197,22 @@ class Decoder:
             "tpot_s": decode_s / (n - 1) if n > 1 else None,
             "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
             "total_s": end - t0,
+            "drafted": drafted,
+            "accepted": accepted_total,
         }
-        return DecodeResult(stream.text, finish, metrics)
+        if drafted:
+            metrics["acceptance"] = accepted_total / drafted
+            metrics["accepted_per_step"] = accepted_total / draft_steps
+            metrics["draft_sources"] = {k: {"drafted": v[0], "accepted": v[1]} for k, v in per_source.items()}
+        if drafters and control.plain_step_s and n > 1 and decode_s > 0:
+            # measured plain step time x tokens, against the time the reply actually took
+            metrics["plain_step_s"] = control.plain_step_s
+            metrics["speedup"] = control.plain_step_s * (n - 1) / decode_s
+        return DecodeResult(stream.text, finish, metrics, generated)
+
+    @staticmethod
+    def _history(prompt: list[int], generated: list[int], params: Sampling) -> torch.Tensor | None:
+        return torch.tensor(prompt + generated) if params.repetition_penalty != 1.0 else None
 
 
 def done_event(request_id: str, t0: float, result: DecodeResult) -> Done:

@@ -19,13 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.answers import AnswerMemory
 from engine.decode import Decoder, done_event
 from engine.events import Error, Loaded, LoadFailed, LoadProgress, Request, Started
 from engine.kv import KVState
-from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_model
+from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_draft, load_model
 from engine.paths import cache_dir
 from engine.prefix_cache import PERSISTED, PrefixCache
 from engine.prompt import build_prompt
+from engine.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
+
+SOURCES = ("off", "auto", "lookup", "answers", "draft")
 
 __all__ = ["Engine", "EngineOptions", "ModelSpec"]
 
@@ -43,6 +47,8 @@ class Engine:
         self.loaded: LoadedModel | None = None
         self.decoder: Decoder | None = None
         self.prefix_cache: PrefixCache | None = None
+        self.draft: DraftModel | None = None
+        self.answers = AnswerMemory()
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -78,7 +84,11 @@ class Engine:
                 return
             try:
                 if kind == "load":
-                    self._load(item)
+                    try:
+                        self._load(item)
+                    except Exception as exc:  # a load must always end in Loaded or LoadFailed
+                        traceback.print_exc()
+                        self.on_event(LoadFailed(f"Unexpected error while loading the model: {exc}"))
                 elif kind == "request":
                     self._serve(item)
                 elif kind == "call":
@@ -103,11 +113,47 @@ class Engine:
         self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
         warm = self.prefix_cache.load(self._kv_file()) if self.options.persist_prefixes else 0
         loaded.info["warm_prefixes"] = warm
-        self.on_event(
-            Loaded(
-                loaded.name, loaded.device.type, str(loaded.dtype).removeprefix("torch."), loaded.load_s, loaded.info
-            )
-        )
+        self.draft = None
+        if spec.draft:
+            try:
+                self.draft = DraftModel(load_draft(spec, loaded).model)
+                loaded.info["draft_model"] = spec.draft
+            except ModelLoadError as exc:
+                loaded.info["draft_error"] = str(exc)
+        dtype = str(loaded.dtype).removeprefix("torch.")
+        self.on_event(Loaded(loaded.name, loaded.device.type, dtype, loaded.load_s, loaded.info))
+        if "draft_error" in loaded.info:
+            self.on_event(LoadFailed(f"Draft model not used: {loaded.info['draft_error']}"))
+
+    def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
+        """The draft sources for this request, best first (``auto``: all that are available)."""
+        source = request.speculative
+        if source not in SOURCES:
+            raise ValueError(f"Unknown speculative source {source!r}; choose one of {', '.join(SOURCES)}.")
+        if source == "off":
+            return []
+        if source == "draft" and self.draft is None:
+            raise ValueError("Speculative source 'draft' needs a draft model: set one in Settings or --draft-model.")
+        drafters: list[Drafter] = []
+        if source in ("auto", "answers"):
+            similar = self.answers.similar(request.messages[-1].get("content", ""))
+            if similar:
+                drafters.append(AnswerDrafts(similar, prompt_length))
+        if source in ("auto", "lookup"):
+            drafters.append(PromptLookup())
+        if source in ("auto", "draft") and self.draft is not None:
+            drafters.append(self.draft)
+        return drafters
+
+    def remember_answer(self, question: str, answer: str) -> None:
+        """Seed the answer memory (thread-safe: runs on the engine thread)."""
+
+        def add(engine: Engine) -> None:
+            if engine.loaded is not None:
+                ids = engine.loaded.tokenizer(answer, add_special_tokens=False)["input_ids"]
+                engine.answers.add(question, list(ids))
+
+        self.call(add)
 
     def _kv_file(self) -> Path:
         assert self.loaded is not None
@@ -157,6 +203,11 @@ class Engine:
         state = cache.lookup(prompt.ids, prefer=request.conversation_id) if request.prefix_cache else None
         state = state or KVState()
         try:
+            drafters = self._drafters(request, len(prompt.ids))
+        except ValueError as exc:
+            self.on_event(Error(request.id, since(), str(exc)))
+            return
+        try:
             result = self.decoder.run(
                 request.id,
                 prompt.ids,
@@ -165,6 +216,7 @@ class Engine:
                 self.on_event,
                 lambda: self._is_cancelled(request.id),
                 t0,
+                drafters,
             )
         except Exception as exc:
             traceback.print_exc()
@@ -175,6 +227,8 @@ class Engine:
                 self._cancelled.discard(request.id)
         if request.prefix_cache:
             self._remember(state, prompt.system_tokens, request.conversation_id or request.id)
+        if result.finish_reason != "cancelled":
+            self.answers.add(request.messages[-1].get("content", ""), result.ids)
         result.metrics["cache_bytes"] = cache.nbytes()
         result.metrics["truncated"] = prompt.truncated
         self.on_event(done_event(request.id, t0, result))

@@ -67,3 +67,26 @@ def snapshot_nbytes(snap: Snapshot) -> int:
 
 def storage_ids(snap: Snapshot) -> set[int]:
     return {t.untyped_storage().data_ptr() for pair in snap for t in pair}
+
+
+@torch.inference_mode()
+def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False) -> torch.Tensor:
+    """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab])."""
+    device = model.device
+    out = model(
+        input_ids=torch.tensor([ids], device=device),
+        cache=state.cache,
+        use_cache=True,
+        logits_to_keep=0 if all_logits else 1,
+    )
+    state.tokens.extend(ids)
+    return out.logits[0].float()
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    ta, tb = torch.tensor(a[:n]), torch.tensor(b[:n])
+    diff = (ta != tb).nonzero()
+    return int(diff[0]) if diff.numel() else n

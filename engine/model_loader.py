@@ -46,6 +46,7 @@ class ModelSpec:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     quant: str = "none"
+    draft: str = ""  # a draft model for speculative decoding (same vocabulary), optional
 
 
 @dataclass
@@ -220,6 +221,24 @@ def fingerprint(location: str) -> str:
         return location  # a hub id
     files = sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"})
     return str(folder.resolve()) + "".join(f"|{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+
+
+def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
+    """Load ``spec.draft`` on the target's device and dtype; refuse a different vocabulary."""
+    draft = load_model(ModelSpec(source=spec.draft, device=target.device.type, dtype=str(target.dtype)[6:]))
+    ours, theirs = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if ours != theirs:
+        differing = sorted(set(ours.items()) ^ set(theirs.items()))[:3]
+        raise ModelLoadError(
+            f"The draft model {spec.draft} has a different vocabulary from the target ({len(theirs)} vs "
+            f"{len(ours)} tokens; e.g. {differing}). Pick a draft from the same model family."
+        )
+    out_rows = draft.model.get_output_embeddings().weight.shape[0]
+    if out_rows < len(ours):
+        raise ModelLoadError(
+            f"The draft model {spec.draft} predicts only {out_rows} tokens; the target needs {len(ours)}."
+        )
+    return draft
 
 
 def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -34,8 +34,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from engine.decode import common_prefix
-from engine.kv import KVState, Snapshot
+from engine.kv import KVState, Snapshot, common_prefix
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
 
@@ -126,7 +125,6 @@ class PrefixCache:
         if not path.is_file():
             return 0
         try:
-
             with safe_open(str(path), "pt") as fh:
                 meta = fh.metadata() or {}
             if meta.get("identity") != self.identity:

@@ -6,6 +6,7 @@ without Qt (see ``engine.cli``).
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -15,9 +16,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "func", None) is not None:
         return int(args.func(args))
+    problem = display_problem()
+    if problem:
+        print(f"brisk: {problem}", file=sys.stderr)
+        return 1
     from app.main_window import run_gui
 
     return run_gui(args.model)
+
+
+def display_problem() -> str | None:
+    """Why a window cannot open here, or None."""
+    if not sys.platform.startswith("linux") or os.environ.get("QT_QPA_PLATFORM"):
+        return None
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"):
+        return None
+    return (
+        "no display found (DISPLAY and WAYLAND_DISPLAY are unset), so the window cannot open. "
+        'Use `brisk ask "..."` or `brisk chat` in a terminal, or run under a desktop session or Xvfb.'
+    )
 
 
 if __name__ == "__main__":

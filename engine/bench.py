@@ -47,10 +47,10 @@ def median(values: list[float]) -> float:
 class Runner:
     """One engine, driven synchronously."""
 
-    def __init__(self, model: str | None, dtype: str | None = None) -> None:
+    def __init__(self, model: str | None, dtype: str | None = None, draft: str = "") -> None:
         from engine.cli import Session
 
-        ns = argparse.Namespace(model=model, device=None, dtype=dtype)
+        ns = argparse.Namespace(model=model, device=None, dtype=dtype, draft_model=draft)
         self.session = Session(ns)
         self.loaded = self.session.load()
         self.model = self.session.engine.loaded
@@ -163,9 +163,10 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"foundat
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from engine import bench_prefix
+    from engine import bench_prefix, bench_spec
 
     SCENARIOS.setdefault("prefix", bench_prefix.run)
+    SCENARIOS.setdefault("speculative", bench_spec.run)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

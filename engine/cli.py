@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("scenario", nargs="?", default="foundation")
     bench.add_argument("--runs", type=int, default=5)
     bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
+    bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -1,0 +1,98 @@
+"""Speculative decoding benchmark: decode speed and acceptance per draft source.
+
+Grounded replies (rewrite or extract from a given text, edit a given piece of
+code) and open-ended chat, each run greedily with speculation off and with
+each source, in one run and interleaved, so drift hits every variant alike.
+A row says whether the output is identical to plain greedy decode.
+
+``answers`` drafts from earlier replies: the first, plain round has answered
+each prompt once, as a user asking again (or something close) would find.
+``draft`` needs ``--draft-model``; without one it is reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from engine.bench import Runner, median, table
+
+ARTICLE = (
+    "The city council met on Tuesday to discuss the new cycling plan. The plan adds forty kilometres of "
+    "protected bike lanes over three years, starting with the river road in March. Council member Ana Ruiz "
+    "said the first phase will cost 2.4 million euros, paid mostly by a regional grant. Shop owners on the "
+    "river road asked for loading zones, and the council agreed to add six of them. Construction will close "
+    "one lane at a time, so traffic can keep moving. A public meeting about the second phase is set for the "
+    "fifteenth of May at the central library, and residents can send comments by email until the end of April. "
+    "The council will publish a map of all planned lanes on its website next week."
+)
+CODE = '''def total_price(items):
+    total = 0
+    for item in items:
+        if item["qty"] > 0:
+            total = total + item["price"] * item["qty"]
+    return total
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item["price"] < best["price"]:
+            best = item
+    return best
+'''
+GROUNDED = {
+    "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
+    "extract": f"Copy every sentence from this text that mentions money or a date:\n\n{ARTICLE}",
+    "code edit": f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}",
+}
+OPEN = {
+    "story": "Write a short story about a fox who learns to sail.",
+    "advice": "What are some good habits for staying focused while studying?",
+}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    has_draft = bool(getattr(args, "draft_model", ""))
+    runner = Runner(args.model, "float32", getattr(args, "draft_model", ""))
+    sources = ["off", "lookup", "answers", "auto"] + (["draft"] if has_draft else [])
+    prompts = {**{f"grounded: {k}": v for k, v in GROUNDED.items()}, **{f"open: {k}": v for k, v in OPEN.items()}}
+    rounds = max(1, args.runs // 2)
+    results: dict[tuple[str, str], dict[str, list[float]]] = {}
+    reference: dict[str, str] = {}
+    identical: dict[tuple[str, str], bool] = {}
+    try:
+        for _ in range(rounds):
+            for name, text in prompts.items():
+                messages = [{"role": "user", "content": text}]
+                for source in sources:
+                    done = runner.ask(messages, max_tokens=160, speculative=source, prefix_cache=True)
+                    m = done.metrics
+                    r = results.setdefault((name, source), {"tps": [], "drafted": [], "accepted": []})
+                    r["tps"].append(m.get("tokens_per_s") or 0.0)
+                    r["drafted"].append(m.get("drafted", 0))
+                    r["accepted"].append(m.get("accepted", 0))
+                    if source == "off":
+                        reference.setdefault(name, done.text)
+                    identical[(name, source)] = identical.get((name, source), True) and done.text == reference[name]
+    finally:
+        runner.close()
+    rows = []
+    for (name, source), r in results.items():
+        base = median(results[(name, "off")]["tps"])
+        drafted, accepted = sum(r["drafted"]), sum(r["accepted"])
+        rows.append(
+            {
+                "scenario": name,
+                "source": source,
+                "tok/s (median)": median(r["tps"]),
+                "vs off": median(r["tps"]) / base,
+                "acceptance": f"{accepted / drafted:.0%}" if drafted else "-",
+                "drafted": drafted,
+                "identical": "yes" if identical[(name, source)] else "NO",
+            }
+        )
+    print(table(f"Speculative decoding, greedy, 160 new tokens, median of {rounds} rounds", rows))
+    if not has_draft:
+        print("\ndraft model: skipped (pass --draft-model PATH with a smaller model of the same family)")
+    return {"rows": rows}

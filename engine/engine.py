@@ -170,7 +170,7 @@ class Engine:
             cache.insert(key, state, system_tokens)
             if is_new and self.options.persist_prefixes and key in cache.entries:
                 cache.save(self._kv_file())
-        cache.insert(f"conv:{conversation}", state)
+        cache.insert(f"conv:{conversation}", state, live=True)
 
     def _is_cancelled(self, request_id: str) -> bool:
         with self._lock:

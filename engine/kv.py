@@ -1,10 +1,16 @@
 """A model's KV cache together with the token ids it holds.
 
 :class:`KVState` keeps ``cache.get_seq_length() == len(tokens)`` at all times.
-Transformers' ``DynamicLayer`` grows by concatenation, which makes new tensors,
-so a :meth:`KVState.snapshot` (views of the current tensors) is never changed by
-later decoding: snapshots can be shared by many conversations, and a copy is
-made only when one of them grows again (copy on write, for free).
+
+Its layers (:class:`GrowingLayer`) write new keys and values in place into a
+buffer with spare room, instead of transformers' concatenation, which copies
+the whole cache on every step.  Sharing is copy-on-branch: a
+:meth:`KVState.snapshot` is a view of the first ``n`` positions and *pins*
+them; the state that owns a buffer may keep appending past the pinned length
+in place (the snapshot never sees those positions), while a state that
+adopted a snapshot, or an owner cropped below a pin (regenerate, edit),
+copies into a buffer of its own on its next write.  So a conversation extends
+in place turn after turn, and a copy happens only when it branches.
 """
 
 from __future__ import annotations
@@ -15,12 +21,96 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+MIN_CAPACITY = 256
+
+
+class Buffer:
+    """Key and value storage with room to grow, shared by snapshots."""
+
+    __slots__ = ("keys", "values", "pinned", "owner")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: object) -> None:
+        self.keys, self.values, self.owner = keys, values, owner
+        self.pinned = 0  # positions below this are seen by snapshots and never rewritten
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys.shape[-2])
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends in place and copies only on a branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buf: Buffer | None = None
+        self.length = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, m = self.length, key_states.shape[-2]
+        buf = self.buf
+        if buf is None or buf.owner is not self or n < buf.pinned or n + m > buf.capacity:
+            buf = self._reallocate(n + m, key_states)
+        buf.keys[..., n : n + m, :] = key_states
+        buf.values[..., n : n + m, :] = value_states
+        self.length = n + m
+        self.keys, self.values = buf.keys[..., : n + m, :], buf.values[..., : n + m, :]
+        return self.keys, self.values
+
+    def _reallocate(self, needed: int, like: torch.Tensor) -> Buffer:
+        old = self.buf.capacity if self.buf is not None and self.buf.owner is self else 0
+        shape = list(like.shape)
+        shape[-2] = max(needed, 2 * old, MIN_CAPACITY)
+        keys = like.new_empty(shape)
+        values = like.new_empty(shape)
+        keys[..., : self.length, :] = self.keys[..., : self.length, :]
+        values[..., : self.length, :] = self.values[..., : self.length, :]
+        self.buf = Buffer(keys, values, self)
+        return self.buf
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        shape = list(key_states.shape)
+        shape[-2] = 0
+        self.keys = key_states.new_empty(shape)
+        self.values = value_states.new_empty(shape)
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        self.length = max(0, self.length + tokens_to_remove)
+        self.keys, self.values = self.keys[..., : self.length, :], self.values[..., : self.length, :]
+
+    def pin(self, length: int) -> None:
+        if self.buf is not None:
+            self.buf.pinned = max(self.buf.pinned, length)
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Start from a snapshot's views; the first write copies them (a branch)."""
+        self.lazy_initialization(keys, values)
+        self.keys, self.values, self.length = keys, values, int(keys.shape[-2])
+
+
+def new_cache() -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = []
+    cache.layer_class_to_replicate = GrowingLayer
+    return cache
+
+
 Snapshot = tuple[tuple[torch.Tensor, torch.Tensor], ...]
 
 
 class KVState:
     def __init__(self, cache: DynamicCache | None = None, tokens: list[int] | None = None) -> None:
-        self.cache = cache if cache is not None else DynamicCache()
+        self.cache = cache if cache is not None else new_cache()
         self.tokens: list[int] = list(tokens or [])
 
     def __len__(self) -> int:
@@ -37,21 +127,23 @@ class KVState:
             del self.tokens[length:]
 
     def snapshot(self, length: int | None = None) -> Snapshot:
+        """Views of the first ``length`` positions, pinned so no later write changes them."""
         n = len(self.tokens) if length is None else length
-        return tuple((layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in self._layers())
+        layers = self._layers()
+        for layer in layers:
+            if isinstance(layer, GrowingLayer):
+                layer.pin(n)
+        return tuple((layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in layers)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, tokens: list[int], length: int | None = None) -> KVState:
         """A state holding the first ``length`` tokens of ``snap`` without copying tensors."""
         n = len(tokens) if length is None else length
-        layers: list[Any] = []
+        cache = new_cache()
         for keys, values in snap:
-            layer = DynamicLayer()
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys[..., :n, :], values[..., :n, :]
-            layers.append(layer)
-        cache = DynamicCache()
-        cache.layers = layers
+            layer = GrowingLayer()
+            layer.adopt(keys[..., :n, :], values[..., :n, :])
+            cache.layers.append(layer)
         return cls(cache, tokens[:n])
 
     def _layers(self) -> list[Any]:

@@ -44,6 +44,7 @@ class Entry:
     tokens: list[int]
     snapshot: Snapshot
     last_used: float
+    live: KVState | None = None  # the state itself, handed back so its owner keeps growing in place
 
 
 class PrefixCache:
@@ -72,13 +73,21 @@ class PrefixCache:
         entry = self.entries[best_key]
         entry.last_used = time.monotonic()
         self.entries.move_to_end(best_key)
+        live, entry.live = entry.live, None
+        if live is not None and live.tokens[:best_len] == entry.tokens[:best_len]:
+            live.crop(best_len)  # the owner continues: in place, unless cropped below a pin
+            return live
         return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)
 
-    def insert(self, key: str, state: KVState, length: int | None = None) -> None:
+    def insert(self, key: str, state: KVState, length: int | None = None, live: bool = False) -> None:
+        """Keep the first ``length`` tokens of ``state``; ``live``: also keep the state to extend it later."""
         n = len(state) if length is None else min(length, len(state))
         if n == 0:
             return
-        self.entries[key] = Entry(state.tokens[:n], state.snapshot(n), time.monotonic())
+        for entry in self.entries.values():
+            if entry.live is state:
+                entry.live = None  # one live owner per state
+        self.entries[key] = Entry(state.tokens[:n], state.snapshot(n), time.monotonic(), state if live else None)
         self.entries.move_to_end(key)
         self.evict()
 

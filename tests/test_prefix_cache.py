@@ -154,3 +154,19 @@ def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
         assert ids == expected
     finally:
         second.close()
+
+
+def test_conversation_grows_in_place_and_copies_only_on_branch(tiny_engine: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Grow in place."}]
+    done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow"))
+    entry = tiny_engine.engine.prefix_cache.entries["conv:grow"]
+    buffer = entry.live.cache.layers[0].buf
+    frozen = entry.snapshot[0][0].clone()
+    reply = done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow")).text  # regenerate: a branch
+    after = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
+    assert after is not buffer, "regenerating crops below the pinned prefix, so it must copy"
+    assert torch.equal(entry.snapshot[0][0], frozen), "the earlier snapshot is untouched"
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And more."}]
+    done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow"))
+    grown = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
+    assert grown is after, "a plain next turn extends the same buffer in place"

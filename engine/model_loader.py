@@ -189,10 +189,17 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     progress(0.8, "Loading weights")
     dtype = choose_dtype(spec.dtype, device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
     except Exception as exc:
         raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
     model.to(device).eval()
+    probe: dict[str, Any] = {}
+    if dtype is None:
+        from engine.dtype_probe import choose_cpu_dtype
+
+        progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
+        dtype, probe = choose_cpu_dtype(model, tokenizer, f"{fingerprint(location)}|{torch.__version__}")
+        model.to(dtype)
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     identity = hashlib.sha256(f"{fingerprint(location)}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
@@ -210,7 +217,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         eos_ids=eos_ids,
         context_length=context,
         load_s=load_s,
-        info={"parameters": sum(p.numel() for p in model.parameters())},
+        info={"parameters": sum(p.numel() for p in model.parameters()), "dtype_probe": probe},
     )
 
 
@@ -260,24 +267,12 @@ def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def choose_dtype(name: str, device: torch.device) -> torch.dtype:
+def choose_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The dtype to load in; None means "measure on this CPU" (see ``engine.dtype_probe``)."""
     if name != "auto":
         if name not in DTYPES:
             raise ModelLoadError(f"Unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}.")
         return DTYPES[name]
     if device.type == "cuda":
         return torch.bfloat16
-    return measured_cpu_dtype()
-
-
-def measured_cpu_dtype() -> torch.dtype:
-    """The dtype measured fastest for decoding on this CPU (see ``bench/dtype_probe.py``).
-
-    The measurement is stored in ``cache/cpu_dtype.json``; without one, float32
-    (always exact, and measured faster here: 33 ms vs 36 ms per step).
-    """
-    try:
-        choice = json.loads((cache_dir() / "cpu_dtype.json").read_text())["dtype"]
-        return DTYPES[choice]
-    except (OSError, ValueError, KeyError):
-        return torch.float32
+    return None

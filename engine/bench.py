@@ -53,6 +53,7 @@ class Runner:
         ns = argparse.Namespace(model=model, device=None, dtype=dtype, draft_model=draft)
         self.session = Session(ns)
         self.loaded = self.session.load()
+        assert self.session.engine.loaded is not None
         self.model = self.session.engine.loaded
 
     def ask(self, messages: list[dict[str, str]], max_tokens: int = 64, **kw: Any) -> Done:

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from engine.events import Done, Error, Event, Loaded, LoadFailed, Request, Sampling, Token
 from engine.settings import Settings
@@ -95,7 +96,7 @@ class Session:
 
 
 def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
-    def pick(name: str, default: object) -> object:
+    def pick(name: str, default: Any) -> Any:
         value = getattr(args, name, None)
         return default if value is None else value
 
@@ -104,7 +105,7 @@ def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
         top_p=float(pick("top_p", settings.top_p)),
         top_k=int(pick("top_k", settings.top_k)),
         repetition_penalty=float(pick("repetition_penalty", settings.repetition_penalty)),
-        seed=pick("seed", None),  # type: ignore[arg-type]
+        seed=pick("seed", None),
         max_tokens=int(pick("max_tokens", settings.max_tokens)),
         stop=tuple(args.stop or ()),
     )

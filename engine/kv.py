@@ -67,6 +67,7 @@ class GrowingLayer(DynamicLayer):
         shape[-2] = max(needed, 2 * old, MIN_CAPACITY)
         keys = like.new_empty(shape)
         values = like.new_empty(shape)
+        assert self.keys is not None and self.values is not None
         keys[..., : self.length, :] = self.keys[..., : self.length, :]
         values[..., : self.length, :] = self.values[..., : self.length, :]
         self.buf = Buffer(keys, values, self)
@@ -86,6 +87,7 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove")
         self.length = max(0, self.length + tokens_to_remove)
+        assert self.keys is not None and self.values is not None
         self.keys, self.values = self.keys[..., : self.length, :], self.values[..., : self.length, :]
 
     def pin(self, length: int) -> None:

@@ -133,7 +133,7 @@ def converted_dir(gguf: Path, progress: Progress) -> Path:
             "architecture transformers cannot load."
         ) from exc
     progress(0.6, "Saving converted model")
-    model.hf_quantizer = None  # the weights are dequantized; save them as plain tensors
+    model.hf_quantizer = None  # type: ignore[assignment]  # the weights are dequantized; save them as plain tensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = target.with_name(target.name + ".tmp")
@@ -192,14 +192,14 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
     except Exception as exc:
         raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]
     probe: dict[str, Any] = {}
     if dtype is None:
         from engine.dtype_probe import choose_cpu_dtype
 
         progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
         dtype, probe = choose_cpu_dtype(model, tokenizer, f"{fingerprint(location)}|{torch.__version__}")
-        model.to(dtype)
+        model.to(dtype)  # type: ignore[arg-type]
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     identity = hashlib.sha256(f"{fingerprint(location)}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]

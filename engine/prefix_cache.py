@@ -59,7 +59,7 @@ class PrefixCache:
         """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens)."""
         best_key, best_len = None, 0
         keys = list(self.entries)
-        if prefer in self.entries:
+        if prefer is not None and prefer in self.entries:
             keys.insert(0, keys.pop(keys.index(prefer)))
         for key in keys:
             entry = self.entries[key]

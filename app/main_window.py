@@ -9,7 +9,12 @@ never blocks on the engine: it submits requests and reacts to the bridge's
 ``delete_conversation``, ``export_markdown``, ``search``, ``apply_settings``,
 ``load_model``) are what the widgets call and what tests drive.  Store
 failures become an error banner (never a crash); a failed model load becomes a
-banner with an "Open Settings" button, and the window stays usable.
+banner with an "Open Settings" button, and the window stays usable.  A
+``LoadFailed`` that follows ``Loaded`` (only the draft model failed) is a
+warning: the model stays loaded and Send stays enabled.  After each ``Loaded``
+the engine's answer memory is seeded from the saved history
+(:mod:`app.answer_seed`).  F1 (or the Settings dialog) opens "About this
+machine" (``show_about``).
 
 ``run_gui`` (defined in :mod:`app.launch`) is re-exported here for the CLI.
 """
@@ -32,6 +37,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.about_dialog import AboutDialog
+from app.answer_seed import seed_answers
 from app.banner import Banner
 from app.bridge import EngineBridge
 from app.chat_view import ChatView
@@ -50,6 +57,8 @@ __all__ = ["MainWindow", "run_gui"]
 
 LOADING_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
 FAILED_TIP = "No model is loaded. Pick another model in Settings."
+ABOUT_SHORTCUT = "F1"
+DRAFT_FAILED = "Draft model not used:"
 
 
 class MainWindow(QMainWindow):
@@ -68,6 +77,8 @@ class MainWindow(QMainWindow):
         self.bridge = bridge
         self.settings = settings
         self.model_ready = False
+        self.loaded: Loaded | None = None  # the last Loaded event: model facts for "About this machine"
+        self.about: AboutDialog | None = None
         self._model_override = model_override
         self._settings_path = settings_path
         self.session = ChatSession(store, settings)
@@ -129,6 +140,7 @@ class MainWindow(QMainWindow):
         self._action("New chat", QKeySequence.StandardKey.New, self.new_chat)
         self._action("Search", QKeySequence.StandardKey.Find, self.sidebar.search_box.setFocus)
         self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
+        self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
 
     def _action(self, text: str, shortcut: QKeySequence | QKeySequence.StandardKey, slot: object) -> QAction:
         action = QAction(text, self)
@@ -171,6 +183,7 @@ class MainWindow(QMainWindow):
         self.model_ready = False
         self.composer.set_ready(False, LOADING_TIP)
         self.hide_banner("load")
+        self.hide_banner("draft")
         s = self.settings
         self.bridge.load(self._model_override or s.model, s.device, s.dtype, s.quant, s.draft_model)
 
@@ -179,11 +192,27 @@ class MainWindow(QMainWindow):
             self.status_area.loading(event.fraction, event.message)
         elif isinstance(event, Loaded):
             self.model_ready = True
+            self.loaded = event
             self.status_area.loaded(event)
             self.composer.set_ready(True)
             self.hide_banner("load")
+            if self.about is not None:
+                self.about.set_loaded(event)
+            self._seed_answers()
+        elif isinstance(event, LoadFailed) and (self.model_ready or event.message.startswith(DRAFT_FAILED)):
+            # After Loaded only an optional part can fail: the engine says "Draft model not used: ...".
+            self.show_banner(
+                "draft",
+                "warning",
+                f"{event.message} Replies use the main model alone.",
+                "Open Settings\u2026",
+                self.open_settings,
+            )
         elif isinstance(event, LoadFailed):
             self.model_ready = False
+            self.loaded = None
+            if self.about is not None:
+                self.about.set_loaded(None)
             self.status_area.failed(event.message)
             self.composer.set_ready(False, FAILED_TIP)
             self.show_banner(
@@ -195,6 +224,15 @@ class MainWindow(QMainWindow):
             )
         else:
             self._on_reply_event(event)
+
+    def _seed_answers(self) -> None:
+        """Let the engine draft from answers saved in earlier sessions."""
+        if not self.settings.answer_cache:
+            return
+        try:
+            seed_answers(self.bridge.engine, self.store)
+        except StoreError as exc:
+            self._store_error(exc)
 
     def _on_reply_event(self, event: object) -> None:
         reply = self.session.apply(event)
@@ -434,8 +472,17 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"{title} \u2014 Brisk" if title else "Brisk")
 
     # -- settings ---------------------------------------------------------------------------------
+    def show_about(self) -> AboutDialog:
+        """Open (or raise) the "About this machine" window; it does not block."""
+        if self.about is None:
+            self.about = AboutDialog(self.loaded, self)
+        self.about.show()
+        self.about.raise_()
+        self.about.activateWindow()
+        return self.about
+
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, self)
+        dialog = SettingsDialog(self.settings, self, loaded=self.loaded)
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.apply_settings(dialog.result_settings())
 
@@ -453,6 +500,9 @@ class MainWindow(QMainWindow):
                 self.store.set_system_prompt(self.session.conversation_id, new.system_prompt)
             except StoreError as exc:
                 self._store_error(exc)
+        engine = getattr(self.bridge, "engine", None)
+        if new.prefix_cache_mb != old.prefix_cache_mb and hasattr(engine, "set_prefix_budget"):
+            engine.set_prefix_budget(new.prefix_cache_mb << 20)  # type: ignore[union-attr]
         if needs_reload(old, new):
             if new.model != old.model:
                 self._model_override = None

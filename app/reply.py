@@ -33,6 +33,7 @@ class ReplyState:
     finish_reason: str = ""
     truncated: bool = False
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # known from Done, or earlier if the engine's events carry it
     prefill: tuple[int, int] | None = None
     first_token_t: float | None = None
     last_token_t: float | None = None
@@ -64,8 +65,10 @@ class ReplyState:
         if isinstance(event, Started):
             self.prompt_tokens = event.prompt_tokens
             self.truncated = self.truncated or event.truncated
+            self._note_cached(event)
         elif isinstance(event, PrefillProgress):
             self.prefill = (event.done, event.total)
+            self._note_cached(event)
         elif isinstance(event, Token):
             count = len(event.ids) or 1
             if self.first_token_t is None:
@@ -90,6 +93,12 @@ class ReplyState:
             return False
         return True
 
+    def _note_cached(self, event: object) -> None:
+        """Engines that know the prompt-cache hit before the first token may say so early."""
+        cached = getattr(event, "cached_tokens", None)
+        if isinstance(cached, int) and not isinstance(cached, bool):
+            self.cached_tokens = cached
+
     def stop(self) -> None:
         """The user pressed Stop: end the reply here, keeping the text so far."""
         if self.streaming:
@@ -108,6 +117,8 @@ class ReplyState:
                 live["tokens_per_s"] = (self.tokens - self.tokens_at_first) / span
         if self.prompt_tokens is not None:
             live["prompt_tokens"] = self.prompt_tokens
+        if self.cached_tokens is not None:
+            live["cached_tokens"] = self.cached_tokens
         return live
 
     def shown_metrics(self) -> dict[str, Any]:
@@ -143,7 +154,14 @@ def _num(metrics: Mapping[str, Any], key: str) -> float | None:
 
 
 def stats_line(metrics: Mapping[str, Any], finish_reason: str = "") -> str:
-    """``TTFT 0.21 s · 38.2 tok/s · 120 tokens · reused 1180 of 1200 prompt tokens · drafted 40 / accepted 31``."""
+    """The grey line under a reply, from whichever numbers exist, e.g.
+
+    ``TTFT 0.21 s · 38.2 tok/s · 120 tokens · reused 1180 of 1200 prompt tokens ·
+    accepted 31 of 40 drafted (78 %) · 1.8× plain decode``.
+
+    The reuse part needs ``cached_tokens`` (the engine's final metrics carry it,
+    0 included); until it is known only the prompt size is shown.
+    """
     parts: list[str] = []
     ttft = _num(metrics, "ttft_s")
     if ttft is not None:
@@ -160,8 +178,15 @@ def stats_line(metrics: Mapping[str, Any], finish_reason: str = "") -> str:
     elif prompt is not None:
         parts.append(f"{int(prompt)} prompt tokens")
     drafted, accepted = _num(metrics, "drafted"), _num(metrics, "accepted")
-    if drafted:  # missing or zero: no speculative decoding on this reply, nothing to say
-        parts.append(f"drafted {int(drafted)}" + ("" if accepted is None else f" / accepted {int(accepted)}"))
+    if drafted:  # missing or zero: nothing was drafted for this reply, nothing to say
+        accepted = accepted or 0
+        parts.append(f"accepted {int(accepted)} of {int(drafted)} drafted ({100 * accepted / drafted:.0f} %)")
+    speedup = _num(metrics, "speedup")
+    if speedup is not None:
+        parts.append(f"{speedup:.1f}\u00d7 plain decode")
+    quant = metrics.get("quant")
+    if isinstance(quant, str) and quant not in ("", "none"):
+        parts.append(quant)
     if finish_reason == "cancelled":
         parts.append("stopped")
     elif finish_reason == "length":

@@ -4,7 +4,10 @@
 :meth:`result_settings` gives the new :class:`~engine.settings.Settings`
 (fields the dialog does not show are carried over unchanged).  Saving and
 reloading are the caller's job; :func:`needs_reload` says whether a change
-means the model must be loaded again.  The model field takes a folder, a
+means the model must be loaded again.  The "Speed" group is
+:class:`~app.speed_section.SpeedSection`; "About this machine\u2026" opens
+:class:`~app.about_dialog.AboutDialog` with ``loaded`` (the last ``Loaded``
+event, if any).  The model field takes a folder, a
 ``.gguf`` file or a hub id; empty means the bundled model.  A blank seed means
 random.
 """
@@ -13,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QIntValidator
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -27,11 +30,15 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
+from app.about_dialog import AboutDialog
+from app.speed_section import SpeedSection
+from engine.events import Loaded
 from engine.settings import Settings
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -62,12 +69,23 @@ def _spin(low: float, high: float, step: float, value: float, decimals: int = 2)
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, parent: QWidget | None = None, *, loaded: Loaded | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
-        self.setMinimumWidth(520)
+        self.setMinimumWidth(560)
         self._original = settings
-        layout = QVBoxLayout(self)
+        self._loaded = loaded
+        self.about: AboutDialog | None = None
+        outer = QVBoxLayout(self)
+        scroll = QScrollArea()  # the form is taller than small laptop screens
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        page = QWidget()
+        layout = QVBoxLayout(page)
+        layout.setContentsMargins(0, 0, 0, 0)
+        scroll.setWidget(page)
+        outer.addWidget(scroll, 1)
 
         model_box = QGroupBox("Model")
         model_form = QFormLayout(model_box)
@@ -117,20 +135,24 @@ class SettingsDialog(QDialog):
         chat_form.addRow("Max tokens", self.max_tokens)
         layout.addWidget(chat_box)
 
-        speed_box = QGroupBox("Speed")
-        speed_form = QFormLayout(speed_box)
-        self.prefix_cache = QCheckBox("Reuse the prompt cache between turns")
-        self.prefix_cache.setChecked(settings.prefix_cache)
-        speed_form.addRow(self.prefix_cache)
-        self.colour_drafts = QCheckBox("Colour tokens that came from speculative drafting")
-        self.colour_drafts.setChecked(settings.colour_draft_tokens)
-        speed_form.addRow(self.colour_drafts)
-        layout.addWidget(speed_box)
+        self.speed = SpeedSection(settings)
+        self.device_combo.currentTextChanged.connect(self.speed.set_device)
+        self.prefix_cache = self.speed.prefix_cache
+        self.colour_drafts = self.speed.colour_drafts
+        layout.addWidget(self.speed)
 
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
+        self.about_button = buttons.addButton("About this machine\u2026", QDialogButtonBox.ButtonRole.HelpRole)
+        self.about_button.setToolTip("What this computer offers (devices, memory, libraries) and the loaded model")
+        self.about_button.clicked.connect(self.show_about)
+        outer.addWidget(buttons)
+        # tall enough for the whole form where the screen allows; the scroll area covers the rest
+        wanted = page.sizeHint().height() + buttons.sizeHint().height() + 48
+        screen = self.screen()
+        room = int(screen.availableGeometry().height() * 0.9) if screen is not None else wanted
+        self.resize(max(self.minimumWidth(), page.sizeHint().width() + 48), min(wanted, room))
 
     def result_settings(self) -> Settings:
         seed_text = self.seed_edit.text().strip()
@@ -146,9 +168,16 @@ class SettingsDialog(QDialog):
             repetition_penalty=self.repetition_penalty.value(),
             seed=int(seed_text) if seed_text else None,
             max_tokens=self.max_tokens.value(),
-            prefix_cache=self.prefix_cache.isChecked(),
-            colour_draft_tokens=self.colour_drafts.isChecked(),
+            **self.speed.values(),
         )
+
+    def show_about(self) -> AboutDialog:
+        """Open (or raise) the "About this machine" window."""
+        if self.about is None:
+            self.about = AboutDialog(self._loaded, parent=self)
+        self.about.show()
+        self.about.raise_()
+        return self.about
 
     def _browse_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Choose a model folder", self.model_edit.text())

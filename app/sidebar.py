@@ -8,6 +8,10 @@ place), ``delete_requested(id)``, ``export_requested(id)``,
 ``search_changed(query)`` (debounced; ``""`` when cleared),
 ``hit_chosen(conversation_id, message_id | None)`` and ``settings_requested``.
 The owner answers a search with :meth:`show_results`.
+
+Neither list ever scrolls sideways: :class:`FitWidthDelegate` sizes every row
+to the list's width, so a long title is elided with "…" (its tooltip
+shows it in full) and a long search snippet wraps.
 """
 
 from __future__ import annotations
@@ -15,7 +19,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, QPoint, Qt, QTimer, Signal
+from PySide6.QtCore import (
+    QItemSelectionModel,
+    QModelIndex,
+    QPersistentModelIndex,
+    QPoint,
+    QSize,
+    Qt,
+    QTimer,
+    Signal,
+)
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QLabel,
@@ -26,6 +39,8 @@ from PySide6.QtWidgets import (
     QMenu,
     QPushButton,
     QStackedWidget,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -35,6 +50,33 @@ from engine.store import Conversation, SearchHit
 
 SEARCH_DEBOUNCE_MS = 200
 WIDTH = 240
+
+
+class FitWidthDelegate(QStyledItemDelegate):
+    """Rows as wide as the view's viewport, never wider.
+
+    The height is measured at the viewport's width (so wrapped text gets the
+    lines it needs); the width hint is 1 px, and a list view stretches each
+    row to its viewport, so the content never outgrows it.  Qt then elides
+    single-line text to fit, with the view's ``textElideMode``.
+    """
+
+    def __init__(self, view: QAbstractItemView) -> None:
+        super().__init__(view)
+        self._view = view
+
+    def sizeHint(  # noqa: N802 (Qt override)
+        self, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> QSize:
+        fitted = QStyleOptionViewItem(option)
+        fitted.rect.setWidth(max(1, self._view.viewport().width()))
+        return QSize(1, super().sizeHint(fitted, index).height())
+
+
+def _no_sideways_scrolling(view: QListView) -> None:
+    view.setItemDelegate(FitWidthDelegate(view))
+    view.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    view.setTextElideMode(Qt.TextElideMode.ElideRight)
 
 
 class Sidebar(QWidget):
@@ -78,6 +120,7 @@ class Sidebar(QWidget):
         self.list_view = QListView()
         self.list_view.setModel(self.model)
         self.list_view.setUniformItemSizes(True)
+        _no_sideways_scrolling(self.list_view)
         self.list_view.setEditTriggers(
             QAbstractItemView.EditTrigger.DoubleClicked | QAbstractItemView.EditTrigger.EditKeyPressed
         )
@@ -87,6 +130,8 @@ class Sidebar(QWidget):
 
         self.results = QListWidget()
         self.results.setWordWrap(True)
+        _no_sideways_scrolling(self.results)
+        self.results.setResizeMode(QListView.ResizeMode.Adjust)  # re-wrap when the sidebar is resized
         self.results.itemClicked.connect(self._hit_clicked)
         self.results.itemActivated.connect(self._hit_clicked)
         self.no_results = QLabel("No matches.")
@@ -103,7 +148,7 @@ class Sidebar(QWidget):
         layout.addWidget(self.stack, 1)
 
         self.settings_button = QPushButton("Settings")
-        self.settings_button.setToolTip("Model, device and sampling settings (Ctrl+,)")
+        self.settings_button.setToolTip("Model, device, sampling and speed settings (Ctrl+,); About this machine: F1")
         self.settings_button.clicked.connect(self.settings_requested)
         layout.addWidget(self.settings_button)
 

@@ -109,6 +109,7 @@ class Engine:
             self.on_event(LoadFailed(f"Unexpected error while loading the model: {exc}"))
             return
         self.loaded = loaded
+        self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
         self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
         warm = self.prefix_cache.load(self._kv_file()) if self.options.persist_prefixes else 0
@@ -144,6 +145,17 @@ class Engine:
         if source in ("auto", "draft") and self.draft is not None:
             drafters.append(self.draft)
         return drafters
+
+    def set_prefix_budget(self, budget_bytes: int) -> None:
+        """Change the prefix cache's byte budget now (evicting if needed)."""
+
+        def apply(engine: Engine) -> None:
+            engine.options.prefix_cache_bytes = budget_bytes
+            if engine.prefix_cache is not None:
+                engine.prefix_cache.budget_bytes = budget_bytes
+                engine.prefix_cache.evict()
+
+        self.call(apply)
 
     def remember_answer(self, question: str, answer: str) -> None:
         """Seed the answer memory (thread-safe: runs on the engine thread)."""
@@ -198,10 +210,9 @@ class Engine:
         except ValueError as exc:
             self.on_event(Error(request.id, since(), str(exc)))
             return
-        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated))
         cache = self.prefix_cache
-        state = cache.lookup(prompt.ids, prefer=request.conversation_id) if request.prefix_cache else None
-        state = state or KVState()
+        state = cache.lookup(prompt.ids, prefer=request.conversation_id) if request.prefix_cache else KVState()
+        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated, len(state)))
         try:
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:

@@ -62,6 +62,7 @@ class Event:
 class Started(Event):
     prompt_tokens: int = 0
     truncated: bool = False  # older turns were dropped to fit the context
+    cached_tokens: int = 0  # prompt tokens whose KV is reused from a cache
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,13 @@ thread.  The script is plain attributes set by the test:
   :meth:`release` (or a cancel), so a test can look at a reply mid-way;
 * ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
 * ``truncated``: ``Started(truncated=True)``;
-* ``load_error``: the next loads end with ``LoadFailed(load_error)``.
+* ``load_error``: the next loads end with ``LoadFailed(load_error)``;
+* ``load_info``: the ``Loaded.info`` dict; ``draft_error``: like the real
+  engine when only the draft model fails, ``Loaded`` (with ``info["draft_error"]``)
+  is followed by ``LoadFailed("Draft model not used: ...")``.
 
-What it saw is recorded in ``loads``, ``requests`` and ``cancelled``.  Pauses
+What it saw is recorded in ``loads``, ``requests``, ``cancelled`` and
+``remembered`` (the ``remember_answer(question, answer)`` calls).  Pauses
 are ``threading.Event`` waits, so a cancel ends them at once.
 """
 
@@ -38,6 +42,8 @@ METRICS = {
     "completion_tokens": 5,
     "drafted": 4,
     "accepted": 3,
+    "acceptance": 0.75,
+    "speedup": 1.8,
 }
 
 
@@ -47,6 +53,7 @@ class FakeSpec:
     device: str = "auto"
     dtype: str = "auto"
     quant: str = "none"
+    draft: str = ""
 
 
 class FakeEngine:
@@ -59,10 +66,13 @@ class FakeEngine:
         self.fail_with: str | None = None
         self.truncated = False
         self.load_error = load_error
+        self.load_info: dict[str, Any] = {"parameters": 135_000_000, "weight_bytes": 270_000_000, "warm_prefixes": 1}
+        self.draft_error: str | None = None
         self.metrics: dict[str, Any] = dict(METRICS)
         self.loads: list[Any] = []
         self.requests: list[Request] = []
         self.cancelled: list[str] = []
+        self.remembered: list[tuple[str, str]] = []
         self.held = threading.Event()  # set while a stream waits at hold_after
         self._release = threading.Event()
         self._cancel = threading.Event()
@@ -86,6 +96,9 @@ class FakeEngine:
             self.cancelled.append(request_id)
             self._cancel_id = request_id
             self._cancel.set()
+
+    def remember_answer(self, question: str, answer: str) -> None:
+        self.remembered.append((question, answer))
 
     def shutdown(self) -> None:
         self.release()
@@ -111,8 +124,13 @@ class FakeEngine:
         self.on_event(LoadProgress(0.5, "Loading weights"))
         if self.load_error:
             self.on_event(LoadFailed(self.load_error))
-        else:
-            self.on_event(Loaded(spec.source or "fake-model", "cpu", "float32", 0.01))
+            return
+        info = dict(self.load_info)
+        if self.draft_error:
+            info["draft_error"] = self.draft_error
+        self.on_event(Loaded(spec.source or "fake-model", "cpu", "float32", 0.01, info))
+        if self.draft_error:
+            self.on_event(LoadFailed(f"Draft model not used: {self.draft_error}"))
 
     def _cancelled(self, request_id: str) -> bool:
         with self._lock:

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 from fake_engine import METRICS, FakeEngine, FakeSpec
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QLineEdit, QMessageBox
+from PySide6.QtWidgets import QApplication, QLineEdit, QMessageBox, QSplitter
 from pytestqt.qtbot import QtBot
 
+from app import about_dialog
+from app.about_dialog import NO_MODEL, AboutDialog
 from app.bridge import EngineBridge
 from app.chat_view import TRUNCATED_NOTICE
 from app.composer import EMPTY_HINT
@@ -33,11 +35,18 @@ from app.session import make_title
 from app.settings_dialog import SettingsDialog
 from engine.events import Done, Loaded, LoadFailed
 from engine.settings import Settings
-from engine.store import Message, Store, StoreError
+from engine.store import Conversation, Message, SearchHit, Store, StoreError
 
 FULL_REPLY = "Hello there, friend."
 FULL_STATS = " \u00b7 ".join(
-    ["TTFT 0.21 s", "38.2 tok/s", "5 tokens", "reused 1180 of 1200 prompt tokens", "drafted 4 / accepted 3"]
+    [
+        "TTFT 0.21 s",
+        "38.2 tok/s",
+        "5 tokens",
+        "reused 1180 of 1200 prompt tokens",
+        "accepted 3 of 4 drafted (75 %)",
+        "1.8\u00d7 plain decode",
+    ]
 )
 
 
@@ -394,6 +403,41 @@ def test_export_markdown(qtbot: QtBot, harness: Harness, tmp_path: Path) -> None
     assert banner is not None and "Could not write" in banner.text()
 
 
+def test_sidebar_never_scrolls_sideways_and_elides_long_titles(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    sidebar, view = window.sidebar, window.sidebar.list_view
+    long_title = "A conversation title far too long to fit in the sidebar, however wide it is dragged"
+    now = 1_700_000_000.0
+    sidebar.set_conversations([Conversation("short", "Short", "", now, now)])
+    # a longer title arriving by rename and moving to the top is what once made the list scroll sideways
+    sidebar.upsert(Conversation("short", long_title, "", now, now + 1), to_top=True)
+    sidebar.upsert(Conversation("other", "Other", "", now, now + 2), to_top=True)
+
+    def fits() -> bool:
+        rect = view.visualRect(sidebar.model.index(sidebar.model.row_of("short") or 0))
+        return rect.right() < view.viewport().width() and view.horizontalScrollBar().maximum() == 0
+
+    splitter = window.centralWidget()
+    assert isinstance(splitter, QSplitter)
+    for width in (240, 190, 320, 200):
+        splitter.setSizes([width, 900 - width])
+        qtbot.waitUntil(fits)
+        assert not view.horizontalScrollBar().isVisible()
+        rect = view.visualRect(sidebar.model.index(sidebar.model.row_of("short") or 0))
+        shown = view.fontMetrics().elidedText(long_title, view.textElideMode(), rect.width())
+        assert shown.endswith("\u2026") and shown != long_title
+    index = sidebar.model.index(sidebar.model.row_of("short") or 0)
+    assert long_title in sidebar.model.data(index, Qt.ItemDataRole.ToolTipRole)
+
+    snippet = "an_unbreakable_identifier_that_is_much_wider_than_any_sidebar_could_ever_be_dragged"
+    sidebar.show_results([SearchHit("short", 1, long_title, snippet)])
+    results = sidebar.results
+    qtbot.waitUntil(lambda: results.isVisible())
+    qtbot.waitUntil(lambda: results.horizontalScrollBar().maximum() == 0)
+    assert not results.horizontalScrollBar().isVisible()
+    assert results.visualRect(results.model().index(0, 0)).right() < results.viewport().width()
+
+
 # -- regenerate, edit, copy ------------------------------------------------------------------------
 
 
@@ -491,6 +535,51 @@ def test_load_failure_is_shown_and_another_model_can_be_picked(qtbot: QtBot, har
     assert window.status_area.model_label.text() == "/models/good"
 
 
+def test_draft_model_failure_is_a_warning_and_the_model_stays_usable(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    engine = fake(window)
+    engine.draft_error = "No model at /models/draft: the folder does not exist."
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, LoadFailed)):
+        window.apply_settings(replace(window.settings, draft_model="/models/draft"))
+    assert engine.loads[-1].draft == "/models/draft"
+    warning = window.banner("draft")
+    assert warning is not None and warning.kind == "warning"
+    assert "Draft model not used" in warning.text() and "/models/draft" in warning.text()
+    assert window.banner("load") is None
+    assert window.model_ready and window.composer.button.isEnabled()
+    assert "Loading failed" not in window.status_area.message_label.text()
+    assert window.loaded is not None and "draft_error" in window.loaded.info
+    chat(qtbot, window, "Still works")
+    assert last_bubble(window).plain_text == FULL_REPLY
+
+    engine.draft_error = None  # a later load that works clears the warning
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
+        window.apply_settings(replace(window.settings, draft_model="/models/good-draft"))
+    assert window.banner("draft") is None
+
+
+def test_history_seeds_the_engine_answer_memory(qtbot: QtBot, harness: Harness) -> None:
+    store = Store(harness.db_path)
+    older = store.create_conversation("Older")
+    store.add_message(older, "user", "What is a lighthouse?")
+    store.add_message(older, "assistant", "A tower with a light.")
+    store.add_message(older, "user", "And a foghorn?")
+    store.add_message(older, "assistant", "Half an answer", status="cancelled")
+    newer = store.create_conversation("Newer")
+    store.add_message(newer, "user", "Who keeps it?")
+    store.add_message(newer, "assistant", "The keeper.")
+    store.add_message(newer, "user", "Why?")
+    store.add_message(newer, "assistant", "", status="error")
+    window = harness.open(store=store)
+    expected = [("What is a lighthouse?", "A tower with a light."), ("Who keeps it?", "The keeper.")]
+    qtbot.waitUntil(lambda: fake(window).remembered == expected)
+
+    engine = fake(window)
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
+        window.apply_settings(replace(window.settings, answer_cache=False, device="cpu"))
+    assert engine.remembered == expected  # not seeded again: the user turned answer memory off
+
+
 def test_damaged_database_falls_back_to_memory(qtbot: QtBot, harness: Harness) -> None:
     damaged = harness.db_path
     damaged.write_bytes(b"this is not a database, just bytes " * 200)
@@ -552,6 +641,11 @@ def test_stats_line_shows_only_what_exists() -> None:
     assert stats_line({"prompt_tokens": 12, "completion_tokens": 3}) == "3 tokens \u00b7 12 prompt tokens"
     assert stats_line({}, "cancelled") == "stopped"
     assert stats_line({"completion_tokens": 9, "drafted": 0, "accepted": 0}) == "9 tokens"
+    assert stats_line({"prompt_tokens": 35, "cached_tokens": 0}) == "reused 0 of 35 prompt tokens"
+    assert stats_line({"drafted": 40, "accepted": 31, "speedup": 1.84}) == (
+        "accepted 31 of 40 drafted (78 %) \u00b7 1.8\u00d7 plain decode"
+    )
+    assert stats_line({"completion_tokens": 2, "quant": "int8-cpu"}) == "2 tokens \u00b7 int8-cpu"
 
 
 def test_markdown_rendering() -> None:
@@ -684,6 +778,45 @@ def test_applying_settings_saves_and_reloads_only_when_needed(
     assert window.store.get_conversation(conversation_id).system_prompt == "Answer in French."
     chat(qtbot, window, "Bonjour")
     assert engine.requests[-1].messages[0] == {"role": "system", "content": "Answer in French."}
+
+
+def test_about_this_machine_from_f1_and_from_settings(
+    qtbot: QtBot, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    facts = {"python": "3.12.1", "torch": "2.5.0", "cuda": False, "cpu_threads": 16, "memory_gb": 62.5}
+    monkeypatch.setattr(about_dialog, "default_report", lambda: facts)
+    window = harness.open()
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+    qtbot.keyClick(window, Qt.Key.Key_F1)
+    about = window.about
+    assert about is not None and about.isVisible()
+    qtbot.waitUntil(lambda: about.machine_facts().get("PyTorch") == "2.5.0")
+    shown = about.machine_facts()
+    assert shown["CUDA available"] == "no" and shown["Memory"] == "62.5 GB" and shown["CPU threads"] == "16"
+    rows = about.model_rows()
+    assert rows["Model"] == "fake-model" and rows["Device"] == "cpu" and rows["Precision"] == "float32"
+    assert rows["Parameters"] == "135.0 M" and rows["Weights in memory"] == "257.5 MB"
+    assert rows["Warm prompt caches from disk"] == "1"
+
+    dialog = SettingsDialog(window.settings, window, loaded=window.loaded)
+    qtbot.addWidget(dialog)
+    qtbot.mouseClick(dialog.about_button, Qt.MouseButton.LeftButton)
+    from_settings = dialog.about
+    assert from_settings is not None and from_settings.isVisible()
+    assert from_settings.model_rows()["Model"] == "fake-model"
+    qtbot.waitUntil(lambda: from_settings.machine_facts().get("Python") == "3.12.1")
+
+
+def test_about_dialog_reports_a_failing_check(qtbot: QtBot) -> None:
+    def broken() -> dict[str, object]:
+        raise ImportError("No module named 'torch'")
+
+    dialog = AboutDialog(None, report=broken)
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: "torch" in " ".join(dialog.machine_facts().values()))
+    assert "Could not check this machine" in " ".join(dialog.machine_facts().values())
+    assert list(dialog.model_rows().values()) == [NO_MODEL]
 
 
 def test_bridge_delivers_events_on_the_gui_thread(qtbot: QtBot) -> None:

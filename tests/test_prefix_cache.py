@@ -170,3 +170,22 @@ def test_conversation_grows_in_place_and_copies_only_on_branch(tiny_engine: Engi
     done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow"))
     grown = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
     assert grown is after, "a plain next turn extends the same buffer in place"
+
+
+def test_started_event_reports_reuse_before_prefill(tiny_engine: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Report reuse early."}]
+    tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
+    events = tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
+    assert events[0].cached_tokens == done(events).metrics["cached_tokens"] == events[0].prompt_tokens - 1
+
+
+def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
+    runner = EngineRunner(str(tiny_dir))
+    try:
+        runner.run([SYSTEM, {"role": "user", "content": "fill"}], sampling=GREEDY)
+        assert runner.engine.prefix_cache.nbytes() > 0
+        runner.engine.set_prefix_budget(1)
+        final = done(runner.run([{"role": "user", "content": "x"}], sampling=GREEDY, prefix_cache=False))
+        assert final.metrics["cache_bytes"] <= 1 or len(runner.engine.prefix_cache.entries) == 0
+    finally:
+        runner.close()

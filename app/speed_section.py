@@ -1,0 +1,187 @@
+"""The Settings dialog's "Speed" group: prompt cache, speculative decoding, quantization.
+
+``SpeedSection(settings)`` shows the fields of :class:`~engine.settings.Settings`
+that trade memory or accuracy for latency, and :meth:`SpeedSection.values`
+returns them as a dict for ``dataclasses.replace``.  Choosing "Draft model"
+with no draft model path shows an inline hint.
+
+The quantization list comes from ``engine.quant`` (``MODES`` and
+``availability(device)``), asked by :func:`app.quant_probe.quant_choices` in a
+child process (it imports torch and probes back-ends: seconds the first time),
+started from a worker thread when the section is built, never at app start-up;
+until it answers the list holds only the current choice, and ``quant_ready``
+turns True when the full list is in.  Modes that cannot run on the chosen
+device are greyed out with the reason as their tooltip; if the module cannot
+be imported only "none" is offered, its tooltip saying why.  ``set_device``
+checks again when the device choice changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMenu,
+    QPushButton,
+    QSpinBox,
+    QWidget,
+)
+
+from app import quant_probe
+from app.background import in_background
+from app.quant_probe import QUANT_UNAVAILABLE
+from engine.settings import Settings
+
+SPECULATIVE = (
+    ("off", "Off", "Generate one token per step"),
+    ("auto", "Auto", "Use every draft source that is available and pays off"),
+    ("lookup", "Prompt lookup", "Draft by copying text that already appears in the conversation"),
+    ("answers", "Earlier answers", "Draft from earlier answers to similar questions"),
+    ("draft", "Draft model", "Draft with a small model that shares the main model's vocabulary"),
+)
+DRAFT_HINT = "Pick a draft model below: a small model with the same vocabulary as the main one."
+QUANT_CHECKING = "Checking which modes this machine can run\u2026"
+QUANT_TIP = "Smaller weights for less memory; changing it reloads the model"
+BUDGET_TIP = "Memory kept for reusable prompt caches; least recently used entries are dropped past it."
+
+
+class SpeedSection(QGroupBox):
+    def __init__(self, settings: Settings, parent: QWidget | None = None) -> None:
+        super().__init__("Speed", parent)
+        form = QFormLayout(self)
+
+        self.prefix_cache = QCheckBox("Reuse the prompt cache between turns")
+        self.prefix_cache.setChecked(settings.prefix_cache)
+        form.addRow(self.prefix_cache)
+        self.prefix_cache_mb = QSpinBox()
+        self.prefix_cache_mb.setRange(16, 1 << 20)
+        self.prefix_cache_mb.setSingleStep(64)
+        self.prefix_cache_mb.setValue(settings.prefix_cache_mb)
+        self.prefix_cache_mb.setToolTip(BUDGET_TIP)
+        self.prefix_cache_mb.setEnabled(settings.prefix_cache)
+        self.prefix_cache.toggled.connect(self.prefix_cache_mb.setEnabled)
+        form.addRow("Prefix cache budget (MB)", self.prefix_cache_mb)
+
+        self.speculative = QComboBox()
+        for value, label, tip in SPECULATIVE:
+            self.speculative.addItem(label, value)
+            self.speculative.setItemData(self.speculative.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        _select(self.speculative, settings.speculative)
+        form.addRow("Speculative decoding", self.speculative)
+        self.draft_hint = QLabel(DRAFT_HINT)
+        self.draft_hint.setObjectName("notice")
+        self.draft_hint.setWordWrap(True)
+        form.addRow(self.draft_hint)
+
+        self.draft_edit = QLineEdit(settings.draft_model)
+        self.draft_edit.setPlaceholderText("None")
+        self.draft_edit.setToolTip("A model folder or .gguf file used to draft tokens; changing it reloads the model")
+        self.draft_browse = QPushButton("Browse\u2026")
+        menu = QMenu(self.draft_browse)
+        menu.addAction("Folder\u2026", self._browse_draft_folder)
+        menu.addAction("GGUF file\u2026", self._browse_draft_file)
+        self.draft_browse.setMenu(menu)
+        row = QHBoxLayout()
+        row.addWidget(self.draft_edit, 1)
+        row.addWidget(self.draft_browse)
+        form.addRow("Draft model", row)
+        self.speculative.currentIndexChanged.connect(self._update_hint)
+        self.draft_edit.textChanged.connect(self._update_hint)
+        self._update_hint()
+
+        self.quant = QComboBox()
+        self.quant_ready = False
+        self._device = settings.device
+        self._quant_wanted = settings.quant
+        form.addRow("Quantization", self.quant)
+        self.set_device(settings.device)
+
+        self.colour_drafts = QCheckBox("Colour tokens that came from speculative drafting")
+        self.colour_drafts.setChecked(settings.colour_draft_tokens)
+        form.addRow(self.colour_drafts)
+
+    def values(self) -> dict[str, Any]:
+        return {
+            "prefix_cache": self.prefix_cache.isChecked(),
+            "prefix_cache_mb": self.prefix_cache_mb.value(),
+            "speculative": self.speculative.currentData(),
+            "draft_model": self.draft_edit.text().strip(),
+            "quant": self.quant.currentData(),
+            "colour_draft_tokens": self.colour_drafts.isChecked(),
+        }
+
+    def set_device(self, device_name: str) -> None:
+        """Check (on a worker thread) which quantization modes ``device_name`` can run."""
+        if self.quant.count():
+            self._quant_wanted = self.quant.currentData()
+        self._device = device_name
+        self.quant_ready = False
+        self._fill_quant([(self._quant_wanted, None)])
+        self.quant.setToolTip(QUANT_CHECKING)
+        in_background(
+            self,
+            lambda: quant_probe.quant_choices(device_name),
+            lambda section, found: section._quant_checked(device_name, found),
+        )
+
+    def _quant_checked(self, device_name: str, found: object) -> None:
+        if device_name != self._device:  # an answer for a device choice already changed again
+            return
+        if isinstance(found, Exception):
+            found = [("none", f"{QUANT_UNAVAILABLE}: the check failed ({type(found).__name__}: {found}).")]
+        assert isinstance(found, list)
+        choices: list[tuple[str, str | None]] = found
+        self._quant_wanted = self.quant.currentData()
+        if self._quant_wanted not in [mode for mode, _ in choices]:
+            choices = [*choices, (self._quant_wanted, "Not offered by this installation.")]
+        self._fill_quant(choices)
+        self.quant.setToolTip(QUANT_TIP)
+        self.quant_ready = True
+
+    def _fill_quant(self, choices: list[tuple[str, str | None]]) -> None:
+        self.quant.clear()
+        model = self.quant.model()
+        assert isinstance(model, QStandardItemModel)
+        for row, (mode, reason) in enumerate(choices):
+            self.quant.addItem(mode, mode)
+            if reason:
+                self.quant.setItemData(row, reason, Qt.ItemDataRole.ToolTipRole)
+            if reason and mode != "none":  # no quantization always works; its reason is only a note
+                item = model.item(row)
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+        _select(self.quant, self._quant_wanted)
+
+    def _update_hint(self) -> None:
+        wants_draft = self.speculative.currentData() == "draft"
+        self.draft_hint.setVisible(wants_draft and not self.draft_edit.text().strip())
+
+    def _browse_draft_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Choose a draft model folder", self.draft_edit.text())
+        if path:
+            self.draft_edit.setText(path)
+
+    def _browse_draft_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Choose a GGUF draft model", self.draft_edit.text(), "GGUF models (*.gguf);;All files (*)"
+        )
+        if path:
+            self.draft_edit.setText(path)
+
+
+def _select(box: QComboBox, value: str) -> None:
+    """Select the item whose data is ``value``, adding it when the list lacks it."""
+    index = box.findData(value)
+    if index < 0:
+        box.addItem(value, value)
+        index = box.count() - 1
+    box.setCurrentIndex(index)

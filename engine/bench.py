@@ -81,12 +81,28 @@ def bench_load(model: str | None) -> list[dict[str, Any]]:
                 t = time.perf_counter()
                 load_model(ModelSpec(source=model or "", dtype="float32"))
                 rows.append({"load": label, "seconds": time.perf_counter() - t})
+            rows.append({"load": "warm, new process, imports included", "seconds": load_in_subprocess(model)})
         finally:
             if previous is None:
                 os.environ.pop("BRISK_DATA_DIR", None)
             else:
                 os.environ["BRISK_DATA_DIR"] = previous
     return rows
+
+
+def load_in_subprocess(model: str | None) -> float:
+    """Seconds from a fresh interpreter's first import to a loaded model (what a restart costs)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import time; t = time.perf_counter()\n"
+        "from engine.model_loader import ModelSpec, load_model\n"
+        f"load_model(ModelSpec(source={model or ''!r}, dtype='float32'))\n"
+        "print(time.perf_counter() - t)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def generate_timed(model: Any, ids: list[int], max_tokens: int) -> tuple[float, float, int]:
@@ -160,6 +176,17 @@ def run_foundation(args: argparse.Namespace) -> dict[str, Any]:
     return {"load": load, "decode": decode}
 
 
+def run_quant(args: argparse.Namespace) -> dict[str, Any]:
+    from engine import quant_bench
+
+    rows = quant_bench.run(args.runs)
+    print(f"\n## Quantization on the bundled model (CPU, median of {args.runs} runs)\n")
+    print(quant_bench.table(rows))
+    print(quant_bench.verdict(rows))
+    print(quant_bench.reply_verdict(rows))
+    return {"rows": rows, "verdict": quant_bench.verdict(rows), "reply_verdict": quant_bench.reply_verdict(rows)}
+
+
 SCENARIOS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"foundation": run_foundation}
 
 
@@ -168,6 +195,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     SCENARIOS.setdefault("prefix", bench_prefix.run)
     SCENARIOS.setdefault("speculative", bench_spec.run)
+    SCENARIOS.setdefault("quant", run_quant)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:

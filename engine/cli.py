@@ -29,6 +29,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder, .gguf file or hub id (default: bundled)")
     parser.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--quant",
+        default=None,
+        help="weight quantization: none, int8-cpu, int4-cpu, bnb-int8, bnb-nf4, bnb-fp4 (see `brisk doctor`)",
+    )
 
 
 def add_request_args(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +72,7 @@ class Session:
             device=getattr(args, "device", None) or "auto",
             dtype=getattr(args, "dtype", None) or "auto",
             draft=getattr(args, "draft_model", "") or "",
+            quant=getattr(args, "quant", None) or "none",
         )
         self.loaded: Loaded | None = None
 

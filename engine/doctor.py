@@ -24,9 +24,29 @@ def report() -> dict[str, Any]:
         data["gpu"] = props.name
         data["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
         data["bf16_supported"] = torch.cuda.is_bf16_supported()
+    from engine import quant
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        data["bitsandbytes"] = quant._import_bnb().__version__
+    except Exception as exc:  # noqa: BLE001 - report any import failure
+        data["bitsandbytes"] = f"not usable ({exc})"
+    data["dtypes"] = ", ".join(name for name in ("float32", "bfloat16", "float16") if dtype_works(name, device))
+    for mode, reason in quant.availability(device).items():
+        data[f"quant {mode}"] = "works" if reason is None else f"unavailable: {reason}"
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         data["memory_gb"] = round(pages / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         pass
     return data
+
+
+def dtype_works(name: str, device: Any) -> bool:
+    import torch
+
+    try:
+        x = torch.ones(4, 4, dtype=getattr(torch, name), device=device)
+        return bool(torch.isfinite((x @ x).float()).all())
+    except (RuntimeError, TypeError):
+        return False

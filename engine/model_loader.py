@@ -174,8 +174,14 @@ def pick_device(name: str) -> torch.device:
 def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel:
     progress = progress or (lambda _f, _m: None)
     start = time.perf_counter()
-    location, name = resolve(spec.source, progress)
     device = pick_device(spec.device)
+    from engine import quant
+
+    try:
+        quant.require(spec.quant, device)  # before converting or downloading anything
+    except (quant.QuantUnavailable, ValueError) as exc:
+        raise ModelLoadError(f"{exc} Choose another quantization in Settings or --quant.") from exc
+    location, name = resolve(spec.source, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(0.7, "Loading tokenizer")
@@ -188,11 +194,23 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         ) from exc
     progress(0.8, "Loading weights")
     dtype = choose_dtype(spec.dtype, device)
+    if spec.quant in quant.INT_MODES and dtype is None:
+        dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
+    if spec.quant in quant.BNB_MODES and dtype is None:
+        dtype = torch.float32
+    qinfo: dict[str, Any] = {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
+        if spec.quant == "none":
+            model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
+            model.to(device)  # type: ignore[arg-type]
+        else:
+            assert dtype is not None
+            q = quant.load_quantized_model(location, spec.quant, dtype, device, progress)
+            model = q.model  # already placed; a bnb model must not be moved
+            qinfo = {"quant_cached": q.cached, "quant_load_s": q.seconds}
     except Exception as exc:
         raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
-    model.to(device).eval()  # type: ignore[arg-type]
+    model.eval()
     probe: dict[str, Any] = {}
     if dtype is None:
         from engine.dtype_probe import choose_cpu_dtype
@@ -217,7 +235,13 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         eos_ids=eos_ids,
         context_length=context,
         load_s=load_s,
-        info={"parameters": sum(p.numel() for p in model.parameters()), "dtype_probe": probe},
+        info={
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "weight_bytes": quant.weight_bytes(model),
+            "quant": spec.quant,
+            "dtype_probe": probe,
+            **qinfo,
+        },
     )
 
 

@@ -97,7 +97,7 @@ def check_mode(mode: str) -> None:
 def require(mode: str, device: torch.device) -> None:
     """Raise ``QuantUnavailable`` unless ``mode`` can run on ``device``."""
     check_mode(mode)
-    reason = availability(device).get(mode)
+    reason = _reason(mode, str(torch.device(device)))  # only this mode: importing bitsandbytes takes seconds
     if reason is not None:
         raise QuantUnavailable(mode, reason)
 
@@ -109,13 +109,17 @@ def availability(device: torch.device) -> dict[str, str | None]:
 
 @functools.cache
 def _availability(device_name: str) -> tuple[tuple[str, str | None], ...]:
+    return tuple((mode, _reason(mode, device_name)) for mode in MODES)
+
+
+@functools.cache
+def _reason(mode: str, device_name: str) -> str | None:
     device = torch.device(device_name)
-    out: dict[str, str | None] = {"none": None}
-    for mode in INT_MODES:
-        out[mode] = _int_reason(mode, device)
-    for mode in BNB_MODES:
-        out[mode] = _bnb_reason(mode, device)
-    return tuple(out.items())
+    if mode in INT_MODES:
+        return _int_reason(mode, device)
+    if mode in BNB_MODES:
+        return _bnb_reason(mode, device)
+    return None
 
 
 def _int_reason(mode: str, device: torch.device) -> str | None:

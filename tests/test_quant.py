@@ -68,6 +68,7 @@ def test_missing_bitsandbytes_is_a_reason_not_a_crash(monkeypatch: pytest.Monkey
     real = quant.importlib.util.find_spec
     monkeypatch.setattr(quant.importlib.util, "find_spec", lambda n, *a: None if n == "bitsandbytes" else real(n, *a))
     quant._availability.cache_clear()
+    quant._reason.cache_clear()
     try:
         reasons = quant.availability(CPU)
         assert all("pip install bitsandbytes" in (reasons[m] or "") for m in quant.BNB_MODES)
@@ -76,10 +77,12 @@ def test_missing_bitsandbytes_is_a_reason_not_a_crash(monkeypatch: pytest.Monkey
             quant.require("bnb-nf4", CPU)
     finally:
         quant._availability.cache_clear()
+        quant._reason.cache_clear()
 
 
 def test_availability_leaves_the_random_state_alone() -> None:
     quant._availability.cache_clear()
+    quant._reason.cache_clear()
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)

@@ -58,11 +58,12 @@ def shared_system_prompt(runner: Runner, runs: int) -> tuple[list[dict[str, Any]
     reused: list[int] = []
     prompt_tokens = 0
     runner.ask([{"role": "system", "content": system}, {"role": "user", "content": "Hello"}], max_tokens=4)
-    for _ in range(runs):
+    for round_ in range(runs):
         for q in QUESTIONS:
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+            question = q if round_ == 0 else f"{q} (ticket {round_})"  # every warm question is new
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
             c = runner.ask(messages, max_tokens=4, prefix_cache=False)
-            w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{_}")
+            w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{round_}")
             cold.append(c.metrics["ttft_s"])
             warm.append(w.metrics["ttft_s"])
             reused.append(w.metrics["cached_tokens"])

@@ -62,9 +62,10 @@ class GrowingLayer(DynamicLayer):
         return self.keys, self.values
 
     def _reallocate(self, needed: int, like: torch.Tensor) -> Buffer:
-        old = self.buf.capacity if self.buf is not None and self.buf.owner is self else 0
+        # Room for a quarter more (at least MIN_CAPACITY tokens): growth stays amortised while a
+        # branch of a long shared prefix does not double its memory for a short reply.
         shape = list(like.shape)
-        shape[-2] = max(needed, 2 * old, MIN_CAPACITY)
+        shape[-2] = needed + max(MIN_CAPACITY, needed // 4)
         keys = like.new_empty(shape)
         values = like.new_empty(shape)
         assert self.keys is not None and self.values is not None

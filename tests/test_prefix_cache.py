@@ -189,3 +189,18 @@ def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
         assert final.metrics["cache_bytes"] <= 1 or len(runner.engine.prefix_cache.entries) == 0
     finally:
         runner.close()
+
+
+def test_a_branch_of_a_long_prefix_does_not_double_its_memory() -> None:
+    from engine.kv import GrowingLayer
+
+    base = fake_state(list(range(1000)), layers=1)
+    branch = KVState.from_snapshot(base.snapshot(), base.tokens)
+    layer = branch.cache.layers[0]
+    assert isinstance(layer, GrowingLayer)
+    for _ in range(5):  # a short reply on top of the shared prefix
+        layer.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
+    assert layer.length == 1005
+    assert layer.buf is not None and layer.buf.capacity <= 1001 + 256, "room for a reply, not a copy of the prefix"
+    snap = branch.snapshot(1000)
+    assert torch.equal(snap[0][0], base.snapshot()[0][0]), "the copy holds the same prefix"

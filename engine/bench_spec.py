@@ -26,7 +26,7 @@ ARTICLE = (
     "fifteenth of May at the central library, and residents can send comments by email until the end of April. "
     "The council will publish a map of all planned lanes on its website next week."
 )
-CODE = '''def total_price(items):
+CODE = """def total_price(items):
     total = 0
     for item in items:
         if item["qty"] > 0:
@@ -40,7 +40,7 @@ def cheapest(items):
         if best is None or item["price"] < best["price"]:
             best = item
     return best
-'''
+"""
 GROUNDED = {
     "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
     "extract": f"Copy every sentence from this text that mentions money or a date:\n\n{ARTICLE}",

@@ -160,10 +160,6 @@ def snapshot_nbytes(snap: Snapshot) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in snap)
 
 
-def storage_ids(snap: Snapshot) -> set[int]:
-    return {t.untyped_storage().data_ptr() for pair in snap for t in pair}
-
-
 @torch.inference_mode()
 def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False) -> torch.Tensor:
     """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab])."""

@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
@@ -37,7 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.about_dialog import AboutDialog
-from app.speed_section import SpeedSection
+from app.speed_section import SpeedSection, browse_model
 from engine.events import Loaded
 from engine.settings import Settings
 
@@ -180,13 +179,7 @@ class SettingsDialog(QDialog):
         return self.about
 
     def _browse_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose a model folder", self.model_edit.text())
-        if path:
-            self.model_edit.setText(path)
+        browse_model(self, self.model_edit, folder=True, title="Choose a model folder")
 
     def _browse_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Choose a GGUF model file", self.model_edit.text(), "GGUF models (*.gguf);;All files (*)"
-        )
-        if path:
-            self.model_edit.setText(path)
+        browse_model(self, self.model_edit, folder=False, title="Choose a GGUF model file")

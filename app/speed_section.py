@@ -166,16 +166,10 @@ class SpeedSection(QGroupBox):
         self.draft_hint.setVisible(wants_draft and not self.draft_edit.text().strip())
 
     def _browse_draft_folder(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Choose a draft model folder", self.draft_edit.text())
-        if path:
-            self.draft_edit.setText(path)
+        browse_model(self, self.draft_edit, folder=True, title="Choose a draft model folder")
 
     def _browse_draft_file(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Choose a GGUF draft model", self.draft_edit.text(), "GGUF models (*.gguf);;All files (*)"
-        )
-        if path:
-            self.draft_edit.setText(path)
+        browse_model(self, self.draft_edit, folder=False, title="Choose a GGUF draft model")
 
 
 def _select(box: QComboBox, value: str) -> None:
@@ -185,3 +179,13 @@ def _select(box: QComboBox, value: str) -> None:
         box.addItem(value, value)
         index = box.count() - 1
     box.setCurrentIndex(index)
+
+
+def browse_model(parent: QWidget, edit: QLineEdit, *, folder: bool, title: str) -> None:
+    """Ask for a model folder or a .gguf file and put the choice into ``edit``."""
+    if folder:
+        path = QFileDialog.getExistingDirectory(parent, title, edit.text())
+    else:
+        path, _ = QFileDialog.getOpenFileName(parent, title, edit.text(), "GGUF models (*.gguf);;All files (*)")
+    if path:
+        edit.setText(path)

@@ -110,6 +110,15 @@ def type_and_send(qtbot: QtBot, window: MainWindow, text: str) -> None:
     qtbot.keyClick(window.composer.editor, Qt.Key.Key_Return)
 
 
+def send_and_hold(qtbot: QtBot, window: MainWindow, text: str) -> FakeEngine:
+    """Send ``text`` and wait until the fake engine holds the reply after two tokens."""
+    engine = fake(window)
+    engine.hold_after = 2
+    type_and_send(qtbot, window, text)
+    qtbot.waitUntil(engine.held.is_set)
+    return engine
+
+
 def chat(qtbot: QtBot, window: MainWindow, text: str) -> str:
     """Send ``text``, wait for the reply to finish; return the conversation id."""
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=5000):
@@ -216,10 +225,7 @@ def test_typing_works_before_the_model_loads_but_send_waits(qtbot: QtBot, harnes
 
 def test_escape_stops_and_keeps_the_partial_reply(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
-    engine = fake(window)
-    engine.hold_after = 2
-    type_and_send(qtbot, window, "Tell me a story")
-    qtbot.waitUntil(engine.held.is_set)
+    engine = send_and_hold(qtbot, window, "Tell me a story")
     reply = window.session.active
     assert reply is not None
     bubble = window.chat_view.bubble(reply.message_id)
@@ -348,10 +354,7 @@ def test_delete_asks_first(qtbot: QtBot, harness: Harness, monkeypatch: pytest.M
 
 def test_deleting_a_streaming_conversation(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
-    engine = fake(window)
-    engine.hold_after = 2
-    type_and_send(qtbot, window, "Doomed")
-    qtbot.waitUntil(engine.held.is_set)
+    engine = send_and_hold(qtbot, window, "Doomed")
     conversation_id = window.session.conversation_id
     assert conversation_id is not None
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
@@ -717,9 +720,7 @@ def test_switching_conversations_mid_stream(qtbot: QtBot, harness: Harness) -> N
     engine = fake(window)
     other = chat(qtbot, window, "Other chat")
     window.new_chat()
-    engine.hold_after = 2
-    type_and_send(qtbot, window, "Streaming chat")
-    qtbot.waitUntil(engine.held.is_set)
+    send_and_hold(qtbot, window, "Streaming chat")
     streaming = window.session.conversation_id
     assert streaming is not None
     window.open_conversation(other)

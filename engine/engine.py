@@ -31,6 +31,12 @@ from engine.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 
 SOURCES = ("off", "auto", "lookup", "answers", "draft")
 
+
+def conversation_key(conversation_id: str) -> str:
+    """The prefix cache key of a conversation's own (live) entry."""
+    return f"conv:{conversation_id}"
+
+
 __all__ = ["Engine", "EngineOptions", "ModelSpec"]
 
 
@@ -104,10 +110,7 @@ class Engine:
             loaded = load_model(spec, progress)
         except ModelLoadError as exc:
             self.on_event(LoadFailed(str(exc)))
-            return
-        except Exception as exc:
-            self.on_event(LoadFailed(f"Unexpected error while loading the model: {exc}"))
-            return
+            return  # any other exception becomes a LoadFailed in _loop
         self.loaded = loaded
         self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
@@ -171,7 +174,7 @@ class Engine:
         assert self.loaded is not None
         return cache_dir() / "kv" / f"{self.loaded.identity}.safetensors"
 
-    def _remember(self, state: KVState, system_tokens: int, conversation: str) -> None:
+    def _remember(self, state: KVState, system_tokens: int, conversation_key: str) -> None:
         """Keep this conversation's KV, and its system prompt's KV under a key of its own."""
         cache = self.prefix_cache
         assert cache is not None
@@ -182,7 +185,7 @@ class Engine:
             cache.insert(key, state, system_tokens)
             if is_new and self.options.persist_prefixes and key in cache.entries:
                 cache.save(self._kv_file())
-        cache.insert(f"conv:{conversation}", state, live=True)
+        cache.insert(conversation_key, state, live=True)
 
     def _is_cancelled(self, request_id: str) -> bool:
         with self._lock:
@@ -210,14 +213,15 @@ class Engine:
         except ValueError as exc:
             self.on_event(Error(request.id, since(), str(exc)))
             return
-        cache = self.prefix_cache
-        state = cache.lookup(prompt.ids, prefer=request.conversation_id) if request.prefix_cache else KVState()
-        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated, len(state)))
         try:
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             self.on_event(Error(request.id, since(), str(exc)))
             return
+        cache = self.prefix_cache
+        conversation = conversation_key(request.conversation_id or request.id)
+        state = cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated, len(state)))
         try:
             result = self.decoder.run(
                 request.id,
@@ -237,7 +241,7 @@ class Engine:
             with self._lock:
                 self._cancelled.discard(request.id)
         if request.prefix_cache:
-            self._remember(state, prompt.system_tokens, request.conversation_id or request.id)
+            self._remember(state, prompt.system_tokens, conversation)
         if result.finish_reason != "cancelled":
             self.answers.add(request.messages[-1].get("content", ""), result.ids)
         result.metrics["cache_bytes"] = cache.nbytes()

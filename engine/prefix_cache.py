@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,6 @@ PERSISTED = "system:"  # entries with keys starting so are saved for the next st
 class Entry:
     tokens: list[int]
     snapshot: Snapshot
-    last_used: float
     live: KVState | None = None  # the state itself, handed back so its owner keeps growing in place
 
 
@@ -51,9 +49,7 @@ class PrefixCache:
     def __init__(self, identity: str, budget_bytes: int = 512 << 20) -> None:
         self.identity = identity
         self.budget_bytes = budget_bytes
-        self.entries: OrderedDict[str, Entry] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
+        self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
 
     def lookup(self, prompt: list[int], prefer: str | None = None) -> KVState:
         """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens)."""
@@ -67,11 +63,8 @@ class PrefixCache:
             if n > best_len:
                 best_key, best_len = key, n
         if best_key is None:
-            self.misses += 1
             return KVState()
-        self.hits += 1
         entry = self.entries[best_key]
-        entry.last_used = time.monotonic()
         self.entries.move_to_end(best_key)
         live, entry.live = entry.live, None
         if live is not None and live.tokens[:best_len] == entry.tokens[:best_len]:
@@ -87,15 +80,9 @@ class PrefixCache:
         for entry in self.entries.values():
             if entry.live is state:
                 entry.live = None  # one live owner per state
-        self.entries[key] = Entry(state.tokens[:n], state.snapshot(n), time.monotonic(), state if live else None)
+        self.entries[key] = Entry(state.tokens[:n], state.snapshot(n), state if live else None)
         self.entries.move_to_end(key)
         self.evict()
-
-    def drop(self, key: str) -> None:
-        self.entries.pop(key, None)
-
-    def clear(self) -> None:
-        self.entries.clear()
 
     def nbytes(self) -> int:
         seen: dict[int, int] = {}
@@ -149,6 +136,6 @@ class PrefixCache:
                 layers.append((tensors[f"{key}|{i}|k"], tensors[f"{key}|{i}|v"]))
                 i += 1
             if layers and all(k.shape[-2] == len(tokens) for k, _ in layers):
-                self.entries[key] = Entry(list(tokens), tuple(layers), time.monotonic())
+                self.entries[key] = Entry(list(tokens), tuple(layers))
         self.evict()
         return len(entries)

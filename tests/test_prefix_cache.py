@@ -204,3 +204,14 @@ def test_a_branch_of_a_long_prefix_does_not_double_its_memory() -> None:
     assert layer.buf is not None and layer.buf.capacity <= 1001 + 256, "room for a reply, not a copy of the prefix"
     snap = branch.snapshot(1000)
     assert torch.equal(snap[0][0], base.snapshot()[0][0]), "the copy holds the same prefix"
+
+
+def test_a_conversation_prefers_its_own_entry_on_a_tie(tiny_engine: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Twins ask the same."}]
+    for name in ("tie-a", "tie-b"):  # two conversations holding the very same tokens
+        reply = done(tiny_engine.run(messages, sampling=GREEDY, conversation_id=name)).text
+    own = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live.cache.layers[0].buf
+    follow = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Next."}]
+    done(tiny_engine.run(follow, sampling=GREEDY, conversation_id="tie-b"))
+    after = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live.cache.layers[0].buf
+    assert after is own, "the conversation's own live state is extended, not a twin's snapshot copied"

@@ -120,8 +120,8 @@ class Decoder:
         finish = "cancelled"
         ttft = None
         t_first = time.perf_counter()
-        drafted = accepted_total = draft_steps = 0
-        per_source: dict[str, list[int]] = {}
+        draft_steps = 0
+        per_source: dict[str, list[int]] = {}  # source -> [drafted, accepted]
         pending_ids: list[int] = []
 
         def take(token: int, from_draft: bool) -> str | None:
@@ -163,8 +163,6 @@ class Decoder:
                     n_ok, token = verify(logits, drafts, probs, params, prompt + generated, generator)
                     state.crop(len(state) - (len(drafts) - n_ok))
                     control.record(source, len(drafts), n_ok, time.perf_counter() - step_start)
-                    drafted += len(drafts)
-                    accepted_total += n_ok
                     draft_steps += 1
                     stats = per_source.setdefault(source, [0, 0])
                     stats[0] += len(drafts)
@@ -186,6 +184,8 @@ class Decoder:
         end = time.perf_counter()
         decode_s = end - t_first
         n = len(generated)
+        drafted = sum(d for d, _ in per_source.values())
+        accepted_total = sum(a for _, a in per_source.values())
         metrics: dict[str, Any] = {
             "prompt_tokens": len(prompt),
             "cached_tokens": reused,

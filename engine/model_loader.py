@@ -211,16 +211,17 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     except Exception as exc:
         raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
     model.eval()
+    weights_id = fingerprint(location)
     probe: dict[str, Any] = {}
     if dtype is None:
         from engine.dtype_probe import choose_cpu_dtype
 
         progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
-        dtype, probe = choose_cpu_dtype(model, tokenizer, f"{fingerprint(location)}|{torch.__version__}")
+        dtype, probe = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
         model.to(dtype)  # type: ignore[arg-type]
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    identity = hashlib.sha256(f"{fingerprint(location)}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
+    identity = hashlib.sha256(f"{weights_id}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
     load_s = time.perf_counter() - start
     progress(1.0, "Ready")
     return LoadedModel(

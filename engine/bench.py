@@ -32,12 +32,17 @@ def table(title: str, rows: list[dict[str, Any]]) -> str:
     if not rows:
         return f"{title}: no rows"
     cols = list(rows[0])
-    fmt = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(f[i]) for f in fmt)) for i, c in enumerate(cols)]
-    line = " | ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))
-    out = [f"\n## {title}\n", "| " + line + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += ["| " + " | ".join(v.ljust(w) for v, w in zip(f, widths, strict=True)) + " |" for f in fmt]
-    return "\n".join(out)
+    body = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    return f"\n## {title}\n\n" + markdown_table(cols, body)
+
+
+def markdown_table(head: list[str], body: list[list[str]]) -> str:
+    """A Markdown table with columns padded to their widest cell."""
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |" for row in body]
+    return "\n".join(lines)
 
 
 def median(values: list[float]) -> float:

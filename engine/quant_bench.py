@@ -278,11 +278,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             body.append([r["variant"], f"unavailable: {r['unavailable']}"] + [""] * (len(COLUMNS) - 2))
             continue
         body.append([fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS])
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
-    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |" for b in body]
-    return "\n".join(lines)
+    from engine.bench import markdown_table
+
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> int:

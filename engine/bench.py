@@ -9,13 +9,14 @@ Variants are compared side by side in one run; we report medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,21 +79,28 @@ def bench_load(model: str | None) -> list[dict[str, Any]]:
     from engine.model_loader import ModelSpec, load_model
 
     rows = []
+    with fresh_data_dir():
+        for label in ("cold (first start: convert GGUF)", "warm (cached conversion)", "warm again"):
+            t = time.perf_counter()
+            load_model(ModelSpec(source=model or "", dtype="float32"))
+            rows.append({"load": label, "seconds": time.perf_counter() - t})
+        rows.append({"load": "warm, new process, imports included", "seconds": load_in_subprocess(model)})
+    return rows
+
+
+@contextlib.contextmanager
+def fresh_data_dir() -> Iterator[str]:
+    """Point BRISK_DATA_DIR at an empty temporary folder for the block, so first loads are real."""
     previous = os.environ.get("BRISK_DATA_DIR")
-    with tempfile.TemporaryDirectory() as fresh:
+    with tempfile.TemporaryDirectory(prefix="brisk-bench-") as fresh:
         os.environ["BRISK_DATA_DIR"] = fresh
         try:
-            for label in ("cold (first start: convert GGUF)", "warm (cached conversion)", "warm again"):
-                t = time.perf_counter()
-                load_model(ModelSpec(source=model or "", dtype="float32"))
-                rows.append({"load": label, "seconds": time.perf_counter() - t})
-            rows.append({"load": "warm, new process, imports included", "seconds": load_in_subprocess(model)})
+            yield fresh
         finally:
             if previous is None:
                 os.environ.pop("BRISK_DATA_DIR", None)
             else:
                 os.environ["BRISK_DATA_DIR"] = previous
-    return rows
 
 
 def load_in_subprocess(model: str | None) -> float:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -140,16 +138,10 @@ def load_variant(location: str, mode: str, dtype: torch.dtype) -> tuple[Any, flo
 
 def run(runs: int = 3) -> list[dict[str, Any]]:
     """Benchmark every variant available here; a fresh data folder makes the first loads real."""
-    previous = os.environ.get("BRISK_DATA_DIR")
-    with tempfile.TemporaryDirectory(prefix="brisk-quant-bench-") as data:
-        os.environ["BRISK_DATA_DIR"] = data
-        try:
-            return _run(runs)
-        finally:
-            if previous is None:
-                os.environ.pop("BRISK_DATA_DIR", None)
-            else:
-                os.environ["BRISK_DATA_DIR"] = previous
+    from engine.bench import fresh_data_dir
+
+    with fresh_data_dir():
+        return _run(runs)
 
 
 def _run(runs: int) -> list[dict[str, Any]]:

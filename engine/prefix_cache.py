@@ -66,11 +66,11 @@ class PrefixCache:
             return KVState()
         entry = self.entries[best_key]
         self.entries.move_to_end(best_key)
-        live, entry.live = entry.live, None
-        if live is not None and live.tokens[:best_len] == entry.tokens[:best_len]:
+        if best_key == prefer and entry.live is not None:
+            live, entry.live = entry.live, None
             live.crop(best_len)  # the owner continues: in place, unless cropped below a pin
             return live
-        return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)
+        return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)  # another conversation: a branch
 
     def insert(self, key: str, state: KVState, length: int | None = None, live: bool = False) -> None:
         """Keep the first ``length`` tokens of ``state``; ``live``: also keep the state to extend it later."""

@@ -210,8 +210,21 @@ def test_a_conversation_prefers_its_own_entry_on_a_tie(tiny_engine: EngineRunner
     messages = [SYSTEM, {"role": "user", "content": "Twins ask the same."}]
     for name in ("tie-a", "tie-b"):  # two conversations holding the very same tokens
         reply = done(tiny_engine.run(messages, sampling=GREEDY, conversation_id=name)).text
-    own = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live.cache.layers[0].buf
+    own = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live
+    assert own is not None
     follow = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Next."}]
     done(tiny_engine.run(follow, sampling=GREEDY, conversation_id="tie-b"))
-    after = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live.cache.layers[0].buf
-    assert after is own, "the conversation's own live state is extended, not a twin's snapshot copied"
+    after = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live
+    assert after is own, "the conversation's own live state is continued, not a twin's snapshot adopted"
+
+
+def test_lookup_prefers_the_named_entry_on_a_tie() -> None:
+    cache = PrefixCache("m")
+    twin, own = fake_state([1, 2, 3, 4]), fake_state([1, 2, 3, 4])
+    cache.insert("a", twin, live=True)
+    cache.insert("b", own, live=True)
+    assert cache.lookup([1, 2, 3, 4, 5], prefer="b") is own
+    assert cache.lookup([1, 2, 3, 4, 5], prefer="a") is twin
+    other = cache.lookup([1, 2, 3, 4, 5], prefer="c")
+    assert other is not own and other is not twin, "another conversation branches off a snapshot"
+    assert other.tokens == [1, 2, 3, 4]

@@ -23,6 +23,7 @@ from engine.answers import AnswerMemory
 from engine.decode import Decoder, done_event
 from engine.events import Error, Loaded, LoadFailed, LoadProgress, Request, Started
 from engine.kv import KVState
+from engine.memory import reserve, tune_malloc
 from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_draft, load_model
 from engine.paths import cache_dir
 from engine.prefix_cache import PERSISTED, PrefixCache
@@ -30,6 +31,7 @@ from engine.prompt import build_prompt
 from engine.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 
 SOURCES = ("off", "auto", "lookup", "answers", "draft")
+KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.memory.reserve)
 
 
 def conversation_key(conversation_id: str) -> str:
@@ -48,6 +50,7 @@ class EngineOptions:
 
 class Engine:
     def __init__(self, on_event: Callable[[object], None], options: EngineOptions | None = None) -> None:
+        tune_malloc()
         self.on_event = on_event
         self.options = options or EngineOptions()
         self.loaded: LoadedModel | None = None
@@ -115,6 +118,8 @@ class Engine:
         self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
         self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
         self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+        # on this (the engine's) thread, whose malloc arena the KV buffers will come from
+        loaded.info["kv_reserved_bytes"] = reserve(min(self.options.prefix_cache_bytes, KV_RESERVE_BYTES))
         warm = self.prefix_cache.load(self._kv_file()) if self.options.persist_prefixes else 0
         loaded.info["warm_prefixes"] = warm
         self.draft = None

@@ -15,23 +15,36 @@ in place turn after turn, and a copy happens only when it branches.
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from engine.fastpath import FastForward
+
 MIN_CAPACITY = 256
+USE_FASTPATH = os.environ.get("BRISK_FASTPATH", "1") != "0"  # 0: transformers' own forward (for comparison)
 
 
 class Buffer:
     """Key and value storage with room to grow, shared by snapshots."""
 
-    __slots__ = ("keys", "values", "pinned", "owner")
+    __slots__ = ("keys", "values", "pinned", "_owner")
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: object) -> None:
-        self.keys, self.values, self.owner = keys, values, owner
+        self.keys, self.values = keys, values
+        # A weak reference: layer -> buffer -> layer would be a cycle, and cycles of megabyte
+        # tensors wait for the garbage collector, so an evicted conversation's memory would stay
+        # taken (and new buffers would fault in fresh pages) until a collection ran.
+        self._owner = weakref.ref(owner)
         self.pinned = 0  # positions below this are seen by snapshots and never rewritten
+
+    @property
+    def owner(self) -> object:
+        return self._owner()
 
     @property
     def capacity(self) -> int:
@@ -160,24 +173,41 @@ def snapshot_nbytes(snap: Snapshot) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in snap)
 
 
+def fast_forward(model: Any) -> FastForward | None:
+    """The model's lean forward (see ``engine.fastpath``), made once per model; None if it has none."""
+    if "_brisk_fast" not in model.__dict__:
+        model.__dict__["_brisk_fast"] = FastForward.for_model(model) if USE_FASTPATH else None
+    return model.__dict__["_brisk_fast"]
+
+
 @torch.inference_mode()
 def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False) -> torch.Tensor:
     """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab])."""
-    device = model.device
-    out = model(
-        input_ids=torch.tensor([ids], device=device),
-        cache=state.cache,
-        use_cache=True,
-        logits_to_keep=0 if all_logits else 1,
-    )
+    input_ids = torch.tensor([ids], device=model.device)
+    keep = 0 if all_logits else 1
+    fast = fast_forward(model)
+    if fast is not None:
+        logits = fast(input_ids, state.cache, keep)
+    else:
+        logits = model(input_ids=input_ids, cache=state.cache, use_cache=True, logits_to_keep=keep).logits
     state.tokens.extend(ids)
-    return out.logits[0].float()
+    return logits[0].float()
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists.
+
+    Compares slices (a C-level list comparison) and bisects on the first mismatch, so a
+    1,200-token prompt costs a few microseconds, not a tensor build per call.
+    """
     n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    ta, tb = torch.tensor(a[:n]), torch.tensor(b[:n])
-    diff = (ta != tb).nonzero()
-    return int(diff[0]) if diff.numel() else n
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

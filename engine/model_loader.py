@@ -217,11 +217,16 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         from engine.dtype_probe import choose_cpu_dtype
 
         progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
-        dtype, probe = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
-        model.to(dtype)  # type: ignore[arg-type]
+        dtype, probe, model = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
+    from engine.packed import PackedLinear, pack_linears
+
+    if spec.quant == "none" and device.type == "cpu" and dtype == torch.float32:
+        pack_linears(model)  # oneDNN-packed float32 matmuls (engine/packed.py); a no-op if the probe did it
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
-    identity = hashlib.sha256(f"{weights_id}|{dtype}|{spec.quant}|{device.type}".encode()).hexdigest()[:16]
+    kernels = "packed" if packed else "plain"  # rounding differs between kernels: their KV must not mix
+    identity = hashlib.sha256(f"{weights_id}|{dtype}|{spec.quant}|{device.type}|{kernels}".encode()).hexdigest()[:16]
     load_s = time.perf_counter() - start
     progress(1.0, "Ready")
     return LoadedModel(
@@ -241,6 +246,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
             "weight_bytes": quant.weight_bytes(model),
             "quant": spec.quant,
             "dtype_probe": probe,
+            "packed_linears": packed,
             **qinfo,
         },
     )

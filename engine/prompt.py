@@ -8,8 +8,11 @@ last message alone is too long it keeps the start of it; ``truncated`` says so.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
+
+from engine.kv import common_prefix
 
 
 @dataclass(frozen=True)
@@ -24,16 +27,19 @@ def render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+@functools.lru_cache(maxsize=16)
+def _system_ids(tokenizer: Any, content: str) -> tuple[int, ...]:
+    """The system message alone, rendered and tokenised (the same few system prompts recur)."""
+    text = tokenizer.apply_chat_template([{"role": "system", "content": content}], tokenize=False)
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: list[int]) -> int:
     """Number of leading prompt tokens that belong to the system message."""
     if not messages or messages[0]["role"] != "system":
         return 0
-    text = tokenizer.apply_chat_template(messages[:1], tokenize=False)
-    sys_ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    n = 0
-    while n < min(len(sys_ids), len(ids)) and sys_ids[n] == ids[n]:
-        n += 1
-    return n
+    sys_ids = list(_system_ids(tokenizer, messages[0]["content"]))
+    return common_prefix(sys_ids, ids)
 
 
 def build_prompt(tokenizer: Any, messages: list[dict[str, str]], context: int, max_tokens: int) -> Prompt:

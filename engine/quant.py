@@ -374,6 +374,9 @@ def weight_bytes(model: nn.Module) -> int:
         nonlocal total
         if t is None or t.device.type == "meta":
             return
+        if t.layout != torch.strided or t.is_mkldnn:  # opaque (a packed weight): no storage to share
+            total += t.numel() * t.element_size()
+            return
         key = (t.untyped_storage().data_ptr(), int(t.storage_offset()))
         if key not in seen:
             seen.add(key)

@@ -228,3 +228,45 @@ def test_lookup_prefers_the_named_entry_on_a_tie() -> None:
     other = cache.lookup([1, 2, 3, 4, 5], prefer="c")
     assert other is not own and other is not twin, "another conversation branches off a snapshot"
     assert other.tokens == [1, 2, 3, 4]
+
+
+def test_dropped_kv_is_freed_without_the_garbage_collector(tiny_dir: Path) -> None:
+    """No reference cycles: an evicted entry's megabytes go back at once, not at the next GC."""
+    import gc
+    import weakref
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.kv import forward
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    cache = PrefixCache("tiny", budget_bytes=1 << 30)
+    state = KVState()
+    forward(model, state, list(range(5, 40)))
+    branch = KVState.from_snapshot(state.snapshot(), state.tokens, 20)
+    forward(model, branch, [7, 8])  # the branch copies into a buffer of its own
+    cache.insert("conv:a", state, live=True)
+    cache.insert("conv:b", branch, live=True)
+    buffers = [weakref.ref(layer.buf.keys) for s in (state, branch) for layer in s.cache.layers]
+    del state, branch
+    gc.disable()
+    try:
+        cache.entries.clear()
+        assert all(ref() is None for ref in buffers), "KV buffers outlived their last reference"
+    finally:
+        gc.enable()
+
+
+def test_common_prefix_matches_a_plain_scan() -> None:
+    import random
+
+    from engine.kv import common_prefix
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        a = [rng.randint(0, 3) for _ in range(rng.randint(0, 40))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 8))]
+        expected = 0
+        while expected < min(len(a), len(b)) and a[expected] == b[expected]:
+            expected += 1
+        assert common_prefix(a, b) == common_prefix(b, a) == expected

@@ -1,0 +1,121 @@
+"""A lean forward pass for Llama-family models, same arithmetic as transformers', less overhead.
+
+At batch 1 on a CPU a decode step of a small model is short enough that the
+Python around the kernels matters: transformers' forward builds masks, output
+objects, hub-kernel wrappers and dispatch for every layer, and for a chunk of
+several tokens on top of a cache its SDPA path copies every layer's keys and
+values once per KV-head group (``repeat_kv``) before attending.  This module runs the
+same modules (so quantized layers work unchanged) with the same operations in
+the same order (RMSNorm in float32, rotary from the model's own rotary module,
+SDPA), and attends with ``enable_gqa`` instead of copying keys and values.
+
+``FastForward.for_model(model)`` returns ``None`` for anything it does not
+know to be equivalent (another architecture, sliding windows, another
+activation); callers then use the model's own forward.  ``engine.kv.forward``
+uses it when the loader attached one as ``model.brisk_fast``.
+Equivalence is tested against transformers' forward in ``tests/test_fastpath.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+# Architectures whose decoder layer is exactly: x + attn(rmsnorm(x)); x + down(silu(gate) * up)(rmsnorm(x)).
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+LAYER_PARTS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+)
+
+
+class FastForward:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        inner = model.model
+        for layer in inner.layers:  # the layout we run; a missing part raises AttributeError
+            for part in LAYER_PARTS:
+                layer.get_submodule(part)
+        for part in ("embed_tokens", "rotary_emb", "norm"):
+            inner.get_submodule(part)
+        model.get_submodule("lm_head")
+        first = inner.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        self.grouped = first.num_key_value_groups > 1
+
+    @classmethod
+    def for_model(cls, model: Any) -> FastForward | None:
+        """A fast forward for ``model``, or None when its architecture is not known to match."""
+        config = getattr(model, "config", None)
+        if config is None or getattr(config, "model_type", None) not in ARCHITECTURES:
+            return None
+        if getattr(config, "hidden_act", None) != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+            return None
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            return None  # windowed attention masks differently
+        if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", None):
+            return None
+        try:
+            return cls(model)
+        except AttributeError:  # a part named differently: not the layout we know
+            return None
+
+    @staticmethod
+    def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(dtype)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 1) -> torch.Tensor:
+        """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends."""
+        # Modules are looked up on every call (microseconds), so a later swap (quantization) or
+        # dtype change of the model is always what runs.
+        inner = self.model.model
+        n = ids.shape[1]
+        past = int(cache.get_seq_length())
+        h = inner.embed_tokens(ids)
+        positions = torch.arange(past, past + n, device=ids.device).unsqueeze(0)
+        cos, sin = inner.rotary_emb(h, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = None
+        causal = False
+        if n > 1 and past == 0:
+            causal = True
+        elif n > 1:
+            keys = torch.arange(past + n, device=ids.device)
+            mask = keys[None, :] <= positions[0, :, None]  # [n, past + n], True = attend
+        half = self.head_dim // 2
+        norm = self._rms_norm
+        layers = inner.layers
+        while len(cache.layers) < len(layers):
+            cache.layers.append(cache.layer_class_to_replicate())
+        for i, layer in enumerate(layers):
+            attn, mlp, ln1, ln2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
+            x = norm(h, ln1.weight, ln1.variance_epsilon)
+            q = attn.q_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
+            q = (q * cos) + (torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin)
+            k = (k * cos) + (torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin)
+            k, v = cache.layers[i].update(k, v)
+            a = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=self.grouped
+            )
+            h = h + attn.o_proj(a.transpose(1, 2).reshape(1, n, -1))
+            x = norm(h, ln2.weight, ln2.variance_epsilon)
+            h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+        h = norm(h, inner.norm.weight, inner.norm.variance_epsilon)
+        kept = h if logits_to_keep == 0 else h[:, -logits_to_keep:]
+        return self.model.lm_head(kept)

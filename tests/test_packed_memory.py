@@ -1,0 +1,56 @@
+"""Packed float32 linears (engine.packed) and the malloc settings (engine.memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from engine import memory, packed
+from engine.kv import KVState, forward
+from engine.model_loader import ModelSpec, load_model
+
+
+def test_packed_linear_matches_linear_for_every_row_count() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 40)
+    layer = packed.PackedLinear(linear)
+    for rows in (1, 3, 16, 100):
+        x = torch.randn(1, rows, 96)
+        torch.testing.assert_close(layer(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert "PackedLinear" in repr(layer) or "in_features=96" in repr(layer)
+
+
+def test_pack_linears_keeps_the_head_and_greedy_output(tiny_dir: Path) -> None:
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    fast = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    count = packed.pack_linears(fast)
+    assert count == 7 * len(fast.model.layers)
+    assert type(fast.lm_head) is nn.Linear  # tied to the embedding; callers read its weight
+    assert packed.pack_linears(fast) == 0  # idempotent
+
+    def greedy(model: nn.Module) -> list[int]:
+        state, out = KVState(), []
+        logits = forward(model, state, list(range(5, 30)))
+        for _ in range(20):
+            out.append(int(logits[-1].argmax()))
+            logits = forward(model, state, [out[-1]])
+        return out
+
+    assert greedy(fast) == greedy(plain)
+
+
+def test_loader_packs_float32_cpu_models_only(tiny_dir: Path) -> None:
+    fp32 = load_model(ModelSpec(source=str(tiny_dir), dtype="float32"))
+    assert fp32.info["packed_linears"] > 0
+    bf16 = load_model(ModelSpec(source=str(tiny_dir), dtype="bfloat16"))
+    assert bf16.info["packed_linears"] == 0
+    assert fp32.identity != bf16.identity
+
+
+def test_malloc_tuning_and_reserve() -> None:
+    assert memory.tune_malloc() is True  # glibc on Linux: the thresholds took
+    assert memory.reserve(3 * memory.RESERVE_BLOCK) == 3 * memory.RESERVE_BLOCK
+    assert memory.reserve(1 << 40) <= memory.TRIM_THRESHOLD  # never more than glibc would keep

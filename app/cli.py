@@ -12,9 +12,6 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import build_parser
-    from engine.memory import tune_malloc
-
-    tune_malloc()  # before the model makes its first large tensors
 
     args = build_parser().parse_args(argv)
     if getattr(args, "func", None) is not None:

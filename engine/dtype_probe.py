@@ -71,10 +71,7 @@ def choose_cpu_dtype(model: Any, tokenizer: Any, key: str) -> tuple[torch.dtype,
     if key in records:
         record = records[key]
         dtype = getattr(torch, record["dtype"])
-        if dtype == torch.float32:
-            pack_linears(model)
-            return dtype, record, model
-        return dtype, record, model.to(dtype)
+        return dtype, record, model if dtype == torch.float32 else model.to(dtype)
     half = copy.deepcopy(model).to(torch.bfloat16)
     pack_linears(model)  # float32 as it will run
     ids = torch.tensor([tokenizer(TEXT)["input_ids"]])

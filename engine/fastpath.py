@@ -4,15 +4,15 @@ At batch 1 on a CPU a decode step of a small model is short enough that the
 Python around the kernels matters: transformers' forward builds masks, output
 objects, hub-kernel wrappers and dispatch for every layer, and for a chunk of
 several tokens on top of a cache its SDPA path copies every layer's keys and
-values once per KV-head group (``repeat_kv``) before attending.  This module runs the
-same modules (so quantized layers work unchanged) with the same operations in
-the same order (RMSNorm in float32, rotary from the model's own rotary module,
-SDPA), and attends with ``enable_gqa`` instead of copying keys and values.
+values once per KV-head group (``repeat_kv``) before attending.  This module
+runs the same modules (so quantized layers work unchanged; norms, embedding,
+rotary and head are the model's own) with the same operations in the same
+order, and attends with ``enable_gqa`` instead of copying keys and values.
 
 ``FastForward.for_model(model)`` returns ``None`` for anything it does not
 know to be equivalent (another architecture, sliding windows, another
 activation); callers then use the model's own forward.  ``engine.kv.forward``
-uses it when the loader attached one as ``model.brisk_fast``.
+makes one per model on first use (``engine.kv.fast_forward``).
 Equivalence is tested against transformers' forward in ``tests/test_fastpath.py``.
 """
 
@@ -70,13 +70,6 @@ class FastForward:
         except AttributeError:  # a part named differently: not the layout we know
             return None
 
-    @staticmethod
-    def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(dtype)
-
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 1) -> torch.Tensor:
         """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends."""
@@ -97,13 +90,12 @@ class FastForward:
             keys = torch.arange(past + n, device=ids.device)
             mask = keys[None, :] <= positions[0, :, None]  # [n, past + n], True = attend
         half = self.head_dim // 2
-        norm = self._rms_norm
         layers = inner.layers
         while len(cache.layers) < len(layers):
             cache.layers.append(cache.layer_class_to_replicate())
         for i, layer in enumerate(layers):
-            attn, mlp, ln1, ln2 = layer.self_attn, layer.mlp, layer.input_layernorm, layer.post_attention_layernorm
-            x = norm(h, ln1.weight, ln1.variance_epsilon)
+            attn, mlp = layer.self_attn, layer.mlp
+            x = layer.input_layernorm(h)
             q = attn.q_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
             k = attn.k_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
@@ -114,8 +106,8 @@ class FastForward:
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=self.grouped
             )
             h = h + attn.o_proj(a.transpose(1, 2).reshape(1, n, -1))
-            x = norm(h, ln2.weight, ln2.variance_epsilon)
+            x = layer.post_attention_layernorm(h)
             h = h + mlp.down_proj(F.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
-        h = norm(h, inner.norm.weight, inner.norm.variance_epsilon)
+        h = inner.norm(h)
         kept = h if logits_to_keep == 0 else h[:, -logits_to_keep:]
         return self.model.lm_head(kept)

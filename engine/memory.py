@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 
@@ -32,15 +33,10 @@ MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit
 TRIM_THRESHOLD = 512 << 20
 RESERVE_BLOCK = 16 << 20  # below MMAP_THRESHOLD, so blocks come from (and return to) the heap
 
-_done: bool | None = None
 
-
+@functools.cache
 def tune_malloc() -> bool:
     """Apply the thresholds once per process (glibc only); return whether they are in force."""
-    global _done
-    if _done is not None:
-        return _done
-    _done = False
     if not sys.platform.startswith("linux") or os.environ.get("BRISK_MALLOC_TUNING", "1") == "0":
         return False
     name = ctypes.util.find_library("c")
@@ -50,8 +46,7 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    _done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-    return _done
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
 
 
 def reserve(nbytes: int) -> int:

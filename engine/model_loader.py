@@ -221,7 +221,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     from engine.packed import PackedLinear, pack_linears
 
     if spec.quant == "none" and device.type == "cpu" and dtype == torch.float32:
-        pack_linears(model)  # oneDNN-packed float32 matmuls (engine/packed.py); a no-op if the probe did it
+        pack_linears(model)  # oneDNN-packed float32 matmuls (engine/packed.py); skips layers already packed
     packed = sum(isinstance(m, PackedLinear) for m in model.modules())
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)

@@ -24,6 +24,8 @@ import os
 import torch
 from torch import nn
 
+from engine.quant import swap_module
+
 BATCH_HINT = 16  # the row count the layout is tuned for; fastest across 1..256 rows here
 
 
@@ -75,7 +77,6 @@ def pack_linears(model: nn.Module) -> int:
                 continue
             if module.weight.dtype != torch.float32 or module.weight.device.type != "cpu":
                 continue
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, PackedLinear(module))
+            swap_module(model, name, PackedLinear(module))
             count += 1
     return count

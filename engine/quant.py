@@ -346,7 +346,7 @@ def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head
             new = Int8Linear.from_linear(module) if int8 else Int4Linear.from_linear(module, group_size)
             plan[name] = {"kind": "int8" if int8 else "int4", "in": module.in_features, "out": module.out_features}
             plan[name].update(bias=module.bias is not None, group_size=group_size)
-            _swap(model, name, new)
+            swap_module(model, name, new)
     setattr(model, "brisk_quant", {"mode": mode, "group_size": group_size, "layers": plan, "skipped": skipped})  # noqa: B010
     return model
 
@@ -357,7 +357,8 @@ def _head_name(model: nn.Module) -> str:
     return next((name for name, m in model.named_modules() if m is head), "") if head is not None else ""
 
 
-def _swap(model: nn.Module, name: str, new: nn.Module) -> None:
+def swap_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put ``new`` where the submodule called ``name`` is."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent), child, new)
 
@@ -476,9 +477,9 @@ def load_quantized(folder: Path, dtype: torch.dtype) -> nn.Module:
     with torch.device("meta"):
         for name, spec in meta["layers"].items():
             if spec["kind"] == "int8":
-                _swap(model, name, Int8Linear(spec["in"], spec["out"], spec["bias"]))
+                swap_module(model, name, Int8Linear(spec["in"], spec["out"], spec["bias"]))
             else:
-                _swap(model, name, Int4Linear(spec["in"], spec["out"], spec["bias"], spec["group_size"]))
+                swap_module(model, name, Int4Linear(spec["in"], spec["out"], spec["bias"], spec["group_size"]))
     # Tensors read from safetensors can start at any byte; the int kernels crash (SIGSEGV) on
     # weights that are not 64-byte aligned, so those are copied into fresh (aligned) memory.
     state = {k: v if v.data_ptr() % 64 == 0 else v.clone() for k, v in load_file(folder / "model.safetensors").items()}

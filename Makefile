@@ -25,7 +25,7 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app engine tests bench
+	$(VENV)/bin/ruff check app engine tests
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -8,6 +8,13 @@ from typing import Any
 
 
 def report() -> dict[str, Any]:
+    """The facts; its probes run torch kernels, so on a thread of their own (``engine.threads``)."""
+    from engine.threads import isolated
+
+    return isolated(_report)
+
+
+def _report() -> dict[str, Any]:
     import torch
     import transformers
 

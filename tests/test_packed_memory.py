@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -54,3 +55,37 @@ def test_malloc_tuning_and_reserve() -> None:
     assert memory.tune_malloc() is True  # glibc on Linux: the thresholds took
     assert memory.reserve(3 * memory.RESERVE_BLOCK) == 3 * memory.RESERVE_BLOCK
     assert memory.reserve(1 << 40) <= memory.TRIM_THRESHOLD  # never more than glibc would keep
+
+
+def test_isolated_runs_work_on_a_thread_that_ends_and_hands_back_results_and_errors() -> None:
+    import threading
+
+    from engine.threads import isolated
+
+    caller = threading.get_ident()
+    seen: list[threading.Thread] = []
+
+    def work() -> int:
+        seen.append(threading.current_thread())
+        return 41 + 1
+
+    assert isolated(work) == 42
+    assert seen[0].ident != caller and not seen[0].is_alive(), "the work ran on its own thread, which has ended"
+
+    def broken() -> None:
+        raise KeyError("probe")
+
+    with pytest.raises(KeyError, match="probe"):
+        isolated(broken)
+
+
+def test_device_report_runs_its_probes_off_the_calling_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from engine import doctor
+
+    threads: list[int] = []
+    monkeypatch.setattr(doctor, "dtype_works", lambda name, device: threads.append(threading.get_ident()) or True)
+    data = doctor.report()
+    assert data["dtypes"] == "float32, bfloat16, float16"
+    assert threads and threading.get_ident() not in threads

@@ -41,10 +41,31 @@ def cheapest(items):
             best = item
     return best
 """
+CLASS = """class Cart:
+    def __init__(self):
+        self.items = []
+
+    def add(self, name, price, qty=1):
+        self.items.append({"name": name, "price": price, "qty": qty})
+
+    def total_price(self):
+        total = 0
+        for item in self.items:
+            total += item["price"] * item["qty"]
+        return total
+
+    def clear(self):
+        self.items = []
+"""
 GROUNDED = {
     "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
     "extract": f"Copy every sentence from this text that mentions money or a date:\n\n{ARTICLE}",
-    "code edit": f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}",
+    "code edit (functions)": (
+        f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}"
+    ),
+    "code edit (class)": (
+        f"In this Python class, rename total_price to order_total. Return the complete class.\n\n```python\n{CLASS}```"
+    ),
 }
 OPEN = {
     "story": "Write a short story about a fox who learns to sail.",

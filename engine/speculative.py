@@ -197,7 +197,13 @@ class SourceStats:
 class Controller:
     """Chooses how many tokens to draft, per source, from what drafting has earned."""
 
-    k_max: int = 8
+    k_max: int = 12
+    # After a rejection k shrinks to the accepted length + 1, but, when part of the draft was
+    # accepted, not below a source's floor.
+    # Lookups cost nothing to propose and a few more rows to verify cost little (a step
+    # verifying 4 to 8 tokens takes about as long as a plain one here), so their drafts stay
+    # long enough to catch the next run of copied text; a draft model pays a forward per token.
+    k_floor: dict[str, int] = field(default_factory=lambda: {"lookup": 4, "answers": 4})
     k: dict[str, int] = field(default_factory=dict)
     stats: dict[str, SourceStats] = field(default_factory=dict)
     plain_step_s: float | None = None  # EMA of measured single-token steps
@@ -229,4 +235,8 @@ class Controller:
             elif accepted == drafted:
                 s.pause = 8
         k = self.k.get(source, 4)
-        self.k[source] = min(self.k_max, k + 2) if accepted == drafted else max(1, min(k, accepted + 1))
+        if accepted == drafted:
+            self.k[source] = min(self.k_max, k + 2)
+        else:
+            floor = self.k_floor.get(source, 1) if accepted else 1  # a miss from the start: a cold source
+            self.k[source] = max(floor, min(k, accepted + 1))

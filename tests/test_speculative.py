@@ -141,6 +141,19 @@ def test_controller_pauses_a_source_that_does_not_pay() -> None:
     assert c.draft_length("lookup") >= 4, "full acceptance grows the draft"
 
 
+def test_controller_shrinks_model_drafts_but_keeps_lookups_long() -> None:
+    c = Controller()
+    c.record_plain(0.030)
+    for source in ("lookup", "draft-model"):
+        c.record(source, 4, 4, 0.031)
+        assert c.draft_length(source) == 6
+        c.record(source, 6, 1, 0.031)  # one accepted: worth it, but the rest was wasted
+    assert c.draft_length("draft-model") == 2, "a draft model pays per token: shrink to accepted + 1"
+    assert c.draft_length("lookup") == 4, "lookups are free to propose: keep the floor"
+    c.record("lookup", 4, 0, 0.020)  # a quick step, so the source is not paused for it
+    assert c.draft_length("lookup") == 1, "nothing accepted (open-ended text): drafts shrink to one token"
+
+
 def test_prompt_lookup_finds_the_continuation() -> None:
     drafts, probs = PromptLookup().propose([5, 6, 7, 8, 9, 1, 2, 5, 6, 7], 3, Sampling())
     assert drafts == [8, 9, 1] and probs is None

@@ -4,7 +4,8 @@
 (fp32, bf16, and each quantization mode that is available here) with: load time the
 first time (quantize and save) and from the cache, memory held by weights, TTFT for a
 ~200-token prompt, decode tokens/s (64 greedy tokens, our own loop: one forward a
-token on a transformers ``DynamicCache``; also the best run, since other processes
+token through ``engine.kv.forward``, the app's KV cache and fast path; fp32 with the
+app's oneDNN-packed linears; also the best run, since other processes
 on a small machine can stall a run), and next-token agreement with fp32
 (teacher-forced argmax over ``AGREEMENT_TEXT``).  Timings are medians over ``runs``
 after one warm-up; variants take turns within each run so that load from other
@@ -87,20 +88,20 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> float:
 
 @torch.inference_mode()
 def time_generation(model: Any, prompt: torch.Tensor, new_tokens: int = DECODE_TOKENS) -> tuple[float, float]:
-    """(TTFT seconds, decode tokens/s): prefill ``prompt`` then ``new_tokens`` greedy steps."""
-    from transformers import DynamicCache
+    """(TTFT seconds, decode tokens/s): prefill ``prompt`` then ``new_tokens`` greedy steps.
 
-    cache = DynamicCache()
+    Through ``engine.kv.forward``, as the app runs: its KV cache and, for Llama-family
+    models, its lean forward (``engine.fastpath``), which calls the quantized layers as they are.
+    """
+    from engine.kv import KVState, forward
+
+    state = KVState()
     start = time.perf_counter()
-    out = model(input_ids=prompt.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
-    token = out.logits[:, -1].argmax(-1, keepdim=True)
-    token.item()  # the first token exists only once it is on the host
+    token = int(forward(model, state, prompt[0].tolist())[-1].argmax())  # int(): the token is on the host
     ttft = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens - 1):
-        out = model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-    token.item()
+        token = int(forward(model, state, [token])[-1].argmax())
     return ttft, (new_tokens - 1) / (time.perf_counter() - start)
 
 
@@ -146,8 +147,11 @@ def run(runs: int = 3) -> list[dict[str, Any]]:
 
 def _run(runs: int) -> list[dict[str, Any]]:
     from engine import quant
+    from engine.memory import tune_malloc
     from engine.model_loader import ModelSpec, load_model
+    from engine.packed import pack_linears
 
+    tune_malloc()  # as the engine does at start
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))  # converts the GGUF into this data folder
     location, tokenizer = loaded.source, loaded.tokenizer
     text = torch.tensor([tokenizer(AGREEMENT_TEXT)["input_ids"]])
@@ -174,6 +178,8 @@ def _run(runs: int) -> list[dict[str, Any]]:
         reference = tokens if reference is None else reference
         row["agreement"] = agreement(reference, tokens)
         row["reply_agreement"] = reply_agreement(model, replies)
+        if mode == "none" and dtype == torch.float32:
+            pack_linears(model)  # timed as the app runs float32 (agreement above: transformers' own layers)
         row["ttft"], row["tps"] = [], []
         models[label] = model
     for model in models.values():  # warm-up: first calls allocate and pick kernels

@@ -250,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--runs", type=int, default=5)
     bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
     bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
+    bench.add_argument("--only", default="", help="speculative: only the prompts whose name contains this")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -75,14 +75,14 @@ OPEN = {
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     has_draft = bool(getattr(args, "draft_model", ""))
-    runner = Runner(args.model, "float32", getattr(args, "draft_model", ""))
     sources = ["off", "lookup", "answers", "auto"] + (["draft"] if has_draft else [])
     prompts = {**{f"grounded: {k}": v for k, v in GROUNDED.items()}, **{f"open: {k}": v for k, v in OPEN.items()}}
     only = getattr(args, "only", "")
-    prompts = {name: text for name, text in prompts.items() if only in name}
-    if not prompts:
-        names = ", ".join([*GROUNDED, *OPEN])
-        raise SystemExit(f"no speculative prompt name contains {only!r}; names: {names}")
+    chosen = {name: text for name, text in prompts.items() if only in name}
+    if not chosen:
+        raise SystemExit(f"no speculative prompt name contains {only!r}; names: {', '.join(prompts)}")
+    prompts = chosen
+    runner = Runner(args.model, "float32", getattr(args, "draft_model", ""))
     rounds = max(1, args.runs // 2)
     results: dict[tuple[str, str], dict[str, list[float]]] = {}
     reference: dict[str, str] = {}

@@ -32,7 +32,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant",
         default=None,
-        help="weight quantization: none, int8-cpu, int4-cpu, bnb-int8, bnb-nf4, bnb-fp4 (see `brisk doctor`)",
+        help="weight quantization: none, fp16-cpu, int8-cpu, int4-cpu, bnb-int8, bnb-nf4, bnb-fp4 (see `brisk doctor`)",
     )
 
 

@@ -196,8 +196,8 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     dtype = choose_dtype(spec.dtype, device)
     if spec.quant in quant.INT_MODES and dtype is None:
         dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
-    if spec.quant in quant.BNB_MODES and dtype is None:
-        dtype = torch.float32
+    if spec.quant in (*quant.BNB_MODES, "fp16-cpu") and dtype is None:
+        dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations
     qinfo: dict[str, Any] = {}
     try:
         if spec.quant == "none":

@@ -3,6 +3,10 @@
 Modes (``MODES``):
 
 * ``none``: weights as loaded, in the dtype chosen elsewhere (fp32/bf16/fp16).
+* ``fp16-cpu``: weights stored in float16, activations and sums in float32, run by
+  fbgemm's packed fp16 GEMM (``quantized::linear_dynamic_fp16``, x86 CPUs).  Every
+  ``nn.Linear`` (the output head included) is converted; the weights are packed once
+  at load and kept only in that form.  CPU only.
 * ``int8-cpu``: weight-only int8, one scale per output channel, run by torch's
   ``aten._weight_int8pack_mm``.  CPU only.
 * ``int4-cpu``: weight-only int4, asymmetric (scale and zero point) per group of
@@ -63,9 +67,10 @@ from engine.paths import cache_dir
 if TYPE_CHECKING:
     from transformers import BitsAndBytesConfig
 
-MODES: tuple[str, ...] = ("none", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
+MODES: tuple[str, ...] = ("none", "fp16-cpu", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
 BNB_MODES = ("bnb-int8", "bnb-nf4", "bnb-fp4")
 INT_MODES = ("int8-cpu", "int4-cpu")
+CPU_MODES = ("fp16-cpu", *INT_MODES)  # torch's own CPU kernels: quantized by quantize_cpu, cached by save_quantized
 # Next-token agreement on the bundled model (int4 head): 0.868 at group 32, 0.687 at 64; 128
 # does not divide its width (576).  Its GGUF weights are Q4_1, groups of 32: int4/32 keeps them.
 INT4_GROUP = 32
@@ -115,7 +120,7 @@ def _availability(device_name: str) -> tuple[tuple[str, str | None], ...]:
 @functools.cache
 def _reason(mode: str, device_name: str) -> str | None:
     device = torch.device(device_name)
-    if mode in INT_MODES:
+    if mode in CPU_MODES:
         return _int_reason(mode, device)
     if mode in BNB_MODES:
         return _bnb_reason(mode, device)
@@ -124,16 +129,25 @@ def _reason(mode: str, device_name: str) -> str | None:
 
 def _int_reason(mode: str, device: torch.device) -> str | None:
     if device.type != "cpu":
+        if mode == "fp16-cpu":
+            return "fp16-cpu uses fbgemm's CPU kernel and runs only on the CPU; on a GPU choose dtype float16 instead."
         return f"{mode} uses torch's CPU kernels and runs only on the CPU; on a GPU choose bnb-int8 or bnb-nf4."
+    if mode == "fp16-cpu" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        return "fp16-cpu runs on fbgemm, which this torch build does not have (torch ships it for x86 CPUs only)."
+    makers: dict[str, Callable[[nn.Linear], nn.Module]] = {
+        "fp16-cpu": Fp16Linear.from_linear,
+        "int8-cpu": Int8Linear.from_linear,
+        "int4-cpu": Int4Linear.from_linear,
+    }
     try:
-        err = _probe(lambda linear: (Int8Linear if mode == "int8-cpu" else Int4Linear).from_linear(linear), device)
+        err = _probe(makers[mode], device, torch.float32 if mode == "fp16-cpu" else ACT_DTYPE)
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
             f"this torch build ({torch.__version__}) cannot run the {mode} kernel ({first}). "
             "Upgrade torch or choose another mode."
         )
-    if not err < 0.3:
+    if not err < (0.01 if mode == "fp16-cpu" else 0.3):
         return f"torch {torch.__version__}'s kernel for {mode} gives wrong results here (relative error {err:.2f})."
     return None
 
@@ -216,6 +230,73 @@ def bnb_config(mode: str, compute_dtype: torch.dtype) -> BitsAndBytesConfig:
 
 
 # -- torch's weight-only CPU kernels -----------------------------------------------------------
+
+
+class Fp16Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` rounded to float16 and packed for fbgemm; x, y and sums in float32.
+
+    The packed weight is the only copy (an opaque object, not a tensor): the state dict
+    unpacks it to a float16 ``weight16`` and loading packs that again, so a saved copy
+    is plain safetensors.  ``packed_nbytes`` is what it holds, for :func:`weight_bytes`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+        self.packed: Any = None  # torch.ScriptObject once weights are set
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Fp16Linear:
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        bias = None if linear.bias is None else linear.bias.detach()
+        layer.set_weights(linear.weight.detach().to(torch.float16), bias)
+        return layer
+
+    def set_weights(self, weight16: torch.Tensor, bias: torch.Tensor | None) -> None:
+        if tuple(weight16.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight16 is {tuple(weight16.shape)}, not {(self.out_features, self.in_features)}")
+        b = None if bias is None else bias.float().contiguous()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight16.float().contiguous(), b)
+
+    @property
+    def packed_nbytes(self) -> int:
+        return self.out_features * self.in_features * 2 + (self.out_features * 4 if self.has_bias else 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            raise RuntimeError("Fp16Linear has no weights yet (load a state dict first)")
+        y = torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        if self.packed is not None:
+            weight, bias = torch.ops.quantized.linear_unpack_fp16(self.packed)
+            destination[prefix + "weight16"] = weight.to(torch.float16)
+            if self.has_bias:
+                destination[prefix + "bias"] = bias
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        keys = [prefix + "weight16"] + ([prefix + "bias"] if self.has_bias else [])
+        missing = [k for k in keys if k not in state_dict]
+        if missing:
+            missing_keys.extend(missing)
+            return
+        try:
+            self.set_weights(state_dict[keys[0]], state_dict[keys[1]] if self.has_bias else None)
+        except (ValueError, RuntimeError) as exc:
+            error_msgs.append(f"{prefix}: {exc}")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}"
 
 
 class Int8Linear(nn.Module):
@@ -323,14 +404,14 @@ def int4_layout() -> str:
 
 
 def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head: str = "int8") -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` (on the CPU) by an int8/int4 layer, in place.
+    """Replace every ``nn.Linear`` of ``model`` (on the CPU) by an fp16/int8/int4 layer, in place.
 
     In ``int4-cpu`` the output head is int8 unless ``head="int4"``: measured on the bundled
     model, an int4 head alone cost about 10 points of next-token agreement.
     """
     check_mode(mode)
-    if mode not in INT_MODES:
-        raise ValueError(f"quantize_cpu takes {' or '.join(INT_MODES)}, not {mode!r}.")
+    if mode not in CPU_MODES:
+        raise ValueError(f"quantize_cpu takes {' or '.join(CPU_MODES)}, not {mode!r}.")
     require(mode, next(model.parameters()).device)
     head_name = _head_name(model)
     plan: dict[str, dict[str, Any]] = {}
@@ -339,12 +420,23 @@ def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head
         for name, module in list(model.named_modules()):
             if type(module) is not nn.Linear:
                 continue
-            int8 = mode == "int8-cpu" or (name == head_name and head == "int8")
-            if not int8 and not Int4Linear.fits(module, group_size):
+            if mode == "fp16-cpu":
+                kind = "fp16"
+            elif mode == "int8-cpu" or (name == head_name and head == "int8"):
+                kind = "int8"
+            elif Int4Linear.fits(module, group_size):
+                kind = "int4"
+            else:
                 skipped.append(name)
                 continue
-            new = Int8Linear.from_linear(module) if int8 else Int4Linear.from_linear(module, group_size)
-            plan[name] = {"kind": "int8" if int8 else "int4", "in": module.in_features, "out": module.out_features}
+            new: nn.Module
+            if kind == "fp16":
+                new = Fp16Linear.from_linear(module)
+            elif kind == "int8":
+                new = Int8Linear.from_linear(module)
+            else:
+                new = Int4Linear.from_linear(module, group_size)
+            plan[name] = {"kind": kind, "in": module.in_features, "out": module.out_features}
             plan[name].update(bias=module.bias is not None, group_size=group_size)
             swap_module(model, name, new)
     setattr(model, "brisk_quant", {"mode": mode, "group_size": group_size, "layers": plan, "skipped": skipped})  # noqa: B010
@@ -386,6 +478,9 @@ def weight_bytes(model: nn.Module) -> int:
     for t in [*model.parameters(), *model.buffers()]:
         add(t)
     for module in model.modules():  # bitsandbytes keeps scales outside parameters and buffers
+        if isinstance(module, Fp16Linear) and module.packed is not None:
+            total += module.packed_nbytes  # an opaque packed object, no tensor
+            continue
         weight = getattr(module, "weight", None)
         add(getattr(weight, "SCB", None))
         state = getattr(weight, "quant_state", None)
@@ -436,7 +531,7 @@ def _valid(folder: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def save_quantized(model: Any, folder: Path, meta: dict[str, Any] | None = None) -> None:
-    """Write an int8-cpu/int4-cpu model to ``folder``: config, ``model.safetensors``, ``quant.json``.
+    """Write an fp16-cpu/int8-cpu/int4-cpu model to ``folder``: config, ``model.safetensors``, ``quant.json``.
 
     Every tensor of the state dict is saved under its module name (packed int weights,
     scales, and the unquantized rest); tensors shared by several names are saved once.
@@ -444,8 +539,8 @@ def save_quantized(model: Any, folder: Path, meta: dict[str, Any] | None = None)
     from safetensors.torch import save_file
 
     info = getattr(model, "brisk_quant", None)
-    if not info or info.get("mode") not in INT_MODES:
-        raise ValueError("save_quantized takes a model quantized by quantize_cpu (int8-cpu or int4-cpu).")
+    if not info or info.get("mode") not in CPU_MODES:
+        raise ValueError(f"save_quantized takes a model quantized by quantize_cpu ({', '.join(CPU_MODES)}).")
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     first: dict[tuple[int, int, tuple[int, ...]], str] = {}
@@ -476,7 +571,9 @@ def load_quantized(folder: Path, dtype: torch.dtype) -> nn.Module:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.device("meta"):
         for name, spec in meta["layers"].items():
-            if spec["kind"] == "int8":
+            if spec["kind"] == "fp16":
+                swap_module(model, name, Fp16Linear(spec["in"], spec["out"], spec["bias"]))
+            elif spec["kind"] == "int8":
                 swap_module(model, name, Int8Linear(spec["in"], spec["out"], spec["bias"]))
             else:
                 swap_module(model, name, Int4Linear(spec["in"], spec["out"], spec["bias"], spec["group_size"]))
@@ -528,7 +625,7 @@ def load_quantized_model(
         logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     if cached:
         progress(0.85, f"Loading {mode} weights from the cache")
-        if mode in INT_MODES:
+        if mode in CPU_MODES:
             model = load_quantized(folder, dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, device_map={"": device})
@@ -536,7 +633,7 @@ def load_quantized_model(
     progress(0.8, f"Quantizing the model to {mode} (first time only)")
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    if mode in INT_MODES:
+    if mode in CPU_MODES:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
         quantize_cpu(model, mode)
         save_quantized(model, tmp, expected)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine import quant
-from engine.quant import Int4Linear, Int8Linear, QuantUnavailable
+from engine.quant import Fp16Linear, Int4Linear, Int8Linear, QuantUnavailable
 from engine.quant_bench import AGREEMENT_TEXT, agreement, next_tokens
 
 CPU = torch.device("cpu")
@@ -24,7 +24,11 @@ CPU_MODES = [m for m in quant.MODES if m != "none"]
 # model. Measured here: int8-cpu 0.940-0.945, int4-cpu 0.959-0.970, and bf16 alone 0.960;
 # the bundled weights come from a Q4_1 GGUF (4-bit, groups of 32), which int4 with groups
 # of 32 represents almost exactly and per-channel int8 does not.
-MIN_AGREEMENT = {"int8-cpu": 0.92, "int4-cpu": 0.94}
+# fp16-cpu (float32 activations): 0.994.
+MIN_AGREEMENT = {"fp16-cpu": 0.985, "int8-cpu": 0.92, "int4-cpu": 0.94}
+# The dtype of everything not quantized, per mode, in the bundled-model test: fbgemm's fp16
+# kernel takes float32 activations (its default in the app); the int kernels run on bf16.
+REST_DTYPE = {"fp16-cpu": torch.float32}
 
 
 def tiny(path: Path, dtype: torch.dtype = torch.float32) -> Any:
@@ -55,7 +59,7 @@ def test_cpu_kernels_are_refused_on_a_cuda_device() -> None:
     reasons = quant.availability(torch.device("cuda"))
     assert set(reasons) == set(quant.MODES)
     assert reasons["none"] is None
-    for mode in ("int8-cpu", "int4-cpu"):
+    for mode in quant.CPU_MODES:
         assert "only on the CPU" in (reasons[mode] or "")
         with pytest.raises(QuantUnavailable) as info:
             quant.require(mode, torch.device("cuda"))
@@ -77,6 +81,18 @@ def test_missing_bitsandbytes_is_a_reason_not_a_crash(monkeypatch: pytest.Monkey
             quant.require("bnb-nf4", CPU)
     finally:
         quant._availability.cache_clear()
+        quant._reason.cache_clear()
+
+
+def test_fp16_without_fbgemm_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(quant.torch.backends, "quantized", SimpleNamespace(supported_engines=["qnnpack", "none"]))
+    quant._reason.cache_clear()
+    try:
+        with pytest.raises(QuantUnavailable, match="fbgemm"):
+            quant.require("fp16-cpu", CPU)
+    finally:
         quant._reason.cache_clear()
 
 
@@ -147,6 +163,38 @@ def test_int4_layer_matches_its_dequantized_weights() -> None:
     assert 0 < error < 0.01  # it is quantized, and finely enough
 
 
+def test_fp16_layer_computes_with_float16_weights_in_float32() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 259, bias=True)
+    layer = Fp16Linear.from_linear(linear)
+    x = torch.randn(1, 7, 64)
+    expected = x @ linear.weight.detach().half().float().t() + linear.bias.detach()
+    with torch.inference_mode():
+        got = layer(x)
+        as_bf16 = layer(x.bfloat16())
+    assert got.shape == (1, 7, 259) and got.dtype == torch.float32 and as_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert 0 < (got - linear(x)).abs().max() < 1e-2  # rounded to float16, but only that
+    assert layer.packed_nbytes == 259 * 64 * 2 + 259 * 4
+
+
+def test_fp16_layer_state_dict_round_trip_and_refusals() -> None:
+    torch.manual_seed(1)
+    layer = Fp16Linear.from_linear(nn.Linear(32, 24, bias=True))
+    state = layer.state_dict()
+    assert set(state) == {"weight16", "bias"} and state["weight16"].dtype == torch.float16
+    again = Fp16Linear(32, 24, bias=True)
+    with pytest.raises(RuntimeError, match="no weights"):
+        again(torch.randn(2, 32))
+    again.load_state_dict(state)
+    x = torch.randn(2, 32)
+    assert torch.equal(again(x), layer(x))
+    with pytest.raises(RuntimeError, match="bias"):
+        Fp16Linear(32, 24, bias=True).load_state_dict({"weight16": state["weight16"]})
+    with pytest.raises(RuntimeError, match="not"):
+        Fp16Linear(32, 16, bias=True).load_state_dict(state)  # the wrong shape
+
+
 def test_int4_leaves_layers_it_cannot_take() -> None:
     model = nn.Sequential(nn.Linear(64, 16), nn.Linear(16, 48))  # 16 inputs: no group of 32 fits
     quant.quantize_cpu(model, "int4-cpu")
@@ -170,6 +218,10 @@ def test_quantize_replaces_every_linear_and_keeps_the_tied_embedding(tiny_dir: P
     assert isinstance(model.lm_head, Int8Linear)
     assert torch.equal(model.model.embed_tokens.weight, embedding)
     assert agreement(reference, next_tokens(model, ids)) >= 0.95  # measured 0.974; bf16 gets 0.978
+    model16 = quant.quantize_cpu(tiny(tiny_dir), "fp16-cpu")
+    assert not [n for n, m in model16.named_modules() if type(m) is nn.Linear]
+    assert isinstance(model16.lm_head, Fp16Linear) and torch.equal(model16.model.embed_tokens.weight, embedding)
+    assert agreement(reference, next_tokens(model16, ids)) >= 0.99
     model4 = quant.quantize_cpu(tiny(tiny_dir), "int4-cpu")
     assert isinstance(model4.lm_head, Int8Linear)  # the head stays 8-bit in int4-cpu
     assert isinstance(model4.model.layers[0].mlp.up_proj, Int4Linear)
@@ -184,6 +236,9 @@ def test_weight_bytes_counts_packed_weights_scales_and_tied_weights_once(tiny_di
     shared += sum(b.numel() * b.element_size() for b in base.model.rotary_emb.buffers())  # inv_freq
     body = [(m.out_features, m.in_features) for n, m in base.named_modules() if type(m) is nn.Linear and n != "lm_head"]
     assert quant.weight_bytes(base) == shared + sum(o * i * 4 for o, i in body)  # lm_head is the embedding
+
+    fp16 = sum(o * i * 2 for o, i in body) + vocab * hidden * 2  # the head gets its own fp16 copy
+    assert quant.weight_bytes(quant.quantize_cpu(tiny(tiny_dir), "fp16-cpu")) == shared + fp16
 
     int8_head = vocab * hidden + 2 * vocab  # int8 weights, bf16 scales
     int8 = sum(o * i + 2 * o for o, i in body) + int8_head
@@ -267,7 +322,7 @@ def greedy_reply(model: Any, tokenizer: Any, question: str, max_tokens: int = 8)
 def test_bundled_model_answers_in_every_available_mode(mode: str, bundled: dict[str, Any]) -> None:
     if reason := quant.availability(CPU)[mode]:
         pytest.skip(reason)
-    loaded = quant.load_quantized_model(bundled["location"], mode, torch.bfloat16, CPU)
+    loaded = quant.load_quantized_model(bundled["location"], mode, REST_DTYPE.get(mode, torch.bfloat16), CPU)
     reply = greedy_reply(loaded.model, bundled["tokenizer"], "What is the capital of France?")
     assert "Paris" in reply, f"{mode} answered {reply!r}"
     if mode in MIN_AGREEMENT:

@@ -52,6 +52,9 @@ class FastForward:
         self.head_dim = first.head_dim
         self.scaling = first.scaling
         self.grouped = first.num_key_value_groups > 1
+        from engine.scripted import ScriptedDecode
+
+        self.scripted = ScriptedDecode.for_model(model, self)  # one-token steps of fp16-cpu models
 
     @classmethod
     def for_model(cls, model: Any) -> FastForward | None:
@@ -77,6 +80,10 @@ class FastForward:
         # dtype change of the model is always what runs.
         inner = self.model.model
         n = ids.shape[1]
+        if n == 1 and self.scripted is not None:
+            logits = self.scripted(ids, cache)
+            if logits is not None:
+                return logits
         past = int(cache.get_seq_length())
         h = inner.embed_tokens(ids)
         positions = torch.arange(past, past + n, device=ids.device).unsqueeze(0)

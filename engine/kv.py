@@ -62,17 +62,35 @@ class GrowingLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        n, m = self.length, key_states.shape[-2]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n, m = self.length, key_states.shape[-2]
-        buf = self.buf
-        if buf is None or buf.owner is not self or n < buf.pinned or n + m > buf.capacity:
-            buf = self._reallocate(n + m, key_states)
+        buf = self.reserve(m, key_states)
         buf.keys[..., n : n + m, :] = key_states
         buf.values[..., n : n + m, :] = value_states
-        self.length = n + m
-        self.keys, self.values = buf.keys[..., : n + m, :], buf.values[..., : n + m, :]
+        self.advance(m)
+        assert self.keys is not None and self.values is not None
         return self.keys, self.values
+
+    def reserve(self, m: int, like: torch.Tensor) -> Buffer:
+        """A buffer of this layer's own with room for ``m`` positions after ``length``.
+
+        For a caller that writes those positions itself (``engine.scripted``) and then
+        calls :meth:`advance`; ``like`` is a tensor shaped as the keys it will write.
+        """
+        if not self.is_initialized:
+            self.lazy_initialization(like, like)
+        n, buf = self.length, self.buf
+        if buf is None or buf.owner is not self or n < buf.pinned or n + m > buf.capacity:
+            buf = self._reallocate(n + m, like)
+        return buf
+
+    def advance(self, m: int) -> None:
+        """Count ``m`` positions written after ``length`` into the reserved buffer."""
+        assert self.buf is not None
+        n = self.length + m
+        self.length = n
+        self.keys, self.values = self.buf.keys[..., :n, :], self.buf.values[..., :n, :]
 
     def _reallocate(self, needed: int, like: torch.Tensor) -> Buffer:
         # Room for a quarter more (at least MIN_CAPACITY tokens): growth stays amortised while a

@@ -1,0 +1,221 @@
+"""A TorchScript decode step for fp16-cpu models: one call for all layers of a one-token step.
+
+At batch 1 on a small CPU, the Python between kernels costs as much as the kernels
+(measured on the bundled model: about half of a 40 ms step is the interpreter calling
+modules and small ops).  For a model whose linears are all fbgemm fp16 layers
+(``engine.quant.Fp16Linear``, packed weights that TorchScript can pass around; q/k/v
+and gate/up fused by ``engine.quant.fuse_fp16``), this module runs a one-token
+decode step, every layer, the final norm and the head, as one scripted function
+over lists of the packed weights.  Same operations in the
+same order as ``engine.fastpath`` (the same kernels; results are identical, tested
+in ``tests/test_scripted.py``), writing keys and values into the KV cache's own
+buffers (``GrowingLayer.reserve`` / ``advance``).
+
+``ScriptedDecode.for_model(model)`` returns ``None`` unless the model is exactly that:
+a ``FastForward`` layout, float32, every projection and the head ``Fp16Linear``
+(q/k/v and gate/up fused), layers of one shape, RMS norms with one epsilon.
+``BRISK_SCRIPTED=0`` turns it off (for comparison); where this torch cannot script the
+step (TorchScript is deprecated in torch 2.x), the eager path runs instead.
+This file has no ``from __future__ import annotations``: TorchScript reads the
+annotations of the scripted function.
+"""
+
+# ruff: noqa: UP006 (TorchScript reads typing.List in the scripted function's annotations)
+import functools
+import os
+import warnings
+from typing import Any, List, Optional  # noqa: UP035
+
+import torch
+from torch.nn import functional as F  # noqa: N812
+
+ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
+PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' LlamaRMSNorm on float32 input, op for op
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+
+
+def _step(
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    norms: List[torch.Tensor],
+    weights: List[torch.classes.quantized.LinearPackedParamsBase],  # type: ignore[name-defined]
+    key_bufs: List[torch.Tensor],
+    value_bufs: List[torch.Tensor],
+    past: int,
+    head_dim: int,
+    q_size: int,
+    kv_size: int,
+    intermediate: int,
+    eps: float,
+    scaling: float,
+    grouped: bool,
+) -> torch.Tensor:
+    """Logits [1, 1, vocab] for one token; ``weights``: qkv, o, gate-up, down for each layer, the head last."""
+    half = head_dim // 2
+    linear = torch.ops.quantized.linear_dynamic_fp16
+    for i in range(len(key_bufs)):
+        w = 4 * i
+        x = _rms(h, norms[2 * i], eps)
+        qkv = linear(x, weights[w])
+        q = qkv[..., :q_size].view(1, 1, -1, head_dim).transpose(1, 2)
+        k = qkv[..., q_size : q_size + kv_size].view(1, 1, -1, head_dim).transpose(1, 2)
+        v = qkv[..., q_size + kv_size :].view(1, 1, -1, head_dim).transpose(1, 2)
+        q = _rotate(q, cos, sin, half)
+        k = _rotate(k, cos, sin, half)
+        key_bufs[i][:, :, past : past + 1] = k
+        value_bufs[i][:, :, past : past + 1] = v
+        keys = key_bufs[i][:, :, : past + 1]
+        values = value_bufs[i][:, :, : past + 1]
+        a = F.scaled_dot_product_attention(q, keys, values, scale=scaling, enable_gqa=grouped)
+        h = h + linear(a.transpose(1, 2).reshape(1, 1, -1), weights[w + 1])
+        x = _rms(h, norms[2 * i + 1], eps)
+        gate_up = linear(x, weights[w + 2])
+        h = h + linear(F.silu(gate_up[..., :intermediate]) * gate_up[..., intermediate:], weights[w + 3])
+    h = _rms(h, norms[-1], eps)
+    return linear(h, weights[-1])
+
+
+@functools.cache
+def _scripted() -> Any:
+    """The scripted step, or None where this torch cannot script it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.10+: "torch.jit.script is deprecated"
+        try:
+            return torch.jit.script(_step)
+        except Exception:  # noqa: BLE001 (any failure to script means: use the eager path)
+            return None
+
+
+class ScriptedDecode:
+    def __init__(self, model: Any, fast: Any) -> None:
+        self.model, self.fast = model, fast
+        self._seen: tuple[int, int] | None = None  # (engine.quant.generation, id of the head) of _collected
+        self._collected: tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float] | None = None
+
+    @classmethod
+    def for_model(cls, model: Any, fast: Any) -> Optional["ScriptedDecode"]:
+        """A scripted step for ``model`` (whose ``FastForward`` is ``fast``); None when turned off.
+
+        Whether the model fits is decided on each call (a cheap look at its modules, which
+        stops at the first that does not fit), so a model changed later is never run wrongly.
+        """
+        return cls(model, fast) if ENABLED and fast is not None else None
+
+    def collect(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
+        """(norm weights, packed weights, (q, kv, intermediate) widths, epsilon) as the model is now.
+
+        Raises TypeError/ValueError/AttributeError when the model is not an fp16-cpu model
+        with fused q/k/v and gate/up (``engine.quant.fuse_fp16``).
+        """
+        from engine.quant import Fp16Linear
+
+        inner = self.model.model
+        norms: list[torch.Tensor] = []
+        weights: list[Any] = []
+        eps: set[float] = set()
+        widths: set[tuple[int, int, int]] = set()
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norms.append(self._norm(norm, eps))
+            qkv = self._group(attn.q_proj, attn.k_proj, attn.v_proj)
+            gate_up = self._group(mlp.gate_proj, mlp.up_proj)
+            weights += [qkv.packed, self._packed(attn.o_proj, Fp16Linear), gate_up.packed]
+            weights.append(self._packed(mlp.down_proj, Fp16Linear))
+            widths.add((qkv.sizes[0], qkv.sizes[1], gate_up.sizes[0]))
+            if qkv.sizes[1] != qkv.sizes[2] or gate_up.sizes[0] != gate_up.sizes[1]:
+                raise ValueError("keys and values, or gate and up, of different widths")
+        norms.append(self._norm(inner.norm, eps))
+        weights.append(self._packed(self.model.lm_head, Fp16Linear))
+        if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
+            raise ValueError("layers of different shapes or epsilons, or not float32")
+        return norms, weights, widths.pop(), eps.pop()
+
+    @staticmethod
+    def _group(*parts: Any) -> Any:
+        from engine.quant import Fp16Linear
+
+        group = getattr(parts[0], "group", None)
+        if group is None or len(group.sizes) != len(parts):
+            raise TypeError("not a group of fused fp16 layers")
+        if not all(type(p) is Fp16Linear and p.group is group and p.index == i for i, p in enumerate(parts)):
+            raise TypeError("not a group of fused fp16 layers")
+        return group
+
+    @staticmethod
+    def _norm(norm: Any, eps: set[float]) -> torch.Tensor:
+        if not type(norm).__name__.endswith("RMSNorm") or norm.weight.dtype != torch.float32:
+            raise TypeError(f"{type(norm).__name__} is not a float32 RMS norm")
+        eps.add(float(norm.variance_epsilon))
+        return norm.weight
+
+    @staticmethod
+    def _packed(module: Any, kind: type) -> Any:
+        packed = getattr(module, "packed", None)
+        if type(module) is not kind or packed is None:
+            raise TypeError(f"{type(module).__name__} is not a packed fp16 layer")
+        return packed
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
+        """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache``; None if the cache does not fit."""
+        from engine import quant
+        from engine.kv import GrowingLayer
+
+        scripted = _scripted()
+        if scripted is None:
+            return None
+
+        # Looking up 200 layers costs about 1 ms a step, so it is done again only when a module
+        # was swapped or re-packed (engine.quant.generation) or the head or the dtype changed.
+        seen = (quant.generation, id(getattr(self.model, "lm_head", None)))
+        if seen != self._seen or self._collected is None or self._collected[0][-1].dtype != torch.float32:
+            try:
+                self._collected = self.collect()
+            except (TypeError, AttributeError, ValueError):
+                self._collected = None
+            self._seen = seen
+        if self._collected is None:
+            return None
+        norms, weights, (q_size, kv_size, intermediate), eps = self._collected
+        inner = self.model.model
+        layers = cache.layers
+        while len(layers) < len(inner.layers):
+            layers.append(cache.layer_class_to_replicate())
+        if not all(type(layer) is GrowingLayer for layer in layers):
+            return None
+        past = int(cache.get_seq_length())
+        h = inner.embed_tokens(ids)
+        cos, sin = inner.rotary_emb(h, torch.tensor([[past]], device=ids.device))
+        head_dim = self.fast.head_dim
+        like = h.new_empty(1, inner.layers[0].self_attn.k_proj.out_features // head_dim, 1, head_dim)
+        bufs = [layer.reserve(1, like) for layer in layers]
+        logits = scripted(
+            h,
+            cos.unsqueeze(1),
+            sin.unsqueeze(1),
+            norms,
+            weights,
+            [b.keys for b in bufs],
+            [b.values for b in bufs],
+            past,
+            head_dim,
+            q_size,
+            kv_size,
+            intermediate,
+            eps,
+            float(self.fast.scaling),
+            bool(self.fast.grouped),
+        )
+        for layer in layers:
+            layer.advance(1)
+        return logits

@@ -251,10 +251,10 @@ class Fp16Linear(nn.Module):
         self.pending: tuple[torch.Tensor, torch.Tensor | None] | None = None  # loaded, not packed yet
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Fp16Linear:
+    def from_linear(cls, linear: nn.Linear, pack: bool = True) -> Fp16Linear:
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
         bias = None if linear.bias is None else linear.bias.detach()
-        layer.set_weights(linear.weight.detach().to(torch.float16), bias)
+        layer.set_weights(linear.weight.detach().to(torch.float16), bias, pack=pack)
         return layer
 
     def set_weights(self, weight16: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> None:
@@ -518,9 +518,14 @@ def int4_layout() -> str:
     return hashlib.sha256(packed.numpy().tobytes()).hexdigest()[:16]
 
 
-def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head: str = "int8") -> nn.Module:
+def quantize_cpu(
+    model: nn.Module, mode: str, group_size: int = INT4_GROUP, head: str = "int8", pack: bool = True
+) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (on the CPU) by an fp16/int8/int4 layer, in place.
 
+    fp16-cpu layers are fused and packed (:func:`fuse_fp16`) unless ``pack=False``, which
+    leaves them holding plain float16 weights (packed at their first call, or fused by a
+    later ``fuse_fp16``): a copy saved before packing skips unpacking every layer again.
     In ``int4-cpu`` the output head is int8 unless ``head="int4"``: measured on the bundled
     model, an int4 head alone cost about 10 points of next-token agreement.
     """
@@ -546,7 +551,7 @@ def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head
                 continue
             new: nn.Module
             if kind == "fp16":
-                new = Fp16Linear.from_linear(module)
+                new = Fp16Linear.from_linear(module, pack=False)
             elif kind == "int8":
                 new = Int8Linear.from_linear(module)
             else:
@@ -554,7 +559,7 @@ def quantize_cpu(model: nn.Module, mode: str, group_size: int = INT4_GROUP, head
             plan[name] = {"kind": kind, "in": module.in_features, "out": module.out_features}
             plan[name].update(bias=module.bias is not None, group_size=group_size)
             swap_module(model, name, new)
-    if mode == "fp16-cpu":
+    if mode == "fp16-cpu" and pack:
         fuse_fp16(model)
     setattr(model, "brisk_quant", {"mode": mode, "group_size": group_size, "layers": plan, "skipped": skipped})  # noqa: B010
     return model
@@ -761,8 +766,10 @@ def load_quantized_model(
     shutil.rmtree(tmp, ignore_errors=True)
     if mode in CPU_MODES:
         model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype)
-        quantize_cpu(model, mode)
+        quantize_cpu(model, mode, pack=False)
         save_quantized(model, tmp, expected)
+        if mode == "fp16-cpu":
+            fuse_fp16(model)  # after saving: the saved copy came from the plain weights
     else:
         compute = torch.float16 if dtype == torch.float16 else torch.bfloat16
         model = AutoModelForCausalLM.from_pretrained(

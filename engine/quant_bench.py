@@ -60,11 +60,16 @@ REPLY_PROMPTS = (
 )
 REPLY_TOKENS = 96
 DECODE_TOKENS = 64
+# Variants timed without the scripted decode step (engine.scripted), to show what it adds;
+# they share the model, load time and agreement of the variant named before the space.
+EAGER = {"fp16-cpu eager": "fp16-cpu"}
 PROMPT_TOKENS = 200
 # (label, quantization mode, dtype of everything not quantized)
 VARIANTS: tuple[tuple[str, str, torch.dtype], ...] = (
     ("fp32", "none", torch.float32),
     ("bf16", "none", torch.bfloat16),
+    ("fp16-cpu", "fp16-cpu", torch.float32),
+    ("fp16-cpu eager", "fp16-cpu", torch.float32),
     ("int8-cpu", "int8-cpu", torch.float32),
     ("int8-cpu/bf16", "int8-cpu", torch.bfloat16),
     ("int4-cpu", "int4-cpu", torch.float32),
@@ -86,13 +91,42 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> float:
     return float((reference == other).float().mean())
 
 
+def scripted_step(model: Any) -> bool:
+    """Whether ``engine.kv.forward`` runs this model's one-token steps as a scripted step."""
+    from engine.kv import KVState, fast_forward, new_cache
+
+    fast = fast_forward(model)
+    if fast is None or fast.scripted is None:
+        return False
+    probe = KVState(new_cache())
+    return fast.scripted(torch.tensor([[0]]), probe.cache) is not None
+
+
 @torch.inference_mode()
-def time_generation(model: Any, prompt: torch.Tensor, new_tokens: int = DECODE_TOKENS) -> tuple[float, float]:
+def time_generation(
+    model: Any, prompt: torch.Tensor, new_tokens: int = DECODE_TOKENS, scripted: bool = True
+) -> tuple[float, float]:
     """(TTFT seconds, decode tokens/s): prefill ``prompt`` then ``new_tokens`` greedy steps.
 
     Through ``engine.kv.forward``, as the app runs: its KV cache and, for Llama-family
-    models, its lean forward (``engine.fastpath``), which calls the quantized layers as they are.
+    models, its lean forward (``engine.fastpath``), which calls the quantized layers as they
+    are, and for fp16-cpu its scripted decode step (``engine.scripted``) unless ``scripted``
+    is False.
     """
+    from engine.kv import fast_forward
+
+    fast = fast_forward(model)
+    keep = fast.scripted if fast is not None else None
+    if fast is not None and not scripted:
+        fast.scripted = None
+    try:
+        return _time_generation(model, prompt, new_tokens)
+    finally:
+        if fast is not None:
+            fast.scripted = keep
+
+
+def _time_generation(model: Any, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float]:
     from engine.kv import KVState, forward
 
     state = KVState()
@@ -171,6 +205,13 @@ def _run(runs: int) -> list[dict[str, Any]]:
         if usable[mode] is not None:
             row["unavailable"] = usable[mode]
             continue
+        if label in EAGER:
+            if EAGER[label] in models:
+                shared = rows[EAGER[label]]
+                row.update({k: shared[k] for k in ("load_first_s", "load_cached_s", "weights_mb", "agreement")})
+                row.update(reply_agreement=shared["reply_agreement"], scripted=False, ttft=[], tps=[])
+                models[label] = models[EAGER[label]]
+            continue
         model, first, cached = load_variant(location, mode, dtype)
         row["load_first_s"], row["load_cached_s"] = first, cached
         row["weights_mb"] = quant.weight_bytes(model) / 1e6
@@ -181,12 +222,13 @@ def _run(runs: int) -> list[dict[str, Any]]:
         if mode == "none" and dtype == torch.float32:
             pack_linears(model)  # timed as the app runs float32 (agreement above: transformers' own layers)
         row["ttft"], row["tps"] = [], []
+        row["scripted"] = scripted_step(model)
         models[label] = model
-    for model in models.values():  # warm-up: first calls allocate and pick kernels
-        time_generation(model, prompt, 4)
+    for label, model in models.items():  # warm-up: first calls allocate and pick kernels
+        time_generation(model, prompt, 4, scripted=rows[label]["scripted"])
     for _ in range(runs):
         for label, model in models.items():
-            ttft, tps = time_generation(model, prompt)
+            ttft, tps = time_generation(model, prompt, scripted=rows[label]["scripted"])
             rows[label]["ttft"].append(ttft)
             rows[label]["tps"].append(tps)
     out = []
@@ -265,6 +307,7 @@ COLUMNS = (
     ("best_tok_s", "best run tok/s", "{:.1f}"),
     ("agreement", "agreement", "{:.3f}"),
     ("reply_agreement", "reply agreement", "{:.3f}"),
+    ("scripted", "scripted step", "{}"),
 )
 
 

@@ -30,7 +30,7 @@ from app.background import POLL_MS, in_background
 from app.quant_probe import QUANT_UNAVAILABLE
 from app.reply import ReplyState
 from app.settings_dialog import SettingsDialog, needs_reload
-from app.speed_section import DRAFT_HINT
+from app.speed_section import DRAFT_HINT, QUANT_HELP
 from engine.events import Done, Started, Token
 from engine.settings import Settings
 from engine.store import Store
@@ -138,7 +138,9 @@ def test_unavailable_quantization_modes_are_greyed_with_the_reason(qtbot: QtBot,
     shown = items(quant)
     assert [mode for mode, _, _ in shown] == list(MODES)
     assert [mode for mode, enabled, _ in shown if enabled] == ["none", "int8-cpu"]
-    assert dict((mode, tip) for mode, _, tip in shown)["bnb-nf4"] == "needs a CUDA GPU and bitsandbytes"
+    tips = dict((mode, tip) for mode, _, tip in shown)
+    assert tips["bnb-nf4"] == "needs a CUDA GPU and bitsandbytes"  # greyed: the reason
+    assert tips["int8-cpu"] == QUANT_HELP["int8-cpu"] and "8-bit" in tips["int8-cpu"]  # usable: what it does
     assert quant.currentData() == "int8-cpu"
 
     dialog.device_combo.setCurrentText("cuda")
@@ -346,3 +348,9 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
     qtbot.waitUntil(lambda: bridge.engine is not None, timeout=5000)
     window.apply_settings(replace(window.settings, prefix_cache_mb=64))
     assert budgets == [64 << 20]
+
+
+def test_every_quantization_mode_has_help_text() -> None:
+    from engine.quant import MODES as real_modes
+
+    assert set(QUANT_HELP) == set(real_modes)

@@ -134,3 +134,16 @@ def test_scripted_greedy_decode_equals_eager_on_bundled_model() -> None:
         replies.append(reply)
     assert replies[0] == replies[1]
     assert "Paris" in loaded.tokenizer.decode(replies[0])
+
+
+def test_first_and_cached_fp16_loads_are_both_fused(tiny_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    source = Path(shutil.copytree(tiny_dir, tmp_path / "tiny"))
+    cpu = torch.device("cpu")
+    first = quant.load_quantized_model(str(source), "fp16-cpu", torch.float32, cpu)
+    again = quant.load_quantized_model(str(source), "fp16-cpu", torch.float32, cpu)
+    assert (first.cached, again.cached) == (False, True)
+    for loaded in (first, again):
+        assert loaded.model.model.layers[-1].mlp.up_proj.group is not None
+        assert kv.fast_forward(loaded.model).scripted(torch.tensor([[1]]), kv.new_cache()) is not None  # type: ignore[union-attr]

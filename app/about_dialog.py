@@ -53,6 +53,7 @@ LABELS = {
     "weight_bytes": "Weights in memory",
     "warm_prefixes": "Warm prompt caches from disk",
     "draft_model": "Draft model",
+    "draft_quant": "Draft quantization",
     "draft_error": "Draft model problem",
     "quant": "Quantization",
 }

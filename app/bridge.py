@@ -82,15 +82,23 @@ class EngineBridge(QObject):
             self.event.emit(event)
 
     def load(
-        self, source: str = "", device: str = "auto", dtype: str = "auto", quant: str = "none", draft: str = ""
+        self,
+        source: str = "",
+        device: str = "auto",
+        dtype: str = "auto",
+        quant: str = "none",
+        draft: str = "",
+        draft_quant: str = "none",
     ) -> None:
         """Start loading a model; returns at once.  Events: LoadProgress..., Loaded | LoadFailed."""
         if self._closed:
             return
         self._on_engine_event(LoadProgress(0.0, "Starting the engine\u2026"))
         fields = {"source": source, "device": device, "dtype": dtype, "quant": quant}
-        if draft:  # only engines with speculative decoding know this field
+        if draft:  # only engines with speculative decoding know these fields
             fields["draft"] = draft
+            if draft_quant != "none":
+                fields["draft_quant"] = draft_quant
         self._worker.submit(self._load, fields)
 
     def _load(self, fields: dict[str, str]) -> None:

@@ -185,7 +185,7 @@ class MainWindow(QMainWindow):
         self.hide_banner("load")
         self.hide_banner("draft")
         s = self.settings
-        self.bridge.load(self._model_override or s.model, s.device, s.dtype, s.quant, s.draft_model)
+        self.bridge.load(self._model_override or s.model, s.device, s.dtype, s.quant, s.draft_model, s.draft_quant)
 
     def _on_event(self, event: object) -> None:
         if isinstance(event, LoadProgress):

@@ -42,7 +42,7 @@ from engine.settings import Settings
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model")
+RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model", "draft_quant")
 
 
 def needs_reload(old: Settings, new: Settings) -> bool:

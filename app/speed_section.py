@@ -52,6 +52,10 @@ SPECULATIVE = (
 DRAFT_HINT = "Pick a draft model below: a small model with the same vocabulary as the main one."
 QUANT_CHECKING = "Checking which modes this machine can run\u2026"
 QUANT_TIP = "Smaller weights for less memory; changing it reloads the model"
+DRAFT_QUANT_TIP = (
+    "The draft model's quantization: a faster draft is cheaper to run; replies stay the same "
+    "(the main model checks every drafted token). Changing it reloads the models."
+)
 # Each mode's tooltip where it can run (where it cannot, the tooltip is the reason).
 # What each does to speed on this machine: `brisk bench quant` (docs/PERFORMANCE.md).
 QUANT_HELP = {
@@ -107,6 +111,9 @@ class SpeedSection(QGroupBox):
         row.addWidget(self.draft_edit, 1)
         row.addWidget(self.draft_browse)
         form.addRow("Draft model", row)
+        self.draft_quant = QComboBox()
+        self.draft_quant.setToolTip(DRAFT_QUANT_TIP)
+        form.addRow("Draft quantization", self.draft_quant)
         self.speculative.currentIndexChanged.connect(self._update_hint)
         self.draft_edit.textChanged.connect(self._update_hint)
         self._update_hint()
@@ -115,6 +122,7 @@ class SpeedSection(QGroupBox):
         self.quant_ready = False
         self._device = settings.device
         self._quant_wanted = settings.quant
+        self._draft_quant_wanted = settings.draft_quant
         form.addRow("Quantization", self.quant)
         self.set_device(settings.device)
 
@@ -129,6 +137,7 @@ class SpeedSection(QGroupBox):
             "speculative": self.speculative.currentData(),
             "draft_model": self.draft_edit.text().strip(),
             "quant": self.quant.currentData(),
+            "draft_quant": self.draft_quant.currentData(),
             "colour_draft_tokens": self.colour_drafts.isChecked(),
         }
 
@@ -136,10 +145,12 @@ class SpeedSection(QGroupBox):
         """Check (on a worker thread) which quantization modes ``device_name`` can run."""
         if self.quant.count():
             self._quant_wanted = self.quant.currentData()
+            self._draft_quant_wanted = self.draft_quant.currentData()
         self._device = device_name
         self.quant_ready = False
-        self._fill_quant([(self._quant_wanted, None)])
+        self._fill_quant([(self._quant_wanted, None)], [(self._draft_quant_wanted, None)])
         self.quant.setToolTip(QUANT_CHECKING)
+        self.draft_quant.setToolTip(QUANT_CHECKING)
         in_background(
             self,
             lambda: quant_probe.quant_choices(device_name),
@@ -154,25 +165,19 @@ class SpeedSection(QGroupBox):
         assert isinstance(found, list)
         choices: list[tuple[str, str | None]] = found
         self._quant_wanted = self.quant.currentData()
-        if self._quant_wanted not in [mode for mode, _ in choices]:
-            choices = [*choices, (self._quant_wanted, "Not offered by this installation.")]
-        self._fill_quant(choices)
+        self._draft_quant_wanted = self.draft_quant.currentData()
+        lists = []
+        for wanted in (self._quant_wanted, self._draft_quant_wanted):
+            offered = [mode for mode, _ in choices]
+            lists.append(choices if wanted in offered else [*choices, (wanted, "Not offered by this installation.")])
+        self._fill_quant(*lists)
         self.quant.setToolTip(QUANT_TIP)
+        self.draft_quant.setToolTip(DRAFT_QUANT_TIP)
         self.quant_ready = True
 
-    def _fill_quant(self, choices: list[tuple[str, str | None]]) -> None:
-        self.quant.clear()
-        model = self.quant.model()
-        assert isinstance(model, QStandardItemModel)
-        for row, (mode, reason) in enumerate(choices):
-            self.quant.addItem(mode, mode)
-            tip = reason or QUANT_HELP.get(mode)
-            if tip:
-                self.quant.setItemData(row, tip, Qt.ItemDataRole.ToolTipRole)
-            if reason and mode != "none":  # no quantization always works; its reason is only a note
-                item = model.item(row)
-                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
-        _select(self.quant, self._quant_wanted)
+    def _fill_quant(self, choices: list[tuple[str, str | None]], draft: list[tuple[str, str | None]]) -> None:
+        _fill_modes(self.quant, choices, self._quant_wanted)
+        _fill_modes(self.draft_quant, draft, self._draft_quant_wanted)
 
     def _update_hint(self) -> None:
         wants_draft = self.speculative.currentData() == "draft"
@@ -202,3 +207,19 @@ def browse_model(parent: QWidget, edit: QLineEdit, *, folder: bool, title: str) 
         path, _ = QFileDialog.getOpenFileName(parent, title, edit.text(), "GGUF models (*.gguf);;All files (*)")
     if path:
         edit.setText(path)
+
+
+def _fill_modes(box: QComboBox, choices: list[tuple[str, str | None]], wanted: str) -> None:
+    """Fill a quantization list: usable modes say what they do, greyed ones why not."""
+    box.clear()
+    model = box.model()
+    assert isinstance(model, QStandardItemModel)
+    for row, (mode, reason) in enumerate(choices):
+        box.addItem(mode, mode)
+        tip = reason or QUANT_HELP.get(mode)
+        if tip:
+            box.setItemData(row, tip, Qt.ItemDataRole.ToolTipRole)
+        if reason and mode != "none":  # no quantization always works; its reason is only a note
+            item = model.item(row)
+            item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+    _select(box, wanted)

@@ -54,6 +54,7 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
         help="speculative decoding source (default off)",
     )
     parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
+    parser.add_argument("--draft-quant", default=None, help="the draft model's quantization (as --quant)")
     parser.add_argument("--json", action="store_true", help="one JSON event per line")
 
 
@@ -72,6 +73,7 @@ class Session:
             device=getattr(args, "device", None) or "auto",
             dtype=getattr(args, "dtype", None) or "auto",
             draft=getattr(args, "draft_model", "") or "",
+            draft_quant=getattr(args, "draft_quant", None) or "none",
             quant=getattr(args, "quant", None) or "none",
         )
         self.loaded: Loaded | None = None

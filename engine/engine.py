@@ -127,6 +127,7 @@ class Engine:
             try:
                 self.draft = DraftModel(load_draft(spec, loaded).model)
                 loaded.info["draft_model"] = spec.draft
+                loaded.info["draft_quant"] = getattr(spec, "draft_quant", "none")
             except ModelLoadError as exc:
                 loaded.info["draft_error"] = str(exc)
         dtype = str(loaded.dtype).removeprefix("torch.")

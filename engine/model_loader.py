@@ -47,6 +47,7 @@ class ModelSpec:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     quant: str = "none"
     draft: str = ""  # a draft model for speculative decoding (same vocabulary), optional
+    draft_quant: str = "none"  # the draft model's quantization (engine.quant.MODES)
 
 
 @dataclass
@@ -262,8 +263,11 @@ def fingerprint(location: str) -> str:
 
 
 def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
-    """Load ``spec.draft`` on the target's device and dtype; refuse a different vocabulary."""
-    draft = load_model(ModelSpec(source=spec.draft, device=target.device.type, dtype=str(target.dtype)[6:]))
+    """Load ``spec.draft`` on the target's device and dtype, quantized with ``spec.draft_quant``;
+    refuse a different vocabulary.  A quantized draft cannot change the reply (every drafted
+    token is verified by the target); it only changes how many drafts are accepted."""
+    dtype = str(target.dtype).removeprefix("torch.") if spec.draft_quant == "none" else "auto"
+    draft = load_model(ModelSpec(source=spec.draft, device=target.device.type, dtype=dtype, quant=spec.draft_quant))
     ours, theirs = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if ours != theirs:
         differing = sorted(set(ours.items()) ^ set(theirs.items()))[:3]
@@ -271,7 +275,8 @@ def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
             f"The draft model {spec.draft} has a different vocabulary from the target ({len(theirs)} vs "
             f"{len(ours)} tokens; e.g. {differing}). Pick a draft from the same model family."
         )
-    out_rows = draft.model.get_output_embeddings().weight.shape[0]
+    head = draft.model.get_output_embeddings()  # an nn.Linear, or a quantized layer without .weight
+    out_rows = int(getattr(head, "out_features", 0) or head.weight.shape[0])
     if out_rows < len(ours):
         raise ModelLoadError(
             f"The draft model {spec.draft} predicts only {out_rows} tokens; the target needs {len(ours)}."

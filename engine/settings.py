@@ -32,6 +32,7 @@ class Settings:
     prefix_cache_mb: int = 512
     speculative: str = "auto"
     draft_model: str = ""
+    draft_quant: str = "none"
     colour_draft_tokens: bool = True
     answer_cache: bool = True
 

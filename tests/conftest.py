@@ -27,13 +27,13 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class EngineRunner:
     """Drives a real Engine synchronously: submit a request, collect its events."""
 
-    def __init__(self, source: str, draft: str = "", **options: object) -> None:
+    def __init__(self, source: str, draft: str = "", draft_quant: str = "none", **options: object) -> None:
         from engine.engine import Engine, EngineOptions, ModelSpec
         from engine.events import Loaded, LoadFailed
 
         self.events: queue.Queue[object] = queue.Queue()
         self.engine = Engine(self.events.put, EngineOptions(**options))  # type: ignore[arg-type]
-        self.engine.load(ModelSpec(source=source, dtype="float32", draft=draft))
+        self.engine.load(ModelSpec(source=source, dtype="float32", draft=draft, draft_quant=draft_quant))
         while True:
             event = self.events.get(timeout=300)
             if isinstance(event, Loaded | LoadFailed):

@@ -95,6 +95,12 @@ def test_empty_message_is_refused(tiny_dir: Path) -> None:
     assert "empty" in events(run.stdout)[-1]["message"]
 
 
+def test_unavailable_draft_quantization_fails_with_the_reason(tiny_dir: Path) -> None:
+    run = brisk("ask", "hi", "--model", str(tiny_dir), "--draft-model", str(tiny_dir), "--draft-quant", "int3-cpu")
+    assert run.returncode != 0
+    assert "int3-cpu" in run.stderr and "choose one of" in run.stderr
+
+
 def test_draft_source_without_draft_model_fails(tiny_dir: Path) -> None:
     run = brisk("ask", "hi", "--model", str(tiny_dir), "--json", "--speculative", "draft")
     assert run.returncode != 0

@@ -150,6 +150,20 @@ def test_unavailable_quantization_modes_are_greyed_with_the_reason(qtbot: QtBot,
     assert quant.currentData() == "int8-cpu"  # kept (now greyed) until the user picks another
 
 
+def test_the_draft_model_has_its_own_quantization_choice(qtbot: QtBot, fake_quant: None) -> None:
+    original = Settings(device="cpu", draft_model="/models/draft", draft_quant="int8-cpu")
+    dialog = SettingsDialog(original)
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=PROBE_MS)
+    draft = dialog.speed.draft_quant
+    assert items(draft) == items(dialog.speed.quant)  # the same modes, greyed alike
+    assert (draft.currentData(), dialog.speed.quant.currentData()) == ("int8-cpu", "none")
+    draft.setCurrentIndex(draft.findData("none"))
+    result = dialog.result_settings()
+    assert (result.draft_quant, result.quant) == ("none", "none")
+    assert needs_reload(original, result)  # a new draft quantization reloads the models
+
+
 def test_quantization_without_the_engine_module_offers_only_none(qtbot: QtBot, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quant_probe, "QUANT_MODULE", "no_such_quant_module")
     dialog = SettingsDialog(Settings())

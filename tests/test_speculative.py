@@ -62,6 +62,38 @@ def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
         runner.close()
 
 
+@pytest.mark.parametrize("mode", ["fp16-cpu", "int8-cpu"])
+def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode: str) -> None:
+    from engine import quant
+    from engine.events import Loaded
+
+    runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant=mode)  # the target, quantized
+    try:
+        assert runner.draft_error is None and isinstance(runner.load_event, Loaded)
+        assert runner.load_event.info["draft_quant"] == mode
+        assert runner.engine.draft is not None
+        assert getattr(runner.engine.draft.model, "brisk_quant", {}).get("mode") == mode
+        assert quant.weight_bytes(runner.engine.draft.model) < quant.weight_bytes(runner.engine.loaded.model)
+        for messages in (QUOTE, CHAT):
+            plain = run(runner, messages, "off")
+            spec = run(runner, messages, "draft", n=48)
+            assert token_ids(spec) == token_ids(plain)
+        m = done(spec).metrics
+        assert m["drafted"] > 10 and m["accepted"] >= 0.8 * m["drafted"]  # nearly the target's own guesses
+    finally:
+        runner.close()
+
+
+def test_unknown_draft_quantization_is_a_warning_and_the_target_still_runs(tiny_dir: Path) -> None:
+    runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant="int3-cpu")
+    try:
+        assert isinstance(runner.draft_error, LoadFailed)
+        assert "int3-cpu" in runner.draft_error.message and "fp16-cpu" in runner.draft_error.message
+        assert token_ids(run(runner, CHAT, "off", n=8))
+    finally:
+        runner.close()
+
+
 def test_answers_source_replays_an_earlier_answer(tiny_engine: EngineRunner) -> None:
     question = [{"role": "user", "content": "What do lighthouse keepers write in the log?"}]
     first = run(tiny_engine, question, "off")

@@ -14,6 +14,8 @@ know to be equivalent (another architecture, sliding windows, another
 activation); callers then use the model's own forward.  ``engine.kv.forward``
 makes one per model on first use (``engine.kv.fast_forward``).
 Equivalence is tested against transformers' forward in ``tests/test_fastpath.py``.
+One-token steps of fp16-cpu models go to ``engine.scripted`` (one TorchScript call
+for all layers) when it takes them; everything else runs here.
 """
 
 from __future__ import annotations

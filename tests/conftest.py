@@ -27,13 +27,16 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class EngineRunner:
     """Drives a real Engine synchronously: submit a request, collect its events."""
 
-    def __init__(self, source: str, draft: str = "", draft_quant: str = "none", **options: object) -> None:
+    def __init__(
+        self, source: str, draft: str = "", draft_quant: str = "none", quant: str = "none", **options: object
+    ) -> None:
         from engine.engine import Engine, EngineOptions, ModelSpec
         from engine.events import Loaded, LoadFailed
 
         self.events: queue.Queue[object] = queue.Queue()
         self.engine = Engine(self.events.put, EngineOptions(**options))  # type: ignore[arg-type]
-        self.engine.load(ModelSpec(source=source, dtype="float32", draft=draft, draft_quant=draft_quant))
+        spec = ModelSpec(source=source, dtype="float32", quant=quant, draft=draft, draft_quant=draft_quant)
+        self.engine.load(spec)
         while True:
             event = self.events.get(timeout=300)
             if isinstance(event, Loaded | LoadFailed):

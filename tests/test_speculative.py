@@ -84,6 +84,21 @@ def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode
         runner.close()
 
 
+def test_speculative_output_is_unchanged_on_an_fp16_target(tiny_dir: Path) -> None:
+    """Verification (several tokens, eager path) and single steps (scripted) share one KV cache."""
+    runner = EngineRunner(str(tiny_dir), quant="fp16-cpu")
+    try:
+        assert getattr(runner.engine.loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu"
+        for source in ("lookup", "auto"):
+            for cache in (False, True):
+                plain = run(runner, QUOTE, "off")
+                spec = run(runner, QUOTE, source, cache)
+                assert token_ids(spec) == token_ids(plain)
+        assert done(spec).metrics["drafted"] > 0
+    finally:
+        runner.close()
+
+
 def test_unknown_draft_quantization_is_a_warning_and_the_target_still_runs(tiny_dir: Path) -> None:
     runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant="int3-cpu")
     try:

@@ -88,6 +88,13 @@ class SpeedSection(QGroupBox):
         self.prefix_cache.toggled.connect(self.prefix_cache_mb.setEnabled)
         form.addRow("Prefix cache budget (MB)", self.prefix_cache_mb)
 
+        self.quant = QComboBox()
+        self.quant_ready = False
+        self._device = settings.device
+        self._quant_wanted = settings.quant
+        self._draft_quant_wanted = settings.draft_quant
+        form.addRow("Quantization", self.quant)
+
         self.speculative = QComboBox()
         for value, label, tip in SPECULATIVE:
             self.speculative.addItem(label, value)
@@ -118,13 +125,7 @@ class SpeedSection(QGroupBox):
         self.draft_edit.textChanged.connect(self._update_hint)
         self._update_hint()
 
-        self.quant = QComboBox()
-        self.quant_ready = False
-        self._device = settings.device
-        self._quant_wanted = settings.quant
-        self._draft_quant_wanted = settings.draft_quant
-        form.addRow("Quantization", self.quant)
-        self.set_device(settings.device)
+        self.set_device(settings.device)  # fills both quantization lists
 
         self.colour_drafts = QCheckBox("Colour tokens that came from speculative drafting")
         self.colour_drafts.setChecked(settings.colour_draft_tokens)

@@ -46,7 +46,8 @@ RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model", "draft_quan
 
 
 def needs_reload(old: Settings, new: Settings) -> bool:
-    return any(getattr(old, name) != getattr(new, name) for name in RELOAD_FIELDS)
+    fields = [f for f in RELOAD_FIELDS if f != "draft_quant" or old.draft_model or new.draft_model]
+    return any(getattr(old, name) != getattr(new, name) for name in fields)
 
 
 def _combo(values: tuple[str, ...], current: str) -> QComboBox:

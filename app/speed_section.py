@@ -53,7 +53,7 @@ DRAFT_HINT = "Pick a draft model below: a small model with the same vocabulary a
 QUANT_CHECKING = "Checking which modes this machine can run\u2026"
 QUANT_TIP = "Smaller weights for less memory; changing it reloads the model"
 DRAFT_QUANT_TIP = (
-    "The draft model's quantization: a faster draft is cheaper to run; replies stay the same "
+    "The draft model's quantization: a faster draft is cheaper to run; greedy replies stay the same "
     "(the main model checks every drafted token). Changing it reloads the models."
 )
 # Each mode's tooltip where it can run (where it cannot, the tooltip is the reason).

@@ -182,6 +182,11 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         quant.require(spec.quant, device)  # before converting or downloading anything
     except (quant.QuantUnavailable, ValueError) as exc:
         raise ModelLoadError(f"{exc} Choose another quantization in Settings or --quant.") from exc
+    if spec.quant == "fp16-cpu" and spec.dtype not in ("auto", "float32"):
+        raise ModelLoadError(
+            f"fp16-cpu keeps float16 weights and computes in float32, so it does not run with precision "
+            f"{spec.dtype}: set Precision to auto or float32 (--dtype), or choose another quantization."
+        )
     location, name = resolve(spec.source, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -264,9 +269,11 @@ def fingerprint(location: str) -> str:
 
 def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
     """Load ``spec.draft`` on the target's device and dtype, quantized with ``spec.draft_quant``;
-    refuse a different vocabulary.  A quantized draft cannot change the reply (every drafted
-    token is verified by the target); it only changes how many drafts are accepted."""
-    dtype = str(target.dtype).removeprefix("torch.") if spec.draft_quant == "none" else "auto"
+    refuse a different vocabulary.  A quantized draft cannot change a greedy reply (every
+    drafted token is verified by the target; sampled replies keep the target's distribution);
+    it only changes how many drafts are accepted."""
+    # the target's dtype for what is not quantized; fp16-cpu computes in float32 whatever the target does
+    dtype = "float32" if spec.draft_quant == "fp16-cpu" else str(target.dtype).removeprefix("torch.")
     draft = load_model(ModelSpec(source=spec.draft, device=target.device.type, dtype=dtype, quant=spec.draft_quant))
     ours, theirs = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if ours != theirs:

@@ -265,7 +265,9 @@ class Fp16Linear(nn.Module):
             raise ValueError("a bias was given to a layer without one, or none to a layer with one")
         global generation
         generation += 1
-        self.packed, self.group = None, None  # its own weights now; a group it was in keeps serving the others
+        if self.group is not None:  # its own weights now; the group keeps serving the others
+            self.group.leave(self.index)
+        self.packed, self.group = None, None
         self.pending = (weight16.to(torch.float16), None if bias is None else bias.float())
         if pack:
             self.pack()
@@ -358,6 +360,7 @@ class Fp16Group:
         self.sizes = [p.out_features for p in parts]
         self.starts = [sum(self.sizes[:i]) for i in range(len(parts))]
         self._memo: tuple[torch.Tensor, torch.Tensor, set[int]] | None = None
+        self.active = set(range(len(parts)))  # parts still served from here (see leave)
         global generation
         generation += 1
         for i, part in enumerate(parts):
@@ -369,9 +372,14 @@ class Fp16Group:
             y = torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
             memo = (x, y if x.dtype == torch.float32 else y.to(x.dtype), set())
         memo[2].add(index)
-        self._memo = None if len(memo[2]) == len(self.sizes) else memo  # every part served: let it go
+        self._memo = None if memo[2] >= self.active else memo  # every part served: let it go
         start = self.starts[index]
         return memo[1][..., start : start + self.sizes[index]]
+
+    def leave(self, index: int) -> None:
+        """Part ``index`` took weights of its own: stop keeping outputs for it (its rows stay, unused)."""
+        self.active.discard(index)
+        self._memo = None
 
     def part_weights(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         weight, bias = torch.ops.quantized.linear_unpack_fp16(self.packed)

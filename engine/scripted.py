@@ -151,6 +151,16 @@ class ScriptedDecode:
             raise TypeError("not a group of fused fp16 layers")
         return group
 
+    def _norms_current(self, norms: list[torch.Tensor]) -> bool:
+        inner = self.model.model
+        now = [
+            w for layer in inner.layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        ]
+        now.append(inner.norm.weight)
+        if len(now) != len(norms):
+            return False
+        return all(a is b and a.dtype == torch.float32 for a, b in zip(now, norms, strict=True))
+
     @staticmethod
     def _norm(norm: Any, eps: set[float]) -> torch.Tensor:
         if not type(norm).__name__.endswith("RMSNorm") or norm.weight.dtype != torch.float32:
@@ -176,9 +186,13 @@ class ScriptedDecode:
             return None
 
         # Looking up 200 layers costs about 1 ms a step, so it is done again only when a module
-        # was swapped or re-packed (engine.quant.generation) or the head or the dtype changed.
+        # was swapped or re-packed (engine.quant.generation), the head changed, or a norm's
+        # weight is not the tensor collected (a check of some 60 attributes, tens of us);
+        # a model that does not fit is remembered as such until one of those changes.
         seen = (quant.generation, id(getattr(self.model, "lm_head", None)))
-        if seen != self._seen or self._collected is None or self._collected[0][-1].dtype != torch.float32:
+        if seen == self._seen and self._collected is not None and not self._norms_current(self._collected[0]):
+            self._seen = None
+        if seen != self._seen:
             try:
                 self._collected = self.collect()
             except (TypeError, AttributeError, ValueError):

@@ -162,6 +162,7 @@ def test_the_draft_model_has_its_own_quantization_choice(qtbot: QtBot, fake_quan
     result = dialog.result_settings()
     assert (result.draft_quant, result.quant) == ("none", "none")
     assert needs_reload(original, result)  # a new draft quantization reloads the models
+    assert not needs_reload(Settings(), Settings(draft_quant="fp16-cpu"))  # no draft model: nothing to reload
 
 
 def test_quantization_without_the_engine_module_offers_only_none(qtbot: QtBot, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,6 +46,14 @@ def test_unknown_dtype_is_refused(tiny_dir: Path) -> None:
         load_model(ModelSpec(source=str(tiny_dir), dtype="float8"))
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fp16_cpu_with_another_precision_is_refused_with_what_to_do(tiny_dir: Path, dtype: str) -> None:
+    with pytest.raises(ModelLoadError, match="set Precision to auto or float32"):
+        load_model(ModelSpec(source=str(tiny_dir), dtype=dtype, quant="fp16-cpu"))
+    loaded = load_model(ModelSpec(source=str(tiny_dir), dtype="float32", quant="fp16-cpu"))
+    assert loaded.quant == "fp16-cpu" and loaded.dtype == torch.float32
+
+
 def test_tiny_model_folder_loads_with_eos_and_template(tiny_dir: Path) -> None:
     loaded = load_model(ModelSpec(source=str(tiny_dir), dtype="bfloat16"))
     assert loaded.eos_ids == {2}

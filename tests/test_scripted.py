@@ -46,6 +46,10 @@ def test_a_group_computes_once_for_its_parts_and_matches_separate_layers() -> No
         ours, theirs = part.state_dict(), layer.state_dict()
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     assert sum(p.packed_nbytes for p in parts) == bytes_before
+    parts[1].set_weights(*alone[1].weights())  # k leaves the group: q and v alone release the output
+    with torch.inference_mode():
+        parts[0](x), parts[2](x)
+    assert group._memo is None and group.active == {0, 2}
     with pytest.raises(ValueError, match="same input width"):
         Fp16Group([Fp16Linear.from_linear(nn.Linear(64, 8)), Fp16Linear.from_linear(nn.Linear(32, 8))])
 
@@ -113,6 +117,33 @@ def test_scripted_step_runs_only_where_it_fits(tiny_dir: Path) -> None:
     ):
         step = kv.fast_forward(other).scripted  # type: ignore[union-attr]
         assert step is not None and step(ids, kv.new_cache()) is None
+
+
+def test_scripted_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Path) -> None:
+    model = fp16_tiny(tiny_dir)
+    fast = kv.fast_forward(model)
+    assert fast is not None and fast.scripted is not None
+    prompt = list(range(5, 15))
+    ours, theirs = KVState(), KVState()
+    kv.forward(model, ours, prompt)
+    kv.forward(model, theirs, prompt)
+    _decode(model, ours, [3], True)
+    _decode(model, theirs, [3], False)
+    norms = {k: torch.rand_like(v) + 0.5 for k, v in model.state_dict().items() if "norm" in k}
+    model.load_state_dict(norms, strict=False, assign=True)  # new tensors; no layer swapped
+    assert torch.equal(_decode(model, ours, [4, 5], True), _decode(model, theirs, [4, 5], False))
+
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    step = kv.fast_forward(plain).scripted  # type: ignore[union-attr]
+    assert step is not None
+    calls = []
+    collect = step.collect
+    step.collect = lambda: calls.append(1) or collect()  # type: ignore[method-assign]
+    for _ in range(3):
+        assert step(torch.tensor([[1]]), kv.new_cache()) is None
+    assert calls == [1]  # looked at once, then remembered as not fitting
 
 
 @pytest.mark.bundled

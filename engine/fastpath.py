@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from engine.scripted import ScriptedDecode, rotate
+
 # Architectures whose decoder layer is exactly: x + attn(rmsnorm(x)); x + down(silu(gate) * up)(rmsnorm(x)).
 ARCHITECTURES = ("llama", "mistral", "qwen2")
 LAYER_PARTS = (
@@ -54,8 +56,6 @@ class FastForward:
         self.head_dim = first.head_dim
         self.scaling = first.scaling
         self.grouped = first.num_key_value_groups > 1
-        from engine.scripted import ScriptedDecode
-
         self.scripted = ScriptedDecode.for_model(model, self)  # one-token steps of fp16-cpu models
 
     @classmethod
@@ -108,8 +108,7 @@ class FastForward:
             q = attn.q_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
             k = attn.k_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
             v = attn.v_proj(x).view(1, n, -1, self.head_dim).transpose(1, 2)
-            q = (q * cos) + (torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin)
-            k = (k * cos) + (torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin)
+            q, k = rotate(q, cos, sin, half), rotate(k, cos, sin, half)
             k, v = cache.layers[i].update(k, v)
             a = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=self.grouped

@@ -93,13 +93,12 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> float:
 
 def scripted_step(model: Any) -> bool:
     """Whether ``engine.kv.forward`` runs this model's one-token steps as a scripted step."""
-    from engine.kv import KVState, fast_forward, new_cache
+    from engine.kv import fast_forward, new_cache
 
     fast = fast_forward(model)
     if fast is None or fast.scripted is None:
         return False
-    probe = KVState(new_cache())
-    return fast.scripted(torch.tensor([[0]]), probe.cache) is not None
+    return fast.scripted(torch.tensor([[0]]), new_cache()) is not None
 
 
 @torch.inference_mode()

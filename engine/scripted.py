@@ -30,7 +30,6 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
-PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -38,7 +37,8 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    """Rotary position embedding, as transformers' ``apply_rotary_pos_emb`` (also used by ``engine.fastpath``)."""
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
@@ -69,8 +69,8 @@ def _step(
         q = qkv[..., :q_size].view(1, 1, -1, head_dim).transpose(1, 2)
         k = qkv[..., q_size : q_size + kv_size].view(1, 1, -1, head_dim).transpose(1, 2)
         v = qkv[..., q_size + kv_size :].view(1, 1, -1, head_dim).transpose(1, 2)
-        q = _rotate(q, cos, sin, half)
-        k = _rotate(k, cos, sin, half)
+        q = rotate(q, cos, sin, half)
+        k = rotate(k, cos, sin, half)
         key_bufs[i][:, :, past : past + 1] = k
         value_bufs[i][:, :, past : past + 1] = v
         keys = key_bufs[i][:, :, : past + 1]
@@ -105,8 +105,8 @@ class ScriptedDecode:
     def for_model(cls, model: Any, fast: Any) -> Optional["ScriptedDecode"]:
         """A scripted step for ``model`` (whose ``FastForward`` is ``fast``); None when turned off.
 
-        Whether the model fits is decided on each call (a cheap look at its modules, which
-        stops at the first that does not fit), so a model changed later is never run wrongly.
+        Whether the model fits is decided at its first call and looked at again when its
+        modules or norm weights change (see ``__call__``); a model that does not fit runs eagerly.
         """
         return cls(model, fast) if ENABLED and fast is not None else None
 
@@ -145,9 +145,10 @@ class ScriptedDecode:
         from engine.quant import Fp16Linear
 
         group = getattr(parts[0], "group", None)
-        if group is None or len(group.sizes) != len(parts):
-            raise TypeError("not a group of fused fp16 layers")
-        if not all(type(p) is Fp16Linear and p.group is group and p.index == i for i, p in enumerate(parts)):
+        fused = group is not None and len(group.sizes) == len(parts)
+        if not fused or not all(
+            type(p) is Fp16Linear and p.group is group and p.index == i for i, p in enumerate(parts)
+        ):
             raise TypeError("not a group of fused fp16 layers")
         return group
 
@@ -211,7 +212,7 @@ class ScriptedDecode:
         h = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(h, torch.tensor([[past]], device=ids.device))
         head_dim = self.fast.head_dim
-        like = h.new_empty(1, inner.layers[0].self_attn.k_proj.out_features // head_dim, 1, head_dim)
+        like = h.new_empty(1, kv_size // head_dim, 1, head_dim)  # shaped as one position's keys
         bufs = [layer.reserve(1, like) for layer in layers]
         logits = scripted(
             h,

@@ -26,6 +26,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app engine tests
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)

@@ -5,7 +5,7 @@ machine" lists the facts of ``engine.doctor.report()`` (Python, torch, CPU,
 CUDA, GPU, memory...); that call imports torch, so it runs on a worker thread
 (:func:`~app.background.in_background`) and the table says "Checking\u2026"
 until the answer is in (then ``report_ready`` is True).  "Loaded model" lists
-the last :class:`~engine.events.Loaded` event: name, device, precision, load
+the last :class:`~engine.api.Loaded` event: name, device, precision, load
 time and every entry of its ``info`` (parameters, weight size, warm prefixes,
 draft model, quantization...).  ``report`` replaces the doctor (tests pass a stub).
 Nothing is estimated; missing facts are simply not listed.
@@ -13,6 +13,7 @@ Nothing is estimated; missing facts are simply not listed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.background import in_background
-from engine.events import Loaded
+from engine.api import Loaded
 
 Report = Callable[[], Mapping[str, Any]]
 
@@ -110,7 +111,7 @@ def model_facts(loaded: Loaded | None) -> dict[str, Any]:
         "dtype": loaded.dtype,
         "load_s": loaded.load_s,
     }
-    facts.update(loaded.info)
+    facts.update(dataclasses.asdict(loaded.info))
     return facts
 
 

@@ -1,18 +1,18 @@
 """The one door between the GUI and the engine.
 
 :class:`EngineBridge` owns an engine object (anything with the
-``load``/``submit``/``cancel``/``shutdown`` methods of ``engine.engine.Engine``)
+``load``/``submit``/``cancel``/``shutdown`` methods of ``engine.runtime.engine.Engine``)
 and re-emits every engine event on its single ``event = Signal(object)``.  The
 engine calls back from its own thread; the signal crosses to the GUI thread as
 a queued connection, so slots always run on the GUI thread.  Widgets never
 call the engine: they call the bridge.
 
-``engine_factory(on_event)`` builds the engine (default: ``engine.engine.Engine``,
+``engine_factory(on_event)`` builds the engine (default: ``engine.runtime.engine.Engine``,
 imported inside the function).  It is called on the bridge's worker thread at
 the first :meth:`load`, so the window appears before the heavy import (torch)
 finishes; if the import or construction fails the bridge emits ``LoadFailed``
 with the reason.  ``load`` builds the model spec on that same worker with
-``spec_factory`` (default: ``engine.engine.ModelSpec``).  :attr:`engine` is
+``spec_factory`` (default: ``engine.runtime.engine.ModelSpec``).  :attr:`engine` is
 ``None`` until then; a request submitted before the engine exists gets an
 ``Error`` event at once.
 """
@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import Error, LoadFailed, LoadProgress, Request
+from engine.api import Error, LoadFailed, LoadProgress, Request
 
 OnEvent = Callable[[object], None]
 
@@ -44,13 +44,13 @@ SpecFactory = Callable[..., Any]
 
 
 def default_engine_factory(on_event: OnEvent) -> EngineLike:
-    from engine.engine import Engine  # heavy: imports torch
+    from engine.runtime.engine import Engine  # heavy: imports torch
 
     return Engine(on_event)
 
 
 def default_spec_factory(**fields: str) -> Any:
-    from engine.engine import ModelSpec
+    from engine.api import ModelSpec
 
     return ModelSpec(**fields)
 

@@ -5,7 +5,7 @@ store come first, the window is shown, and only then (on the first turn of the
 event loop) does the bridge start the engine and load the model in the
 background.  The event loop is qasync's, so ``async`` code can share it.
 
-If the chat database cannot be opened (:class:`~engine.store.StoreError`), the
+If the chat database cannot be opened (:class:`~engine.storage.store.StoreError`), the
 app runs on an in-memory store and says so in a banner; the damaged file is
 never touched.
 """
@@ -22,8 +22,8 @@ from PySide6.QtWidgets import QApplication
 
 from app.bridge import EngineFactory, EngineLike, OnEvent
 from engine.paths import database_path
-from engine.settings import Settings
-from engine.store import Store, StoreError
+from engine.storage.settings import Settings
+from engine.storage.store import Store, StoreError
 
 ICON_PATH = Path(__file__).resolve().parent.parent / "resources" / "brisk.svg"
 
@@ -44,7 +44,7 @@ def open_store(path: Path) -> tuple[Store, str | None]:
 
 def engine_factory_for(settings: Settings) -> EngineFactory:
     def make(on_event: OnEvent) -> EngineLike:
-        from engine.engine import Engine, EngineOptions  # heavy: imports torch
+        from engine.runtime.engine import Engine, EngineOptions  # heavy: imports torch
 
         return Engine(on_event, EngineOptions(prefix_cache_bytes=settings.prefix_cache_mb << 20))
 

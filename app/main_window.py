@@ -49,16 +49,15 @@ from app.settings_dialog import SettingsDialog, needs_reload
 from app.sidebar import WIDTH, Sidebar
 from app.status_area import StatusArea
 from app.style import STYLESHEET
-from engine.events import Loaded, LoadFailed, LoadProgress
-from engine.settings import Settings
-from engine.store import Message, Store, StoreError
+from engine.api import Loaded, LoadFailed, LoadProgress, Warning
+from engine.storage.settings import Settings
+from engine.storage.store import Message, Store, StoreError
 
 __all__ = ["MainWindow", "run_gui"]
 
 LOADING_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
 FAILED_TIP = "No model is loaded. Pick another model in Settings."
 ABOUT_SHORTCUT = "F1"
-DRAFT_FAILED = "Draft model not used:"
 
 
 class MainWindow(QMainWindow):
@@ -199,8 +198,7 @@ class MainWindow(QMainWindow):
             if self.about is not None:
                 self.about.set_loaded(event)
             self._seed_answers()
-        elif isinstance(event, LoadFailed) and (self.model_ready or event.message.startswith(DRAFT_FAILED)):
-            # After Loaded only an optional part can fail: the engine says "Draft model not used: ...".
+        elif isinstance(event, Warning) and event.kind == "draft":
             self.show_banner(
                 "draft",
                 "warning",

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import Done, Error, PrefillProgress, Started, Token
+from engine.api import Done, Error, PrefillProgress, Started, Token
 
 SEP = " \u00b7 "  # " · "
 
@@ -80,7 +80,7 @@ class ReplyState:
         elif isinstance(event, Done):
             if event.text and event.text != self.text:
                 self.segments = [(event.text, False)]
-            self.metrics = dict(event.metrics)
+            self.metrics = event.metrics.to_dict()
             self.finish_reason = event.finish_reason
             self.truncated = self.truncated or bool(self.metrics.get("truncated"))
             self.status = "cancelled" if event.finish_reason == "cancelled" else "done"

@@ -3,14 +3,14 @@
 :class:`ChatSession` knows which conversation is open and which reply is
 streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
 ``"streaming"`` assistant message to the store and return the engine
-:class:`~engine.events.Request` (system prompt + history) together with the
+:class:`~engine.api.Request` (system prompt + history) together with the
 :class:`~app.reply.ReplyState` that will collect the reply; the caller submits
 the request.  ``apply(event)`` folds engine events into that state and saves
-the text through a :class:`~engine.store.StreamSaver`; the final status is
+the text through a :class:`~engine.storage.store.StreamSaver`; the final status is
 ``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
 the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
 
-Store failures while setting up a turn raise :class:`~engine.store.StoreError`
+Store failures while setting up a turn raise :class:`~engine.storage.store.StoreError`
 before anything is submitted; failures while streaming go to ``on_store_error``
 and the reply carries on on screen.  One reply streams at a time.
 """
@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.reply import ReplyState
-from engine.events import Done, Error, Request, Sampling, Token
-from engine.settings import Settings
-from engine.store import Message, Store, StoreError, StreamSaver
+from engine.api import Done, Error, Request, Sampling, Token
+from engine.storage.settings import Settings
+from engine.storage.store import Message, Store, StoreError, StreamSaver
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40
@@ -152,7 +152,7 @@ class ChatSession:
             if isinstance(event, (Done, Error)):
                 del self._stopped[late.request_id]
                 if isinstance(event, Done):
-                    late.metrics = dict(event.metrics)
+                    late.metrics = event.metrics.to_dict()
                     self._save(
                         lambda: self.store.update_message(late.message_id, late.text, metrics=late.stored_metrics())
                     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.style import ERROR
-from engine.events import Loaded
+from engine.api import Loaded
 
 
 class StatusArea(QWidget):

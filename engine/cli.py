@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.events import Done, Error, Event, Loaded, LoadFailed, Request, Sampling, Token
-from engine.settings import Settings
+from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Done, Error, Event, ModelSpec, Request, Sampling, Token
+from engine.client import Client, LoadError, local_backend
+from engine.storage.settings import Settings
 
 EXIT_MODEL = 2
 EXIT_REQUEST = 3
@@ -27,12 +27,12 @@ EXIT_REQUEST = 3
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF model folder, .gguf file or hub id (default: bundled)")
-    parser.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default=None, choices=DEVICES)
+    parser.add_argument("--dtype", default=None, choices=DTYPES)
     parser.add_argument(
         "--quant",
         default=None,
-        help="weight quantization: none, fp16-cpu, int8-cpu, int4-cpu, bnb-int8, bnb-nf4, bnb-fp4 (see `brisk doctor`)",
+        help=f"weight quantization: {', '.join(QUANT_MODES)} (see `brisk doctor`)",
     )
 
 
@@ -50,7 +50,7 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--speculative",
         default="off",
-        choices=["off", "auto", "lookup", "answers", "draft"],
+        choices=SOURCES,
         help="speculative decoding source (default off)",
     )
     parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
@@ -58,49 +58,29 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON event per line")
 
 
-class Session:
-    """Drives an Engine synchronously for the CLI and benchmarks."""
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The model the command line asks for (defaults for what it leaves out)."""
+    return ModelSpec(
+        source=getattr(args, "model", None) or "",
+        device=getattr(args, "device", None) or "auto",
+        dtype=getattr(args, "dtype", None) or "auto",
+        draft=getattr(args, "draft_model", "") or "",
+        draft_quant=getattr(args, "draft_quant", None) or "none",
+        quant=getattr(args, "quant", None) or "none",
+    )
 
-    def __init__(self, args: argparse.Namespace, settings: Settings | None = None) -> None:
-        from engine.engine import Engine, EngineOptions, ModelSpec
 
-        self.settings = settings or Settings()
-        self.events: queue.Queue[object] = queue.Queue()
-        options = EngineOptions(prefix_cache_bytes=self.settings.prefix_cache_mb << 20)
-        self.engine = Engine(self.events.put, options)
-        self.spec = ModelSpec(
-            source=args.model if args.model is not None else "",
-            device=getattr(args, "device", None) or "auto",
-            dtype=getattr(args, "dtype", None) or "auto",
-            draft=getattr(args, "draft_model", "") or "",
-            draft_quant=getattr(args, "draft_quant", None) or "none",
-            quant=getattr(args, "quant", None) or "none",
-        )
-        self.loaded: Loaded | None = None
-
-    def load(self) -> Loaded:
-        self.engine.load(self.spec)
-        while True:
-            event = self.events.get()
-            if isinstance(event, Loaded):
-                self.loaded = event
-                if "draft_error" in event.info:
-                    raise SystemExit(event.info["draft_error"])
-                return event
-            if isinstance(event, LoadFailed):
-                raise SystemExit(event.message)
-
-    def stream(self, request: Request) -> Iterator[Event]:
-        self.engine.submit(request)
-        while True:
-            event = self.events.get()
-            if isinstance(event, Event) and event.request_id == request.id:
-                yield event
-                if isinstance(event, Done | Error):
-                    return
-
-    def close(self) -> None:
-        self.engine.shutdown()
+def load_client(args: argparse.Namespace, settings: Settings) -> Client:
+    """A client with the model loaded; a load that fails, or a draft model that cannot be used, raises LoadError."""
+    client = Client(local_backend(prefix_cache_bytes=settings.prefix_cache_mb << 20))
+    try:
+        client.load(model_spec(args))
+        if client.warnings:
+            raise LoadError(client.warnings[0].message)
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
@@ -142,15 +122,15 @@ def print_event(event: Event, as_json: bool) -> None:
     elif isinstance(event, Done):
         m = event.metrics
         sys.stdout.write("\n")
-        parts = [f"TTFT {m['ttft_s']:.3f} s" if m.get("ttft_s") is not None else ""]
-        if m.get("tokens_per_s"):
-            parts.append(f"{m['tokens_per_s']:.1f} tok/s")
-        parts.append(f"{m.get('completion_tokens', 0)} tokens")
-        parts.append(f"reused {m.get('cached_tokens', 0)} of {m.get('prompt_tokens', 0)} prompt tokens")
-        if m.get("drafted"):
-            parts.append(f"accepted {m['accepted']} of {m['drafted']} drafted")
-        if m.get("speedup"):
-            parts.append(f"{m['speedup']:.2f}x plain decode")
+        parts = [f"TTFT {m.ttft_s:.3f} s" if m.ttft_s is not None else ""]
+        if m.tokens_per_s:
+            parts.append(f"{m.tokens_per_s:.1f} tok/s")
+        parts.append(f"{m.completion_tokens} tokens")
+        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
+        if m.drafted:
+            parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
+        if m.speedup:
+            parts.append(f"{m.speedup:.2f}x plain decode")
         print(" · ".join(p for p in parts if p), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)
@@ -162,12 +142,11 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
         system = system_text(args.system)
     except OSError as exc:
         return fail(f"Cannot read the system prompt file: {exc}", args.json, EXIT_REQUEST)
-    session = Session(args, settings)
     try:
-        try:
-            session.load()
-        except SystemExit as exc:
-            return fail(str(exc), args.json, EXIT_MODEL)
+        session = load_client(args, settings)
+    except LoadError as exc:
+        return fail(str(exc), args.json, EXIT_MODEL)
+    try:
         messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         conversation = uuid.uuid4().hex
         status = 0

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def report() -> dict[str, Any]:
-    """The facts; its probes run torch kernels, so on a thread of their own (``engine.threads``)."""
-    from engine.threads import isolated
+    """The facts; its probes run torch kernels, so on a thread of their own (``engine.runtime.threads``)."""
+    from engine.runtime.threads import isolated
 
     return isolated(_report)
 

@@ -32,3 +32,21 @@ def database_path() -> Path:
 
 def settings_path() -> Path:
     return data_dir() / "settings.json"
+
+
+def atomic_write(path: Path, data: bytes | str, encoding: str = "utf-8") -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the new one, never half of it.
+
+    Writes a temporary file beside ``path`` and renames it over; on any failure
+    (disk full, read-only folder) the temporary file is removed and the error raised.
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding=encoding)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import tempfile
 import uuid
@@ -25,57 +24,51 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class EngineRunner:
-    """Drives a real Engine synchronously: submit a request, collect its events."""
+    """Drives a real Engine through the shared synchronous client: submit a request, collect its events."""
 
     def __init__(
         self, source: str, draft: str = "", draft_quant: str = "none", quant: str = "none", **options: object
     ) -> None:
-        from engine.engine import Engine, EngineOptions, ModelSpec
-        from engine.events import Loaded, LoadFailed
+        from engine.api import Loaded, LoadFailed, ModelSpec
+        from engine.client import Client, LoadError, local_backend
 
-        self.events: queue.Queue[object] = queue.Queue()
-        self.engine = Engine(self.events.put, EngineOptions(**options))  # type: ignore[arg-type]
+        self.client = Client(local_backend(**options), timeout=300)
+        self.engine = self.client.backend
         spec = ModelSpec(source=source, dtype="float32", quant=quant, draft=draft, draft_quant=draft_quant)
-        self.engine.load(spec)
-        while True:
-            event = self.events.get(timeout=300)
-            if isinstance(event, Loaded | LoadFailed):
-                self.load_event = event
-                break
-        self.draft_error = None
-        if isinstance(self.load_event, Loaded) and "draft_error" in self.load_event.info:
-            self.draft_error = self.events.get(timeout=10)  # the LoadFailed that explains it
+        self.load_event: Loaded | LoadFailed
+        try:
+            self.load_event = self.client.load(spec)
+        except LoadError as exc:
+            self.load_event = LoadFailed(str(exc))
+        self.draft_error = next((w for w in self.client.warnings if w.kind == "draft"), None)
 
     def run(self, messages: list[dict[str, str]], cancel_after: int | None = None, **kwargs: object) -> list[object]:
-        from engine.events import Done, Error, Request, Sampling, Token
+        from engine.api import Request, Sampling, Token
 
         sampling = kwargs.pop("sampling", Sampling(max_tokens=24))
         request = Request(id=uuid.uuid4().hex, messages=tuple(messages), sampling=sampling, **kwargs)  # type: ignore[arg-type]
-        self.engine.submit(request)
         out: list[object] = []
         tokens = 0
-        while True:
-            event = self.events.get(timeout=300)
+        for event in self.client.stream(request):
             out.append(event)
             if isinstance(event, Token):
                 tokens += 1
                 if cancel_after is not None and tokens == cancel_after:
                     self.engine.cancel(request.id)
-            if isinstance(event, Done | Error):
-                return out
+        return out
 
     def close(self) -> None:
-        self.engine.shutdown()
+        self.client.close()
 
 
 def token_ids(events: list[object]) -> list[int]:
-    from engine.events import Token
+    from engine.api import Token
 
     return [i for e in events if isinstance(e, Token) for i in e.ids]
 
 
 def done(events: list[object]):  # noqa: ANN201
-    from engine.events import Done
+    from engine.api import Done
 
     last = events[-1]
     assert isinstance(last, Done), f"expected Done, got {last!r}"

@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``engine.engine.Engine`` for GUI tests.
+"""A scripted stand-in for ``engine.runtime.engine.Engine`` for GUI tests.
 
 Same surface as the real engine: ``FakeEngine(on_event)`` starts one worker
 thread; ``load``/``submit``/``cancel`` return at once and the worker calls
@@ -13,9 +13,8 @@ thread.  The script is plain attributes set by the test:
 * ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
 * ``truncated``: ``Started(truncated=True)``;
 * ``load_error``: the next loads end with ``LoadFailed(load_error)``;
-* ``load_info``: the ``Loaded.info`` dict; ``draft_error``: like the real
-  engine when only the draft model fails, ``Loaded`` (with ``info["draft_error"]``)
-  is followed by ``LoadFailed("Draft model not used: ...")``.
+* ``load_info``: the ``Loaded.info`` fields; ``draft_error``: like the real
+  engine when only the draft model fails, ``Loaded`` is followed by ``Warning("draft", ...)``.
 
 What it saw is recorded in ``loads``, ``requests``, ``cancelled`` and
 ``remembered`` (the ``remember_answer(question, answer)`` calls).  Pauses
@@ -31,20 +30,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import Done, Error, Loaded, LoadFailed, LoadProgress, Request, Started, Token
+from engine.api import (
+    Done,
+    Error,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    Metrics,
+    ModelInfo,
+    Request,
+    Started,
+    Token,
+    Warning,
+)
 
-METRICS = {
-    "prompt_tokens": 1200,
-    "cached_tokens": 1180,
-    "computed_tokens": 20,
-    "ttft_s": 0.21,
-    "tokens_per_s": 38.2,
-    "completion_tokens": 5,
-    "drafted": 4,
-    "accepted": 3,
-    "acceptance": 0.75,
-    "speedup": 1.8,
-}
+METRICS = Metrics(
+    prompt_tokens=1200,
+    cached_tokens=1180,
+    computed_tokens=20,
+    ttft_s=0.21,
+    tokens_per_s=38.2,
+    completion_tokens=5,
+    drafted=4,
+    accepted=3,
+    acceptance=0.75,
+    speedup=1.8,
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ class FakeEngine:
         self.load_error = load_error
         self.load_info: dict[str, Any] = {"parameters": 135_000_000, "weight_bytes": 270_000_000, "warm_prefixes": 1}
         self.draft_error: str | None = None
-        self.metrics: dict[str, Any] = dict(METRICS)
+        self.metrics: Metrics = METRICS
         self.loads: list[Any] = []
         self.requests: list[Request] = []
         self.cancelled: list[str] = []
@@ -125,12 +136,10 @@ class FakeEngine:
         if self.load_error:
             self.on_event(LoadFailed(self.load_error))
             return
-        info = dict(self.load_info)
-        if self.draft_error:
-            info["draft_error"] = self.draft_error
+        info = ModelInfo(**self.load_info)
         self.on_event(Loaded(spec.source or "fake-model", "cpu", "float32", 0.01, info))
         if self.draft_error:
-            self.on_event(LoadFailed(f"Draft model not used: {self.draft_error}"))
+            self.on_event(Warning("draft", f"Draft model not used: {self.draft_error}"))
 
     def _cancelled(self, request_id: str) -> bool:
         with self._lock:
@@ -163,4 +172,4 @@ class FakeEngine:
         with self._lock:
             self._cancel.clear()
             self._cancel_id = None
-        self.on_event(Done(request.id, since(), text, reason, dict(self.metrics)))
+        self.on_event(Done(request.id, since(), text, reason, self.metrics))

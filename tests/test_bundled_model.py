@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import EngineRunner, done, token_ids
 
-from engine.events import Sampling
-from engine.prompt import build_prompt
+from engine.api import Sampling
+from engine.runtime.prompt import build_prompt
 
 pytestmark = __import__("pytest").mark.bundled
 

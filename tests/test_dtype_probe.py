@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import dtype_probe
-from engine.model_loader import ModelSpec, load_model
+from engine.api import ModelSpec
+from engine.model import dtype_probe
+from engine.model.loader import load_model
 
 
 @pytest.fixture()

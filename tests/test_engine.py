@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import EngineRunner, done, token_ids
 
-from engine.events import Done, Error, PrefillProgress, Sampling, Started, Token
-from engine.prompt import build_prompt
+from engine.api import Done, Error, PrefillProgress, Sampling, Started, Token
+from engine.runtime.prompt import build_prompt
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 
@@ -42,9 +42,9 @@ def test_event_order_and_times(tiny_engine: EngineRunner) -> None:
     final = done(events)
     assert final.text == "".join(e.text for e in events if isinstance(e, Token))
     m = final.metrics
-    assert m["prompt_tokens"] == events[0].prompt_tokens
-    assert m["completion_tokens"] == len(token_ids(events))
-    assert 0 < m["ttft_s"] <= final.t
+    assert m.prompt_tokens == events[0].prompt_tokens
+    assert m.completion_tokens == len(token_ids(events))
+    assert 0 < m.ttft_s <= final.t
 
 
 def test_max_tokens_stops_with_length(tiny_engine: EngineRunner) -> None:

@@ -1,4 +1,4 @@
-"""The lean forward (engine.fastpath) computes exactly what transformers' forward computes."""
+"""The lean forward (engine.model.fastpath) computes exactly what transformers' forward computes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from engine import kv
-from engine.fastpath import FastForward
-from engine.kv import KVState
+from engine.model import kv
+from engine.model.fastpath import FastForward
+from engine.model.kv import KVState
 
 
 def _compare(model: torch.nn.Module, ids: list[int], split: int) -> None:

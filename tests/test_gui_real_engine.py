@@ -18,15 +18,15 @@ from pytestqt.qtbot import QtBot
 from app.bridge import EngineBridge, default_spec_factory
 from app.main_window import MainWindow
 from app.markdown_render import DRAFT_COLOUR
-from engine.events import Done, Loaded, LoadFailed
-from engine.settings import Settings
-from engine.store import Store
+from engine.api import Done, Loaded, LoadFailed
+from engine.storage.settings import Settings
+from engine.storage.store import Store
 
 QUESTION = "What do lighthouse keepers write in the log?"
 
 
 def real_engine(on_event: Callable[[object], None]) -> object:
-    from engine.engine import Engine, EngineOptions
+    from engine.runtime.engine import Engine, EngineOptions
 
     return Engine(on_event, EngineOptions(persist_prefixes=False))
 

@@ -23,7 +23,7 @@ from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QWidget
 from pytestqt.qtbot import QtBot
 
-import engine.store
+import engine.storage.store
 from app import quant_probe, speed_section
 from app.answer_seed import answer_pairs, seed_answers
 from app.background import POLL_MS, in_background
@@ -31,9 +31,9 @@ from app.quant_probe import QUANT_UNAVAILABLE
 from app.reply import ReplyState
 from app.settings_dialog import SettingsDialog, needs_reload
 from app.speed_section import DRAFT_HINT, QUANT_HELP
-from engine.events import Done, Started, Token
-from engine.settings import Settings
-from engine.store import Store
+from engine.api import Done, Metrics, Started, Token
+from engine.storage.settings import Settings
+from engine.storage.store import Store
 
 MODES = ("none", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
 FAKE_QUANT = f"""
@@ -184,8 +184,8 @@ from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
-from engine.settings import Settings
-from engine.store import Store
+from engine.storage.settings import Settings
+from engine.storage.store import Store
 
 app = QApplication([])
 window = MainWindow(Store(None), EngineBridge(FakeEngine, FakeSpec), Settings())
@@ -233,7 +233,7 @@ def test_live_line_shows_reuse_once_it_is_known() -> None:
     reply.apply(Started("r1", 0.01, prompt_tokens=35))
     reply.apply(Token("r1", 0.2, "Hi", (7,)))
     assert reply.status_line() == "TTFT 0.20 s \u00b7 1 tokens \u00b7 reused 0 of 35 prompt tokens"
-    reply.apply(Done("r1", 0.3, "Hi", "stop", {"prompt_tokens": 35, "cached_tokens": 0, "completion_tokens": 1}))
+    reply.apply(Done("r1", 0.3, "Hi", "stop", Metrics(prompt_tokens=35, cached_tokens=0, completion_tokens=1)))
     assert "reused 0 of 35 prompt tokens" in reply.status_line()
 
     early = ReplyState("r2", 2, "c1")
@@ -292,7 +292,9 @@ def test_answer_pairs_are_the_newest_finished_ones_oldest_first() -> None:
 
 def test_answer_pairs_stop_reading_old_conversations(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(float(minute * 60) for minute in range(1, 1000))  # one message a minute
-    monkeypatch.setattr(engine.store, "time", types.SimpleNamespace(time=lambda: next(clock), monotonic=time.monotonic))
+    monkeypatch.setattr(
+        engine.storage.store, "time", types.SimpleNamespace(time=lambda: next(clock), monotonic=time.monotonic)
+    )
     store = Store(None)
     old = store.create_conversation("Old")
     store.add_message(old, "user", "old question")
@@ -347,8 +349,8 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
 
     from app.bridge import EngineBridge
     from app.main_window import MainWindow
-    from engine.settings import Settings
-    from engine.store import Store
+    from engine.storage.settings import Settings
+    from engine.storage.store import Store
 
     budgets: list[int] = []
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.model_loader import ModelLoadError, ModelSpec, bundled_model_path, converted_dir, load_model
+from engine.api import ModelSpec
+from engine.model.loader import ModelLoadError, bundled_model_path, converted_dir, load_model
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:

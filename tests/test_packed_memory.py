@@ -1,4 +1,4 @@
-"""Packed float32 linears (engine.packed) and the malloc settings (engine.memory)."""
+"""Packed float32 linears (engine.model.packed) and the malloc settings (engine.runtime.memory)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from engine import memory, packed
-from engine.kv import KVState, forward
-from engine.model_loader import ModelSpec, load_model
+from engine.api import ModelSpec
+from engine.model import packed
+from engine.model.kv import KVState, forward
+from engine.model.loader import load_model
+from engine.runtime import memory
 
 
 def test_packed_linear_matches_linear_for_every_row_count() -> None:
@@ -60,7 +62,7 @@ def test_malloc_tuning_and_reserve() -> None:
 def test_isolated_runs_work_on_a_thread_that_ends_and_hands_back_results_and_errors() -> None:
     import threading
 
-    from engine.threads import isolated
+    from engine.runtime.threads import isolated
 
     caller = threading.get_ident()
     seen: list[threading.Thread] = []

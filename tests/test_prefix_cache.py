@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import EngineRunner, done, token_ids
 
-from engine.events import Sampling
-from engine.kv import KVState
-from engine.prefix_cache import PrefixCache
+from engine.api import Sampling
+from engine.model.kv import KVState
+from engine.runtime.prefix_cache import PrefixCache
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph. " * 3}
 GREEDY = Sampling(max_tokens=20)
@@ -39,7 +39,7 @@ def scenario(runner: EngineRunner, tag: str) -> None:
     other = [SYSTEM, {"role": "user", "content": "Name an animal."}]
     ids, final = warm(runner, other, f"{tag}-b")
     assert ids == cold(runner, other)
-    assert final.metrics["cached_tokens"] >= 20, "the shared system prompt must be reused"
+    assert final.metrics.cached_tokens >= 20, "the shared system prompt must be reused"
 
     # 2. a multi-turn conversation: each turn computes only what is new
     messages = list(first)
@@ -50,21 +50,21 @@ def scenario(runner: EngineRunner, tag: str) -> None:
         ids, final = warm(runner, messages, f"{tag}-chat")
         assert ids == cold(runner, messages), f"turn {i}"
         m = final.metrics
-        assert m["cached_tokens"] + m["computed_tokens"] == m["prompt_tokens"]
-        assert m["cached_tokens"] >= previous_prompt - 4, "history must be reused (up to re-tokenisation at the seam)"
-        previous_prompt = m["prompt_tokens"]
+        assert m.cached_tokens + m.computed_tokens == m.prompt_tokens
+        assert m.cached_tokens >= previous_prompt - 4, "history must be reused (up to re-tokenisation at the seam)"
+        previous_prompt = m.prompt_tokens
         check_state_consistent(runner)
 
     # 3. regenerate: the very same prompt again is a full hit (one token left to compute)
     ids, final = warm(runner, messages, f"{tag}-chat")
     assert ids == cold(runner, messages)
-    assert final.metrics["computed_tokens"] == 1
+    assert final.metrics.computed_tokens == 1
 
     # 4. edit an earlier turn: reuse up to the change only
     edited = [*messages[:1], {"role": "user", "content": "Name a shape."}, *messages[2:]]
     ids, final = warm(runner, edited, f"{tag}-chat")
     assert ids == cold(runner, edited)
-    assert 0 < final.metrics["cached_tokens"] < final.metrics["prompt_tokens"] - 10
+    assert 0 < final.metrics.cached_tokens < final.metrics.prompt_tokens - 10
     check_state_consistent(runner)
 
 
@@ -80,8 +80,8 @@ def test_cache_hits_equal_cold_on_bundled_model(bundled_engine: EngineRunner) ->
 def test_cache_off_computes_everything(tiny_engine: EngineRunner) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Off please."}]
     final = done(tiny_engine.run(messages, sampling=GREEDY, prefix_cache=False))
-    assert final.metrics["cached_tokens"] == 0
-    assert final.metrics["computed_tokens"] == final.metrics["prompt_tokens"]
+    assert final.metrics.cached_tokens == 0
+    assert final.metrics.computed_tokens == final.metrics.prompt_tokens
 
 
 def fake_state(tokens: list[int], layers: int = 2) -> KVState:
@@ -148,9 +148,9 @@ def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
         first.close()
     second = EngineRunner(str(tiny_dir))
     try:
-        assert second.load_event.info["warm_prefixes"] >= 1
+        assert second.load_event.info.warm_prefixes >= 1
         ids, final = warm(second, messages, "after-restart")
-        assert final.metrics["cached_tokens"] >= 20
+        assert final.metrics.cached_tokens >= 20
         assert ids == expected
     finally:
         second.close()
@@ -176,7 +176,7 @@ def test_started_event_reports_reuse_before_prefill(tiny_engine: EngineRunner) -
     messages = [SYSTEM, {"role": "user", "content": "Report reuse early."}]
     tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
     events = tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
-    assert events[0].cached_tokens == done(events).metrics["cached_tokens"] == events[0].prompt_tokens - 1
+    assert events[0].cached_tokens == done(events).metrics.cached_tokens == events[0].prompt_tokens - 1
 
 
 def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
@@ -186,13 +186,13 @@ def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
         assert runner.engine.prefix_cache.nbytes() > 0
         runner.engine.set_prefix_budget(1)
         final = done(runner.run([{"role": "user", "content": "x"}], sampling=GREEDY, prefix_cache=False))
-        assert final.metrics["cache_bytes"] <= 1 or len(runner.engine.prefix_cache.entries) == 0
+        assert final.metrics.cache_bytes <= 1 or len(runner.engine.prefix_cache.entries) == 0
     finally:
         runner.close()
 
 
 def test_a_branch_of_a_long_prefix_does_not_double_its_memory() -> None:
-    from engine.kv import GrowingLayer
+    from engine.model.kv import GrowingLayer
 
     base = fake_state(list(range(1000)), layers=1)
     branch = KVState.from_snapshot(base.snapshot(), base.tokens)
@@ -237,7 +237,7 @@ def test_dropped_kv_is_freed_without_the_garbage_collector(tiny_dir: Path) -> No
 
     from transformers import AutoModelForCausalLM
 
-    from engine.kv import forward
+    from engine.model.kv import forward
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
     cache = PrefixCache("tiny", budget_bytes=1 << 30)
@@ -260,7 +260,7 @@ def test_dropped_kv_is_freed_without_the_garbage_collector(tiny_dir: Path) -> No
 def test_common_prefix_matches_a_plain_scan() -> None:
     import random
 
-    from engine.kv import common_prefix
+    from engine.model.kv import common_prefix
 
     rng = random.Random(0)
     for _ in range(3000):

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from engine import quant
+from engine.bench.quant import AGREEMENT_TEXT, agreement, next_tokens
 from engine.quant import Fp16Linear, Int4Linear, Int8Linear, QuantUnavailable
-from engine.quant_bench import AGREEMENT_TEXT, agreement, next_tokens
 
 CPU = torch.device("cpu")
 CPU_MODES = [m for m in quant.MODES if m != "none"]
@@ -292,7 +292,8 @@ def test_copies_of_a_converted_model_live_beside_it() -> None:
 
 @pytest.fixture(scope="session")
 def bundled() -> dict[str, Any]:
-    from engine.model_loader import ModelSpec, load_model
+    from engine.api import ModelSpec
+    from engine.model.loader import load_model
 
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))
     ids = torch.tensor([loaded.tokenizer(AGREEMENT_TEXT)["input_ids"]])

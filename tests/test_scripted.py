@@ -1,4 +1,4 @@
-"""fp16-cpu's fused layers and its TorchScript decode step (engine.scripted) compute what the
+"""fp16-cpu's fused layers and its TorchScript decode step (engine.quant.scripted) compute what the
 eager path computes: layer by layer, and step by step through the KV cache, bit for bit."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from engine import kv, quant
-from engine.kv import KVState
+from engine import quant
+from engine.model import kv
+from engine.model.kv import KVState
 from engine.quant import Fp16Group, Fp16Linear
 
 
@@ -148,7 +149,8 @@ def test_scripted_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Pa
 
 @pytest.mark.bundled
 def test_scripted_greedy_decode_equals_eager_on_bundled_model() -> None:
-    from engine.model_loader import ModelSpec, load_model
+    from engine.api import ModelSpec
+    from engine.model.loader import load_model
 
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))
     model = quant.load_quantized_model(loaded.source, "fp16-cpu", torch.float32, torch.device("cpu")).model

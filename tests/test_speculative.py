@@ -9,8 +9,8 @@ import torch
 from conftest import EngineRunner, done, token_ids
 from tiny import make_tiny_model
 
-from engine.events import LoadFailed, Sampling, Token
-from engine.speculative import Controller, PromptLookup, verify
+from engine.api import Sampling, Token, Warning
+from engine.runtime.speculative import Controller, PromptLookup, verify
 
 DOC = (
     "The lighthouse keeper climbed the stairs at dusk, lit the lamp, wound the clockwork, "
@@ -43,9 +43,9 @@ def test_greedy_output_identical_for_every_source(tiny_pair: EngineRunner, sourc
         assert token_ids(spec) == token_ids(plain)
         assert done(spec).text == done(plain).text
     m = done(spec).metrics
-    assert m["accepted"] <= m["drafted"]
+    assert m.accepted <= m.drafted
     if source in ("draft", "answers", "auto"):  # answers: the same question was answered just before
-        assert m["drafted"] > 0
+        assert m.drafted > 0
 
 
 def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
@@ -54,10 +54,10 @@ def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
         run(runner, CHAT, "off", n=8)  # measure the plain step so drafting starts
         events = run(runner, CHAT, "draft", n=64)
         m = done(events).metrics
-        assert m["drafted"] > 10
-        assert m["accepted"] == m["drafted"]
+        assert m.drafted > 10
+        assert m.accepted == m.drafted
         flagged = [e for e in events if isinstance(e, Token) and e.draft]
-        assert sum(len(e.ids) for e in flagged) == m["accepted"]
+        assert sum(len(e.ids) for e in flagged) == m.accepted
     finally:
         runner.close()
 
@@ -65,12 +65,12 @@ def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
 @pytest.mark.parametrize("mode", ["fp16-cpu", "int8-cpu"])
 def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode: str) -> None:
     from engine import quant
-    from engine.events import Loaded
+    from engine.api import Loaded
 
     runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant=mode)  # the target, quantized
     try:
         assert runner.draft_error is None and isinstance(runner.load_event, Loaded)
-        assert runner.load_event.info["draft_quant"] == mode
+        assert runner.load_event.info.draft_quant == mode
         assert runner.engine.draft is not None
         assert getattr(runner.engine.draft.model, "brisk_quant", {}).get("mode") == mode
         assert quant.weight_bytes(runner.engine.draft.model) < quant.weight_bytes(runner.engine.loaded.model)
@@ -79,7 +79,7 @@ def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode
             spec = run(runner, messages, "draft", n=48)
             assert token_ids(spec) == token_ids(plain)
         m = done(spec).metrics
-        assert m["drafted"] > 10 and m["accepted"] >= 0.8 * m["drafted"]  # nearly the target's own guesses
+        assert m.drafted > 10 and m.accepted >= 0.8 * m.drafted  # nearly the target's own guesses
     finally:
         runner.close()
 
@@ -94,7 +94,7 @@ def test_speculative_output_is_unchanged_on_an_fp16_target(tiny_dir: Path) -> No
                 plain = run(runner, QUOTE, "off")
                 spec = run(runner, QUOTE, source, cache)
                 assert token_ids(spec) == token_ids(plain)
-        assert done(spec).metrics["drafted"] > 0
+        assert done(spec).metrics.drafted > 0
     finally:
         runner.close()
 
@@ -102,7 +102,7 @@ def test_speculative_output_is_unchanged_on_an_fp16_target(tiny_dir: Path) -> No
 def test_unknown_draft_quantization_is_a_warning_and_the_target_still_runs(tiny_dir: Path) -> None:
     runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant="int3-cpu")
     try:
-        assert isinstance(runner.draft_error, LoadFailed)
+        assert isinstance(runner.draft_error, Warning)
         assert "int3-cpu" in runner.draft_error.message and "fp16-cpu" in runner.draft_error.message
         assert token_ids(run(runner, CHAT, "off", n=8))
     finally:
@@ -115,8 +115,8 @@ def test_answers_source_replays_an_earlier_answer(tiny_engine: EngineRunner) -> 
     again = run(tiny_engine, question, "answers")
     assert token_ids(again) == token_ids(first)
     m = done(again).metrics
-    assert m["drafted"] > 0 and m["accepted"] == m["drafted"]
-    assert m["draft_sources"]["answers"]["accepted"] == m["accepted"]
+    assert m.drafted > 0 and m.accepted == m.drafted
+    assert m.draft_sources["answers"].accepted == m.accepted
 
 
 def test_draft_with_other_vocabulary_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_draft_with_other_vocabulary_is_refused(tiny_dir: Path, tmp_path: Path) 
     tok.save_pretrained(other)
     runner = EngineRunner(str(tiny_dir), draft=str(other))
     try:
-        assert isinstance(runner.draft_error, LoadFailed)
+        assert isinstance(runner.draft_error, Warning)
         assert "vocabulary" in runner.draft_error.message
         events = runner.run(CHAT, speculative="draft")
         assert "draft model" in events[-1].message
@@ -215,4 +215,4 @@ def test_bundled_greedy_identical_with_speculation(bundled_engine: EngineRunner,
     spec = run(bundled_engine, messages, source, n=60)
     assert token_ids(spec) == token_ids(plain)
     if source != "lookup":
-        assert done(spec).metrics["drafted"] > 0
+        assert done(spec).metrics.drafted > 0

@@ -1,4 +1,4 @@
-"""Tests for engine.store: CRUD, search, export, migrations, streaming saves and failure modes."""
+"""Tests for engine.storage.store: CRUD, search, export, migrations, streaming saves and failure modes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from engine import store as store_module
-from engine.store import (
+from engine.storage import store as store_module
+from engine.storage.store import (
     MARK_CLOSE,
     MARK_OPEN,
     SCHEMA_VERSION,

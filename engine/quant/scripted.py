@@ -7,7 +7,7 @@ modules and small ops).  For a model whose linears are all fbgemm fp16 layers
 and gate/up fused by ``engine.quant.fuse_fp16``), this module runs a one-token
 decode step, every layer, the final norm and the head, as one scripted function
 over lists of the packed weights.  Same operations in the
-same order as ``engine.fastpath`` (the same kernels; results are identical, tested
+same order as ``engine.model.fastpath`` (the same kernels; results are identical, tested
 in ``tests/test_scripted.py``), writing keys and values into the KV cache's own
 buffers (``GrowingLayer.reserve`` / ``advance``).
 
@@ -38,7 +38,7 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    """Rotary position embedding, as transformers' ``apply_rotary_pos_emb`` (also used by ``engine.fastpath``)."""
+    """Rotary position embedding, as transformers' ``apply_rotary_pos_emb`` (also used by ``engine.model.fastpath``)."""
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
@@ -180,7 +180,7 @@ class ScriptedDecode:
     def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
         """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache``; None if the cache does not fit."""
         from engine import quant
-        from engine.kv import GrowingLayer
+        from engine.model.kv import GrowingLayer
 
         scripted = _scripted()
         if scripted is None:

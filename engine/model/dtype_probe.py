@@ -2,7 +2,7 @@
 
 ``choose_cpu_dtype(model, tokenizer, key)`` times single-token decode steps and
 a 32-token prefill of the loaded float32 model (with its linears packed, as it
-will run: ``engine.packed``) and of a bfloat16 copy, and checks that bfloat16
+will run: ``engine.model.packed``) and of a bfloat16 copy, and checks that bfloat16
 keeps quality (teacher-forced next-token agreement with float32 of at least
 ``MIN_AGREEMENT`` on a fixed text).  bfloat16 is taken only when it keeps
 quality and is faster at both: on CPUs without native bfloat16 matmuls its
@@ -33,7 +33,7 @@ TEXT = (
 
 
 def _step_ms(model: Any, steps: int = 12) -> float:
-    from engine.kv import KVState, forward
+    from engine.model.kv import KVState, forward
 
     state = KVState()
     forward(model, state, list(range(10, 74)))
@@ -47,7 +47,7 @@ def _step_ms(model: Any, steps: int = 12) -> float:
 
 
 def _prefill_ms(model: Any, tokens: int = 32) -> float:
-    from engine.kv import KVState, forward
+    from engine.model.kv import KVState, forward
 
     t = time.perf_counter()
     forward(model, KVState(), list(range(10, 10 + tokens)))
@@ -61,7 +61,7 @@ def _argmax(model: Any, ids: torch.Tensor) -> torch.Tensor:
 
 def choose_cpu_dtype(model: Any, tokenizer: Any, key: str) -> tuple[torch.dtype, dict[str, Any], Any]:
     """(dtype, the record of the measurement, the model in that dtype): measured once per ``key``."""
-    from engine.packed import pack_linears
+    from engine.model.packed import pack_linears
 
     path = cache_dir() / "cpu_dtype.json"
     try:

@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import torch
 
-from engine import sampling
-from engine.events import Sampling
-from engine.kv import KVState, common_prefix, forward
+from engine.api import Sampling
+from engine.model.kv import KVState, common_prefix, forward
+from engine.runtime import sampling
 
 
 def verify(

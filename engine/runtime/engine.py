@@ -1,14 +1,19 @@
 """The engine thread: owns the model and its caches, serves requests in order.
 
-``Engine(on_event)`` starts one daemon thread.  ``load(spec)``, ``submit(request)``
-and ``cancel(request_id)`` return at once; ``on_event`` is called on the engine
-thread with ``LoadProgress``/``Loaded``/``LoadFailed`` for loads and
-``Started``/``PrefillProgress``/``Token``/``Done``/``Error`` for requests.
-A request that arrives before a model is loaded gets an ``Error``.
+``Engine(on_event)`` starts one daemon thread and implements
+:class:`engine.api.Backend`.  ``load(spec)``, ``submit(request)`` and
+``cancel(request_id)`` return at once; ``on_event`` is called on the engine
+thread with ``LoadProgress``/``Loaded``/``LoadFailed`` (and ``Warning``) for
+loads and ``Started``/``PrefillProgress``/``Token``/``Done``/``Error`` for
+requests.  Every request ends with exactly one ``Done`` or ``Error``, whatever
+raises while it is served (an ``Error`` carries the text streamed so far), and
+the thread goes on to the next one.  A request that arrives before a model is
+loaded, or with invalid values, gets an ``Error`` at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import queue
 import threading
@@ -19,19 +24,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.answers import AnswerMemory
-from engine.decode import Decoder, done_event
-from engine.events import Error, Loaded, LoadFailed, LoadProgress, Request, Started
-from engine.kv import KVState
-from engine.memory import reserve, tune_malloc
-from engine.model_loader import LoadedModel, ModelLoadError, ModelSpec, load_draft, load_model
+from engine.api import (
+    SOURCES,
+    Done,
+    Error,
+    Event,
+    Loaded,
+    LoadFailed,
+    LoadProgress,
+    ModelInfo,
+    ModelSpec,
+    Request,
+    Span,
+    Started,
+    Token,
+    Warning,
+)
+from engine.model.kv import KVState
+from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.paths import cache_dir
-from engine.prefix_cache import PERSISTED, PrefixCache
-from engine.prompt import build_prompt
-from engine.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
+from engine.runtime.answers import AnswerMemory
+from engine.runtime.decode import Decoder
+from engine.runtime.memory import reserve, tune_malloc
+from engine.runtime.prefix_cache import PERSISTED, PrefixCache
+from engine.runtime.prompt import build_prompt
+from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 
-SOURCES = ("off", "auto", "lookup", "answers", "draft")
-KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.memory.reserve)
+KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
 
 
 def conversation_key(conversation_id: str) -> str:
@@ -131,9 +150,11 @@ class Engine:
             except ModelLoadError as exc:
                 loaded.info["draft_error"] = str(exc)
         dtype = str(loaded.dtype).removeprefix("torch.")
-        self.on_event(Loaded(loaded.name, loaded.device.type, dtype, loaded.load_s, loaded.info))
+        known = {f.name for f in dataclasses.fields(ModelInfo)}
+        info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
+        self.on_event(Loaded(loaded.name, loaded.device.type, dtype, loaded.load_s, info))
         if "draft_error" in loaded.info:
-            self.on_event(LoadFailed(f"Draft model not used: {loaded.info['draft_error']}"))
+            self.on_event(Warning("draft", f"Draft model not used: {loaded.info['draft_error']}"))
 
     def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
         """The draft sources for this request, best first (``auto``: all that are available)."""
@@ -198,58 +219,115 @@ class Engine:
             return request_id in self._cancelled
 
     def _serve(self, request: Request) -> None:
-        t0 = request.submitted_at
+        reply = _ReplyEvents(request.id, request.submitted_at, self.on_event)
+        try:
+            self._serve_checked(request, reply)
+        except Exception as exc:  # whatever raised, the request ends with one Error
+            traceback.print_exc()
+            reply.fail(f"The model failed while generating: {type(exc).__name__}: {exc}")
+        finally:
+            with self._lock:
+                self._cancelled.discard(request.id)
 
-        def since() -> float:
-            return time.perf_counter() - t0
-
+    def _serve_checked(self, request: Request, reply: _ReplyEvents) -> None:
+        t_taken = reply.since()
         if self.loaded is None or self.decoder is None or self.prefix_cache is None:
-            self.on_event(
-                Error(
-                    request.id,
-                    since(),
-                    "No model is loaded yet. Wait for loading to finish or pick a model in Settings.",
-                )
-            )
+            reply.fail("No model is loaded yet. Wait for loading to finish or pick a model in Settings.")
+            return
+        problems = request_problems(request)
+        if problems:
+            reply.fail("Cannot send this request: " + "; ".join(problems) + ".")
             return
         try:
             prompt = build_prompt(
                 self.loaded.tokenizer, list(request.messages), self.loaded.context_length, request.sampling.max_tokens
             )
-        except ValueError as exc:
-            self.on_event(Error(request.id, since(), str(exc)))
-            return
-        try:
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
-            self.on_event(Error(request.id, since(), str(exc)))
+            reply.fail(str(exc))
             return
+        t_prompt = reply.since()
         cache = self.prefix_cache
         conversation = conversation_key(request.conversation_id or request.id)
         state = cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
-        self.on_event(Started(request.id, since(), len(prompt.ids), prompt.truncated, len(state)))
-        try:
-            result = self.decoder.run(
-                request.id,
-                prompt.ids,
-                state,
-                request.sampling,
-                self.on_event,
-                lambda: self._is_cancelled(request.id),
-                t0,
-                drafters,
-            )
-        except Exception as exc:
-            traceback.print_exc()
-            self.on_event(Error(request.id, since(), f"The model failed while generating: {exc}"))
-            return
-        finally:
-            with self._lock:
-                self._cancelled.discard(request.id)
+        t_lookup = reply.since()
+        reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
+        result = self.decoder.run(
+            request.id,
+            prompt.ids,
+            state,
+            request.sampling,
+            reply.emit,
+            lambda: self._is_cancelled(request.id),
+            request.submitted_at,
+            drafters,
+            self.loaded.context_length,
+        )
         if request.prefix_cache:
-            self._remember(state, prompt.system_tokens, conversation)
+            try:
+                self._remember(state, prompt.system_tokens, conversation)
+            except Exception as exc:  # a cache that cannot be kept costs speed next time, never the reply
+                traceback.print_exc()
+                self.on_event(Warning("cache", f"The prompt cache could not be saved: {exc}"))
         if result.finish_reason != "cancelled":
             self.answers.add(request.messages[-1].get("content", ""), result.ids)
-        result.metrics["cache_bytes"] = cache.nbytes()
-        result.metrics["truncated"] = prompt.truncated
-        self.on_event(done_event(request.id, t0, result))
+        m = result.metrics
+        spans = [
+            Span("queue", 0.0, t_taken),
+            Span("prompt", t_taken, t_prompt),
+            Span("cache lookup", t_prompt, t_lookup),
+        ]
+        if m.prefill_s is not None:
+            spans.append(Span("prefill", t_lookup, t_lookup + m.prefill_s))
+        if m.ttft_s is not None:
+            spans.append(Span("first token", t_lookup + (m.prefill_s or 0.0), m.ttft_s))
+            if m.total_s is not None and m.completion_tokens > 1:
+                spans.append(Span("decode", m.ttft_s, m.total_s))
+        metrics = dataclasses.replace(
+            m,
+            queue_s=t_taken,
+            prompt_s=t_prompt - t_taken,
+            lookup_s=t_lookup - t_prompt,
+            cache_bytes=cache.nbytes(),
+            truncated=prompt.truncated,
+            spans=tuple(spans),
+        )
+        reply.emit(Done(request.id, reply.since(), result.text, result.finish_reason, metrics))
+
+
+def request_problems(request: Request) -> list[str]:
+    """What is wrong with a request's values, each said as what to change."""
+    problems = request.sampling.problems()
+    if request.speculative not in SOURCES:
+        problems.append(f"unknown speculative source {request.speculative!r}; choose one of {', '.join(SOURCES)}")
+    if not request.messages or not all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
+        for m in request.messages
+    ):
+        problems.append("every message needs a text role and content")
+    return problems
+
+
+class _ReplyEvents:
+    """Sends one request's events, remembering the text streamed so far and whether it has ended."""
+
+    def __init__(self, request_id: str, t0: float, on_event: Callable[[object], None]) -> None:
+        self.request_id = request_id
+        self.t0 = t0
+        self.on_event = on_event
+        self.text: list[str] = []
+        self.ended = False
+
+    def since(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def emit(self, event: Event) -> None:
+        if self.ended:
+            return
+        if isinstance(event, Token):
+            self.text.append(event.text)
+        self.ended = isinstance(event, Done | Error)
+        self.on_event(event)
+
+    def fail(self, message: str) -> None:
+        self.emit(Error(self.request_id, self.since(), message, "".join(self.text)))

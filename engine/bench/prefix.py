@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.bench import Runner, median, table
+from engine.bench.common import Runner, median, table
 
 TOPICS = [
     "returns",
@@ -64,10 +64,10 @@ def shared_system_prompt(runner: Runner, runs: int) -> tuple[list[dict[str, Any]
             messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
             c = runner.ask(messages, max_tokens=4, prefix_cache=False)
             w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{round_}")
-            cold.append(c.metrics["ttft_s"])
-            warm.append(w.metrics["ttft_s"])
-            reused.append(w.metrics["cached_tokens"])
-            prompt_tokens = w.metrics["prompt_tokens"]
+            cold.append(c.metrics.ttft_s)
+            warm.append(w.metrics.ttft_s)
+            reused.append(w.metrics.cached_tokens)
+            prompt_tokens = w.metrics.prompt_tokens
     rows = [
         {"cache": "off (cold)", "ttft_ms (median)": 1000 * median(cold), "prompt tokens": prompt_tokens, "reused": 0},
         {
@@ -108,10 +108,10 @@ def ten_turns(runner: Runner, cache: bool) -> list[dict[str, Any]]:
         rows.append(
             {
                 "turn": i,
-                "prompt": m["prompt_tokens"],
-                "computed": m["computed_tokens"],
-                "ttft_ms": 1000 * m["ttft_s"],
-                "prefill_ms": 1000 * m["prefill_s"],
+                "prompt": m.prompt_tokens,
+                "computed": m.computed_tokens,
+                "ttft_ms": 1000 * m.ttft_s,
+                "prefill_ms": 1000 * m.prefill_s,
             }
         )
     return rows

@@ -580,7 +580,7 @@ def _head_name(model: nn.Module) -> str:
 
 
 # Bumped by every swap_module and Fp16Linear.set_weights: code that caches what a model's
-# layers hold (engine.scripted) knows when to look again.
+# layers hold (engine.quant.scripted) knows when to look again.
 generation = 0
 
 

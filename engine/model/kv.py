@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from engine.fastpath import FastForward
+from engine.model.fastpath import FastForward
 
 MIN_CAPACITY = 256
 USE_FASTPATH = os.environ.get("BRISK_FASTPATH", "1") != "0"  # 0: transformers' own forward (for comparison)
@@ -75,7 +75,7 @@ class GrowingLayer(DynamicLayer):
     def reserve(self, m: int, like: torch.Tensor) -> Buffer:
         """A buffer of this layer's own with room for ``m`` positions after ``length``.
 
-        For a caller that writes those positions itself (``engine.scripted``) and then
+        For a caller that writes those positions itself (``engine.quant.scripted``) and then
         calls :meth:`advance`; ``like`` is a tensor shaped as the keys it will write.
         """
         if not self.is_initialized:
@@ -192,7 +192,7 @@ def snapshot_nbytes(snap: Snapshot) -> int:
 
 
 def fast_forward(model: Any) -> FastForward | None:
-    """The model's lean forward (see ``engine.fastpath``), made once per model; None if it has none."""
+    """The model's lean forward (see ``engine.model.fastpath``), made once per model; None if it has none."""
     if "_brisk_fast" not in model.__dict__:
         model.__dict__["_brisk_fast"] = FastForward.for_model(model) if USE_FASTPATH else None
     return model.__dict__["_brisk_fast"]

@@ -1,12 +1,14 @@
 """The decode loop: prefill in chunks, then one token per model step.
 
-``Decoder.run(request, state, emit, cancelled)`` takes prompt token ids and a
-:class:`~engine.kv.KVState` that may already hold a prefix of them (from the KV
-or prefix cache), computes only the rest, then samples until EOS, a stop
-string, ``max_tokens`` or cancel.  It emits ``PrefillProgress``, ``Token`` and
-finally ``Done`` (never ``Error``: the engine wraps exceptions).  Cancel is
-checked after every model step.  All times come from ``time.perf_counter()``
-relative to ``t0``.
+``Decoder.run(...)`` takes prompt token ids and a
+:class:`~engine.model.kv.KVState` that may already hold a prefix of them (from
+the KV or prefix cache), computes only the rest, then samples (one token per
+step, or a verified speculative draft) until EOS, a stop string, ``max_tokens``,
+the model's context or cancel.  It emits ``PrefillProgress`` and ``Token``
+events and returns a :class:`DecodeResult` with typed :class:`~engine.api.Metrics`;
+the engine sends ``Done`` or, if anything raises, ``Error``.  Cancel is checked
+after every model step.  All times come from ``time.perf_counter()`` relative
+to ``t0``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Any
 
 import torch
 
-from engine import sampling
-from engine.events import Done, Event, PrefillProgress, Sampling, Token
-from engine.kv import KVState, forward
-from engine.speculative import Controller, Drafter, verify
+from engine.api import DraftStats, Event, Metrics, PrefillProgress, Sampling, Token
+from engine.model.kv import KVState, forward
+from engine.runtime import sampling
+from engine.runtime.speculative import Controller, Drafter, verify
 
 Emit = Callable[[Event], None]
 PREFILL_CHUNK = 256
@@ -66,7 +68,7 @@ class StreamText:
 class DecodeResult:
     text: str
     finish_reason: str
-    metrics: dict[str, Any]
+    metrics: Metrics
     ids: list[int] = field(default_factory=list)
 
 
@@ -107,7 +109,9 @@ class Decoder:
         cancelled: Callable[[], bool],
         t0: float,
         drafters: Sequence[Drafter] = (),
+        context: int | None = None,
     ) -> DecodeResult:
+        """Decode one reply; ``context`` (the model's length) ends it with ``finish_reason="context"``."""
         reused = len(state)
         assert reused < len(prompt) and state.tokens == prompt[:reused], "state must hold a strict prefix"
         generator = sampling.make_generator(params.seed)
@@ -121,14 +125,17 @@ class Decoder:
         ttft = None
         t_first = time.perf_counter()
         draft_steps = 0
-        per_source: dict[str, list[int]] = {}  # source -> [drafted, accepted]
+        per_source: dict[str, list[int]] = {}  # source -> [drafted, accepted, steps]
+        token_times: list[float] = []  # since t0, one per generated token
         pending_ids: list[int] = []
+        limit = context or 1 << 62  # positions the model can hold
 
         def take(token: int, from_draft: bool) -> str | None:
             """Add one token to the reply; return a finish reason when the reply is over."""
             if token in self.eos_ids:
                 return "stop"
             generated.append(token)
+            token_times.append(time.perf_counter() - t0)
             pending_ids.append(token)
             delta = stream.add([token])
             if delta:
@@ -138,6 +145,8 @@ class Decoder:
                 return "stop"
             if len(generated) >= params.max_tokens:
                 return "length"
+            if len(prompt) + len(generated) >= limit:
+                return "context"
             return None
 
         if logits is not None:
@@ -150,7 +159,8 @@ class Decoder:
                 probs = None
                 source = ""
                 for drafter in drafters:
-                    k = min(control.draft_length(drafter.name), params.max_tokens - len(generated) - 1)
+                    room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
+                    k = min(control.draft_length(drafter.name), room)
                     if k > 0:
                         drafts, probs = drafter.propose(prompt + generated, k, params)
                         drafts = drafts[:k]
@@ -164,9 +174,10 @@ class Decoder:
                     state.crop(len(state) - (len(drafts) - n_ok))
                     control.record(source, len(drafts), n_ok, time.perf_counter() - step_start)
                     draft_steps += 1
-                    stats = per_source.setdefault(source, [0, 0])
+                    stats = per_source.setdefault(source, [0, 0, 0])
                     stats[0] += len(drafts)
                     stats[1] += n_ok
+                    stats[2] += 1
                     for d in drafts[:n_ok]:
                         reason = take(d, True)
                         if reason:
@@ -184,30 +195,34 @@ class Decoder:
         end = time.perf_counter()
         decode_s = end - t_first
         n = len(generated)
-        drafted = sum(d for d, _ in per_source.values())
-        accepted_total = sum(a for _, a in per_source.values())
-        metrics: dict[str, Any] = {
-            "prompt_tokens": len(prompt),
-            "cached_tokens": reused,
-            "computed_tokens": len(prompt) - reused,
-            "prefill_s": prefill_s,
-            "ttft_s": ttft,
-            "completion_tokens": n,
-            "decode_s": decode_s,
-            "tpot_s": decode_s / (n - 1) if n > 1 else None,
-            "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            "total_s": end - t0,
-            "drafted": drafted,
-            "accepted": accepted_total,
-        }
-        if drafted:
-            metrics["acceptance"] = accepted_total / drafted
-            metrics["accepted_per_step"] = accepted_total / draft_steps
-            metrics["draft_sources"] = {k: {"drafted": v[0], "accepted": v[1]} for k, v in per_source.items()}
+        drafted = sum(v[0] for v in per_source.values())
+        accepted_total = sum(v[1] for v in per_source.values())
+        gaps = sorted(b - a for a, b in zip(token_times, token_times[1:], strict=False))
+        speedup = None
         if drafters and control.plain_step_s and n > 1 and decode_s > 0:
             # measured plain step time x tokens, against the time the reply actually took
-            metrics["plain_step_s"] = control.plain_step_s
-            metrics["speedup"] = control.plain_step_s * (n - 1) / decode_s
+            speedup = control.plain_step_s * (n - 1) / decode_s
+        metrics = Metrics(
+            prompt_tokens=len(prompt),
+            cached_tokens=reused,
+            computed_tokens=len(prompt) - reused,
+            prefill_s=prefill_s,
+            ttft_s=ttft,
+            completion_tokens=n,
+            decode_s=decode_s,
+            tpot_s=decode_s / (n - 1) if n > 1 else None,
+            tpot_p50_s=_quantile(gaps, 0.5),
+            tpot_p95_s=_quantile(gaps, 0.95),
+            tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            total_s=end - t0,
+            drafted=drafted,
+            accepted=accepted_total,
+            acceptance=accepted_total / drafted if drafted else None,
+            accepted_per_step=accepted_total / draft_steps if draft_steps else None,
+            draft_sources={k: DraftStats(v[0], v[1], v[2]) for k, v in per_source.items()},
+            plain_step_s=control.plain_step_s if speedup is not None else None,
+            speedup=speedup,
+        )
         return DecodeResult(stream.text, finish, metrics, generated)
 
     @staticmethod
@@ -215,5 +230,8 @@ class Decoder:
         return torch.tensor(prompt + generated) if params.repetition_penalty != 1.0 else None
 
 
-def done_event(request_id: str, t0: float, result: DecodeResult) -> Done:
-    return Done(request_id, time.perf_counter() - t0, result.text, result.finish_reason, result.metrics)
+def _quantile(sorted_values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of already sorted values (nearest rank), or None when there are none."""
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]

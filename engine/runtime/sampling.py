@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.events import Sampling
+from engine.api import Sampling
 
 
 def penalise(logits: torch.Tensor, history: torch.Tensor | None, penalty: float) -> torch.Tensor:

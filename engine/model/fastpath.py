@@ -11,10 +11,10 @@ order, and attends with ``enable_gqa`` instead of copying keys and values.
 
 ``FastForward.for_model(model)`` returns ``None`` for anything it does not
 know to be equivalent (another architecture, sliding windows, another
-activation); callers then use the model's own forward.  ``engine.kv.forward``
-makes one per model on first use (``engine.kv.fast_forward``).
+activation); callers then use the model's own forward.  ``engine.model.kv.forward``
+makes one per model on first use (``engine.model.kv.fast_forward``).
 Equivalence is tested against transformers' forward in ``tests/test_fastpath.py``.
-One-token steps of fp16-cpu models go to ``engine.scripted`` (one TorchScript call
+One-token steps of fp16-cpu models go to ``engine.quant.scripted`` (one TorchScript call
 for all layers) when it takes them; everything else runs here.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from engine.scripted import ScriptedDecode, rotate
+from engine.quant.scripted import ScriptedDecode, rotate
 
 # Architectures whose decoder layer is exactly: x + attn(rmsnorm(x)); x + down(silu(gate) * up)(rmsnorm(x)).
 ARCHITECTURES = ("llama", "mistral", "qwen2")

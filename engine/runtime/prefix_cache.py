@@ -7,7 +7,7 @@ than one prefill token) and returns a state holding the longest common prefix,
 always leaving at least one prompt token to compute.  We chose this over a
 radix tree or hashed blocks because a desktop app holds few, long sequences;
 matching is exact at token granularity (no block rounding), and snapshots are
-views of immutable tensors (see ``engine.kv``), so reuse copies nothing.
+views of immutable tensors (see ``engine.model.kv``), so reuse copies nothing.
 
 System-prompt entries are saved to disk (``save``/``load``) so the first
 message after a restart is warm too; the file records the model identity and
@@ -33,7 +33,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from engine.kv import KVState, Snapshot, common_prefix
+from engine.model.kv import KVState, Snapshot, common_prefix
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
 

@@ -1,0 +1,347 @@
+"""The engine's whole contract: requests in, frozen events out.  Imports no torch.
+
+A :class:`Request` goes to a :class:`Backend` (the local model thread in
+``engine.runtime.engine``, or a remote server); a stream of events comes back
+through the backend's ``on_event`` callback, always in this order:
+``Started``, zero or more ``PrefillProgress``, zero or more ``Token`` (and
+``ToolCall``), then exactly one of ``Done`` or ``Error``.  Every request event
+carries ``t``: seconds since the request was submitted, measured with
+``time.perf_counter()``.  Loading a model gives ``LoadProgress`` events and
+then ``Loaded`` or ``LoadFailed``; a ``Warning`` says something the user should
+know that did not stop the load or the reply (a draft model that was not used).
+
+The sets of choices (``SOURCES``, ``QUANT_MODES``, ``DTYPES``, ``DEVICES``) are
+listed here once; the CLI, the settings and the GUI all read them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
+
+SOURCES: tuple[str, ...] = ("off", "auto", "lookup", "answers", "draft")
+QUANT_MODES: tuple[str, ...] = ("none", "fp16-cpu", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "context", "cancelled")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 512
+    stop: tuple[str, ...] = ()
+
+    def problems(self) -> list[str]:
+        """What is wrong with these values, each said as what to change (empty: all good)."""
+        out = []
+        if not _finite(self.temperature) or self.temperature < 0:
+            out.append(f"temperature must be a number of 0 or more (0 = greedy), not {self.temperature!r}")
+        if not _finite(self.top_p) or not 0 < self.top_p <= 1:
+            out.append(f"top_p must be above 0 and at most 1, not {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            out.append(f"top_k must be a whole number of 0 or more (0 = off), not {self.top_k!r}")
+        if not _finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            out.append(f"repetition_penalty must be a number above 0 (1 = off), not {self.repetition_penalty!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**63):
+            out.append(f"seed must be a whole number from 0 to 2**63-1, not {self.seed!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            out.append(f"max_tokens must be a whole number of 1 or more, not {self.max_tokens!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            out.append("stop strings must not be empty")
+        return out
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Which model to load and how."""
+
+    source: str = ""  # empty: the bundled model; else a HF folder, a .gguf file or a hub id
+    device: str = "auto"  # one of DEVICES
+    dtype: str = "auto"  # one of DTYPES
+    quant: str = "none"  # one of QUANT_MODES
+    draft: str = ""  # a draft model for speculative decoding (same vocabulary), optional
+    draft_quant: str = "none"  # the draft model's quantization (QUANT_MODES)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One reply to produce.
+
+    ``messages`` are chat messages (``{"role": ..., "content": ...}``) ending
+    with the user's turn.  ``conversation_id`` lets the engine keep that
+    conversation's KV cache between turns.
+    """
+
+    id: str
+    messages: tuple[dict[str, str], ...]
+    sampling: Sampling = field(default_factory=Sampling)
+    conversation_id: str | None = None
+    prefix_cache: bool = True
+    speculative: str = "off"  # one of SOURCES
+    tools: tuple[str, ...] = ()  # names of the tools the user enabled for this request
+    parallel_tools: bool = True  # run independent tool calls concurrently (False: one after another)
+    answer_cache: bool = True  # may be answered from the answer cache (deterministic sampling only)
+    submitted_at: float = 0.0  # perf_counter() at submission; set by the engine if 0
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftStats:
+    """Speculative drafts of one source in one reply."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0  # verification steps that used this source
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted(self) -> float | None:
+        return self.accepted / self.steps if self.steps else None
+
+
+@dataclass(frozen=True)
+class Span:
+    """One bar of a reply's waterfall: ``name`` ran from ``start_s`` to ``end_s`` (since submission)."""
+
+    name: str  # queue | prompt | cache lookup | prefill | first token | decode | tool:NAME
+    start_s: float
+    end_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Every number measured for one reply; times in seconds, sizes in bytes, ``None`` = not measured."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV was reused from a cache
+    computed_tokens: int = 0  # prompt tokens prefilled for this reply
+    completion_tokens: int = 0
+    queue_s: float | None = None  # submission to the engine taking the request
+    prompt_s: float | None = None  # chat template and tokenisation
+    lookup_s: float | None = None  # prefix cache lookup and branch copy
+    prefill_s: float | None = None
+    ttft_s: float | None = None  # submission to the first token
+    decode_s: float | None = None  # first token to the last
+    tpot_s: float | None = None  # mean time per output token after the first
+    tpot_p50_s: float | None = None
+    tpot_p95_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float | None = None
+    drafted: int = 0
+    accepted: int = 0
+    acceptance: float | None = None
+    accepted_per_step: float | None = None
+    draft_sources: dict[str, DraftStats] = field(default_factory=dict)
+    plain_step_s: float | None = None  # the controller's measured plain decode step
+    speedup: float | None = None  # plain_step_s x tokens against the time the reply took
+    cache_bytes: int | None = None  # the prefix cache's size after this reply
+    truncated: bool = False  # older turns were dropped to fit the context
+    spans: tuple[Span, ...] = ()  # the waterfall
+    tools_wall_s: float | None = None  # wall time of all tool calls of the reply
+    tools_sequential_s: float | None = None  # the sum of the calls' own durations (a sequential run)
+    answer_cache: str | None = None  # "exact" | "semantic" | None: the reply came from the answer cache
+    similarity: float | None = None  # a semantic hit's similarity
+    cached_question: str | None = None  # a semantic hit's earlier question
+    saved_s: float | None = None  # an answer-cache hit: the original generation time minus this reply's
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (the CLI's ``done.metrics``, the stored row)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Metrics:
+        """Read back a stored dict; unknown keys are ignored and values of the wrong type dropped."""
+        if not isinstance(data, Mapping):
+            return cls()
+        kwargs: dict[str, Any] = {}
+        defaults = cls()
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if f.name == "draft_sources" and isinstance(value, Mapping):
+                value = {
+                    str(k): DraftStats(**{n: int(v.get(n, 0)) for n in ("drafted", "accepted", "steps")})
+                    for k, v in value.items()
+                    if isinstance(v, Mapping)
+                }
+            elif f.name == "spans" and isinstance(value, list | tuple):
+                value = tuple(
+                    Span(str(s["name"]), float(s["start_s"]), float(s["end_s"]))
+                    for s in value
+                    if isinstance(s, Mapping) and {"name", "start_s", "end_s"} <= s.keys()
+                )
+            elif isinstance(value, list):
+                value = tuple(value)
+            default = getattr(defaults, f.name)
+            if value is None or default is None or isinstance(value, type(default)) or _number_pair(value, default):
+                kwargs[f.name] = value
+        return cls(**kwargs)
+
+
+def _number_pair(value: object, default: object) -> bool:
+    return isinstance(value, int | float) and isinstance(default, int | float) and not isinstance(value, bool)
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    request_id: str
+    t: float
+
+    @property
+    def type(self) -> str:
+        return _TYPE_NAMES[type(self)]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("request_id")
+        return {"type": self.type, **data}
+
+
+@dataclass(frozen=True)
+class Started(Event):
+    prompt_tokens: int = 0
+    truncated: bool = False  # older turns were dropped to fit the context
+    cached_tokens: int = 0  # prompt tokens whose KV is reused from a cache
+
+
+@dataclass(frozen=True)
+class PrefillProgress(Event):
+    done: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class Token(Event):
+    text: str = ""
+    ids: tuple[int, ...] = ()
+    draft: bool = False  # True when the tokens were drafted and accepted
+
+
+@dataclass(frozen=True)
+class ToolCall(Event):
+    """One tool call, sent when it ends; ``start``/``end`` are on the same clock as ``t``."""
+
+    name: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    start: float = 0.0
+    end: float = 0.0
+    ok: bool = True
+    result: str = ""  # the result text the model sees (an error message when not ok)
+
+
+@dataclass(frozen=True)
+class Done(Event):
+    text: str = ""
+    finish_reason: str = "stop"  # one of FINISH_REASONS
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+@dataclass(frozen=True)
+class Error(Event):
+    message: str = ""
+    partial_text: str = ""
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    """Model-loading progress; not tied to a request."""
+
+    fraction: float
+    message: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about a loaded model, for the About dialog, the status bar and the panel."""
+
+    parameters: int = 0
+    weight_bytes: int = 0
+    quant: str = "none"
+    packed_linears: int = 0
+    quant_cached: bool | None = None  # the quantized copy came from the cache
+    quant_load_s: float | None = None
+    dtype_probe: Mapping[str, Any] | None = None  # the CPU dtype measurement, when one ran
+    kv_reserved_bytes: int = 0
+    warm_prefixes: int = 0  # system prompts whose KV was read from disk
+    draft_model: str = ""
+    draft_quant: str = "none"
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model_name: str
+    device: str
+    dtype: str
+    load_s: float
+    info: ModelInfo = field(default_factory=ModelInfo)
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Warning:  # noqa: A001 - the event's name; the builtin is not used here
+    """Something went wrong that did not stop the load or the reply; ``kind`` says what."""
+
+    kind: str  # "draft": the draft model could not be used
+    message: str
+
+
+_TYPE_NAMES = {
+    Started: "started",
+    PrefillProgress: "prefill",
+    Token: "token",
+    ToolCall: "tool",
+    Done: "done",
+    Error: "error",
+}
+
+OnEvent = Callable[[object], None]
+
+
+class Backend(Protocol):
+    """What the GUI, the CLI and the benchmarks drive: the local model thread or a remote server.
+
+    Every method returns at once; events arrive through the ``on_event`` given
+    to the backend's constructor, from the backend's own thread.
+    """
+
+    def load(self, spec: ModelSpec) -> None: ...
+
+    def submit(self, request: Request) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def shutdown(self, timeout: float = 5.0) -> None: ...

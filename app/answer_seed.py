@@ -13,14 +13,14 @@ thread and returns at once) and returns how many it handed over.
 Conversations are read most recently updated first, and reading stops once no
 older conversation can hold a pair newer than those already kept: a
 conversation's ``updated`` is never earlier than any of its messages.
-:class:`~engine.storage.store.StoreError` propagates to the caller.
+:class:`~engine.storage.StoreError` propagates to the caller.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.storage.store import Message, Store
+from engine.storage import Message, Store
 
 SEED_LIMIT = 200
 

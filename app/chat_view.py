@@ -23,7 +23,7 @@ from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QScrollArea, QV
 from app.markdown_render import render_reply, render_user
 from app.message_widget import MessageWidget
 from app.reply import ReplyState, stats_line
-from engine.storage.store import Message
+from engine.storage import Message
 
 THROTTLE_MS = 50
 PIN_SLACK_PX = 24

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 
-from engine.storage.store import Conversation
+from engine.storage import Conversation
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 Index = QModelIndex | QPersistentModelIndex

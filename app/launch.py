@@ -5,7 +5,7 @@ store come first, the window is shown, and only then (on the first turn of the
 event loop) does the bridge start the engine and load the model in the
 background.  The event loop is qasync's, so ``async`` code can share it.
 
-If the chat database cannot be opened (:class:`~engine.storage.store.StoreError`), the
+If the chat database cannot be opened (:class:`~engine.storage.StoreError`), the
 app runs on an in-memory store and says so in a banner; the damaged file is
 never touched.
 """
@@ -22,8 +22,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.bridge import EngineFactory, EngineLike, OnEvent
 from engine.paths import database_path
-from engine.storage.settings import Settings
-from engine.storage.store import Store, StoreError
+from engine.storage import Settings, Store, StoreError
 
 ICON_PATH = Path(__file__).resolve().parent.parent / "resources" / "brisk.svg"
 

@@ -50,8 +50,7 @@ from app.sidebar import WIDTH, Sidebar
 from app.status_area import StatusArea
 from app.style import STYLESHEET
 from engine.api import Loaded, LoadFailed, LoadProgress, Warning
-from engine.storage.settings import Settings
-from engine.storage.store import Message, Store, StoreError
+from engine.storage import Message, Settings, Store, StoreError
 
 __all__ = ["MainWindow", "run_gui"]
 

@@ -6,11 +6,11 @@ streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
 :class:`~engine.api.Request` (system prompt + history) together with the
 :class:`~app.reply.ReplyState` that will collect the reply; the caller submits
 the request.  ``apply(event)`` folds engine events into that state and saves
-the text through a :class:`~engine.storage.store.StreamSaver`; the final status is
+the text through a :class:`~engine.storage.StreamSaver`; the final status is
 ``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
 the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
 
-Store failures while setting up a turn raise :class:`~engine.storage.store.StoreError`
+Store failures while setting up a turn raise :class:`~engine.storage.StoreError`
 before anything is submitted; failures while streaming go to ``on_store_error``
 and the reply carries on on screen.  One reply streams at a time.
 """
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 from app.reply import ReplyState
 from engine.api import Done, Error, Request, Sampling, Token
-from engine.storage.settings import Settings
-from engine.storage.store import Message, Store, StoreError, StreamSaver
+from engine.storage import Message, Settings, Store, StoreError, StreamSaver
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40

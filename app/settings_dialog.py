@@ -1,7 +1,7 @@
 """The Settings dialog: model, device, dtype, system prompt, sampling, caches.
 
 ``SettingsDialog(settings)`` edits a copy; after ``exec()`` returns accepted,
-:meth:`result_settings` gives the new :class:`~engine.storage.settings.Settings`
+:meth:`result_settings` gives the new :class:`~engine.storage.Settings`
 (fields the dialog does not show are carried over unchanged).  Saving and
 reloading are the caller's job; :func:`needs_reload` says whether a change
 means the model must be loaded again.  The "Speed" group is
@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from app.about_dialog import AboutDialog
 from app.speed_section import SpeedSection, browse_model
 from engine.api import Loaded
-from engine.storage.settings import Settings
+from engine.storage import Settings
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")

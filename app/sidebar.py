@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.conversation_list import ID_ROLE, ConversationListModel
-from engine.storage.store import Conversation, SearchHit
+from engine.storage import Conversation, SearchHit
 
 SEARCH_DEBOUNCE_MS = 200
 WIDTH = 240

@@ -1,6 +1,6 @@
 """The Settings dialog's "Speed" group: prompt cache, speculative decoding, quantization.
 
-``SpeedSection(settings)`` shows the fields of :class:`~engine.storage.settings.Settings`
+``SpeedSection(settings)`` shows the fields of :class:`~engine.storage.Settings`
 that trade memory or accuracy for latency, and :meth:`SpeedSection.values`
 returns them as a dict for ``dataclasses.replace``.  Choosing "Draft model"
 with no draft model path shows an inline hint.
@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 from app import quant_probe
 from app.background import in_background
 from app.quant_probe import QUANT_UNAVAILABLE
-from engine.storage.settings import Settings
+from engine.storage import Settings
 
 SPECULATIVE = (
     ("off", "Off", "Generate one token per step"),

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Done, Error, Event, ModelSpec, Request, Sampling, Token
 from engine.client import Client, LoadError, local_backend
-from engine.storage.settings import Settings
+from engine.storage import Settings
 
 EXIT_MODEL = 2
 EXIT_REQUEST = 3

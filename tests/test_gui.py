@@ -34,8 +34,7 @@ from app.reply import stats_line
 from app.session import make_title
 from app.settings_dialog import SettingsDialog
 from engine.api import Done, Loaded, LoadFailed, Warning
-from engine.storage.settings import Settings
-from engine.storage.store import Conversation, Message, SearchHit, Store, StoreError
+from engine.storage import Conversation, Message, SearchHit, Settings, Store, StoreError
 
 FULL_REPLY = "Hello there, friend."
 FULL_STATS = " \u00b7 ".join(

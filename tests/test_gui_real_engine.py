@@ -19,8 +19,7 @@ from app.bridge import EngineBridge, default_spec_factory
 from app.main_window import MainWindow
 from app.markdown_render import DRAFT_COLOUR
 from engine.api import Done, Loaded, LoadFailed
-from engine.storage.settings import Settings
-from engine.storage.store import Store
+from engine.storage import Settings, Store
 
 QUESTION = "What do lighthouse keepers write in the log?"
 

@@ -32,8 +32,7 @@ from app.reply import ReplyState
 from app.settings_dialog import SettingsDialog, needs_reload
 from app.speed_section import DRAFT_HINT, QUANT_HELP
 from engine.api import Done, Metrics, Started, Token
-from engine.storage.settings import Settings
-from engine.storage.store import Store
+from engine.storage import Settings, Store
 
 MODES = ("none", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
 FAKE_QUANT = f"""
@@ -184,8 +183,8 @@ from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 from app.bridge import EngineBridge
 from app.main_window import MainWindow
-from engine.storage.settings import Settings
-from engine.storage.store import Store
+from engine.storage import Settings
+from engine.storage import Store
 
 app = QApplication([])
 window = MainWindow(Store(None), EngineBridge(FakeEngine, FakeSpec), Settings())
@@ -349,8 +348,7 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
 
     from app.bridge import EngineBridge
     from app.main_window import MainWindow
-    from engine.storage.settings import Settings
-    from engine.storage.store import Store
+    from engine.storage import Settings, Store
 
     budgets: list[int] = []
 

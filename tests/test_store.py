@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from engine.storage import store as store_module
-from engine.storage.store import (
+from engine.storage import (
     MARK_CLOSE,
     MARK_OPEN,
     SCHEMA_VERSION,
@@ -20,6 +19,7 @@ from engine.storage.store import (
     StoreError,
     StreamSaver,
 )
+from engine.storage import store as store_module
 
 
 @pytest.fixture

@@ -10,16 +10,9 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from engine.storage import (
-    MARK_CLOSE,
-    MARK_OPEN,
-    SCHEMA_VERSION,
-    NotFoundError,
-    Store,
-    StoreError,
-    StreamSaver,
-)
+from engine.storage import NotFoundError, Store, StoreError, StreamSaver
 from engine.storage import store as store_module
+from engine.storage.store import MARK_CLOSE, MARK_OPEN, SCHEMA_VERSION
 
 
 @pytest.fixture

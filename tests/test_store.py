@@ -553,3 +553,40 @@ def test_read_only_needs_an_existing_current_file(tmp_path: Path) -> None:
 def test_folder_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="is a folder"):
         Store(tmp_path)
+
+
+# -- damaged rows ---------------------------------------------------------------------------------
+
+
+def test_damaged_rows_are_marked_and_the_others_load(db_path: Path) -> None:
+    with Store(db_path) as s:
+        cid = s.create_conversation("Mixed")
+        good = s.add_message(cid, "user", "fine", metrics={"tokens_per_s": 3.5})
+        bad_ids = [s.add_message(cid, "assistant", f"bad {i}") for i in range(6)]
+        last = s.add_message(cid, "assistant", "also fine")
+    raw = _raw(db_path)
+    breakage = [
+        ("metrics", "{not json"),
+        ("metrics", "[1, 2]"),
+        ("metrics", "null"),
+        ("role", "robot"),
+        ("status", "exploded"),
+        ("content", b"\xff\xfe bytes"),
+    ]
+    for mid, (column, value) in zip(bad_ids, breakage, strict=True):
+        raw.execute(f"UPDATE messages SET {column} = ? WHERE id = ?", [value, mid])
+    raw.close()
+    with Store(db_path) as s:
+        messages = s.messages(cid)
+        assert [m.id for m in messages] == [good, *bad_ids, last]
+        by_id = {m.id: m for m in messages}
+        assert not by_id[good].damaged and by_id[good].metrics == {"tokens_per_s": 3.5}
+        assert not by_id[last].damaged and by_id[last].content == "also fine"
+        assert all(by_id[mid].damaged for mid in bad_ids)
+        assert all(by_id[mid].metrics == {} for mid in bad_ids[:3])
+        assert by_id[bad_ids[0]].content == "bad 0", "what could be read is kept"
+        assert by_id[bad_ids[4]].status == "error"
+        assert isinstance(by_id[bad_ids[5]].content, str)
+        markdown = s.export_markdown(cid)
+        assert "also fine" in markdown and "**Robot**" in markdown and "damaged" in markdown
+        assert [c.id for c in s.list_conversations()] == [cid]

@@ -1,10 +1,25 @@
 """Storage: the chat history in SQLite and the user's settings file.  Imports no torch and no runtime.
 
 Import from this package (``from engine.storage import Store, Settings``); the
-modules inside may move.
+modules inside may move.  ``engine.storage.db`` (``connect``, ``Schema``,
+``SQLiteFile``) opens the same database file for other table sets, such as an
+answer cache, with the same checks, WAL, lock waiting and error messages.
 """
 
+from engine.storage.db import NotFoundError, Schema, SQLiteFile, StoreError, connect
 from engine.storage.settings import Settings
-from engine.storage.store import Conversation, Message, NotFoundError, SearchHit, Store, StoreError, StreamSaver
+from engine.storage.store import Conversation, Message, SearchHit, Store, StreamSaver
 
-__all__ = ["Conversation", "Message", "NotFoundError", "SearchHit", "Settings", "Store", "StoreError", "StreamSaver"]
+__all__ = [
+    "Conversation",
+    "Message",
+    "NotFoundError",
+    "SQLiteFile",
+    "Schema",
+    "SearchHit",
+    "Settings",
+    "Store",
+    "StoreError",
+    "StreamSaver",
+    "connect",
+]

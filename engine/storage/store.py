@@ -1,16 +1,19 @@
-"""Chat history: conversations and their messages in one SQLite file.
+"""Chat history: conversations and their messages, in the SQLite file of ``engine.storage.db``.
 
-:class:`Store` wraps a ``sqlite_utils.Database``.  Its constructor checks the
-file (``PRAGMA quick_check``), refuses a file from a newer Brisk, switches to
-WAL and runs the pending :data:`MIGRATIONS` (one transaction each; the schema
-version is ``PRAGMA user_version``).  Nothing is written before those checks
-pass, so a damaged, foreign or newer file is left byte-for-byte as it was.
+:class:`Store` opens the file with :func:`engine.storage.db.connect` and the
+chat history's schema (``engine.storage.schema``): the file is checked before
+anything is written, a damaged, foreign or newer file is refused and left
+byte-for-byte as it was, and a file the user cannot write is opened read-only.
 
 Every public method raises :class:`StoreError` (never a bare ``sqlite3``
 error) with a message that says what happened and what to do; a missing id
 raises :class:`NotFoundError`, which is also a ``KeyError``.  Writes run in
-``BEGIN IMMEDIATE`` transactions, so a failed write changes nothing.  A file
-the user cannot write is opened read-only: reads work, writes raise.
+one transaction each, so a failed write changes nothing.
+
+A message row that cannot be read as written (``metrics`` that is not a JSON
+object, an unknown role or status, text that is not text) is returned with
+``damaged=True`` and what could be read; it never stops the other rows, or
+the window, from loading.
 
 :class:`StreamSaver` saves a streaming reply at most once per ``interval``
 seconds, so a crash loses at most that much text; :meth:`Store.recover_streaming`
@@ -26,40 +29,37 @@ threads; calls are serialised by a lock.
 from __future__ import annotations
 
 import json
-import os
-import sqlite3
-import threading
+import math
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from sqlite_utils import Database
 
+from engine.storage.db import NotFoundError, StoreError, connect
+from engine.storage.export import to_markdown
+from engine.storage.schema import HISTORY_SCHEMA, MIGRATIONS, SCHEMA_VERSION
+
 ROLES = ("system", "user", "assistant")
 STATUSES = ("done", "streaming", "cancelled", "error")
 MARK_OPEN, MARK_CLOSE = "\u00ab", "\u00bb"  # « » around matched words in snippets
-_TOKENIZER = "unicode61 remove_diacritics 2"  # no stemming: prefix search stays exact
-_LABELS = {"system": "System", "user": "User", "assistant": "Assistant"}
-_STATUS_NOTES = {
-    "streaming": "*(unfinished)*",
-    "cancelled": "*(stopped before the end)*",
-    "error": "*(ended with an error)*",
-}
 
-
-class StoreError(Exception):
-    """The chat database could not do what was asked; the message says why and what to do."""
-
-
-class NotFoundError(StoreError, KeyError):
-    """No conversation or message with that id."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
+__all__ = [
+    "MARK_CLOSE",
+    "MARK_OPEN",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "Conversation",
+    "Message",
+    "NotFoundError",
+    "SearchHit",
+    "Store",
+    "StoreError",
+    "StreamSaver",
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class Message:
     status: str
     metrics: dict[str, Any]
     created: float
+    damaged: bool = False  # the row could not be read as written; the fields hold what could be
 
 
 @dataclass(frozen=True)
@@ -89,39 +90,6 @@ class SearchHit:
     title: str
     snippet: str
 
-
-def _create_tables(db: Database) -> None:
-    # ``seq`` pins the rowid that the title index points at (VACUUM may renumber implicit rowids).
-    db.execute(
-        """CREATE TABLE conversations (
-            seq INTEGER PRIMARY KEY,
-            id TEXT NOT NULL UNIQUE,
-            title TEXT NOT NULL,
-            system_prompt TEXT NOT NULL DEFAULT '',
-            created REAL NOT NULL,
-            updated REAL NOT NULL)"""
-    )
-    db.execute("CREATE INDEX conversations_updated ON conversations (updated)")
-    db.execute(
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
-            role TEXT NOT NULL,
-            content TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'done',
-            metrics TEXT NOT NULL DEFAULT '{}',
-            created REAL NOT NULL)"""
-    )
-    db.execute("CREATE INDEX messages_conversation ON messages (conversation_id, id)")
-
-
-def _add_search(db: Database) -> None:
-    db.table("messages").enable_fts(["content"], create_triggers=True, tokenize=_TOKENIZER)
-    db.table("conversations").enable_fts(["title"], create_triggers=True, tokenize=_TOKENIZER)
-
-
-MIGRATIONS: list[Callable[[Database], None]] = [_create_tables, _add_search]
-SCHEMA_VERSION = len(MIGRATIONS)
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
 _NEXT_UPDATED = "max(?, (SELECT coalesce(max(updated), 0) FROM conversations) + 0.001)"
@@ -135,146 +103,11 @@ class Store:
     """
 
     def __init__(self, path: str | Path | None, *, read_only: bool = False, busy_timeout_ms: int = 2000) -> None:
-        self.path = Path(path) if path is not None else None
-        self.read_only = read_only or (self.path is not None and not _writable(self.path))
-        self._where = str(self.path) if self.path is not None else "(in memory)"
-        self._lock = threading.RLock()
-        self._closed = False
-        conn = self._connect()
-        self._conn = conn
-        self._db = Database(conn, execute_plugins=False)
-        try:
-            with self._op("set up the chat database"):
-                conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-                self._check_and_migrate()
-        except BaseException:
-            conn.close()
-            raise
-
-    # -- opening ------------------------------------------------------------
-
-    def _connect(self) -> sqlite3.Connection:
-        kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
-        try:
-            if self.path is None:
-                return sqlite3.connect(":memory:", **kwargs)
-            if self.path.is_dir():
-                raise StoreError(f"{self._where} is a folder, not a chat database file.")
-            if not self.read_only:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                return sqlite3.connect(str(self.path), **kwargs)
-            if not self.path.exists():
-                raise StoreError(f"There is no chat database at {self._where} to open read-only.")
-            uri = self.path.resolve().as_uri() + "?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, **kwargs)
-            try:
-                conn.execute("PRAGMA user_version").fetchone()
-            except sqlite3.OperationalError as e:
-                # A WAL file in a read-only folder can only be read with immutable=1,
-                # which is safe while no -wal file (no writer) exists.
-                conn.close()
-                if e.sqlite_errorcode & 0xFF not in (8, 14) or Path(f"{self.path}-wal").exists():
-                    raise
-                conn = sqlite3.connect(uri + "&immutable=1", uri=True, **kwargs)
-            return conn
-        except OSError as e:
-            raise StoreError(
-                f"Could not open the chat database at {self._where}: {e}. "
-                "Check that the folder exists and that you may write to it."
-            ) from e
-        except sqlite3.Error as e:
-            raise self._translate(e, "open the chat database") from e
-
-    def _check_and_migrate(self) -> None:
-        db = self._db
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        check = db.execute("PRAGMA quick_check(1)").fetchone()[0]
-        if check != "ok":
-            raise StoreError(self._damaged_message(check))
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"The chat database at {self._where} was written by a newer version of Brisk "
-                f"(schema {version}; this version knows up to {SCHEMA_VERSION}). "
-                "Nothing was changed. Update Brisk to open it."
-            )
-        if version == 0 and db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise StoreError(
-                f"The file at {self._where} is a database, but not Brisk's chat history. "
-                "Nothing was changed. Move it aside or choose another location."
-            )
-        db.execute("PRAGMA foreign_keys = ON")
-        if version < SCHEMA_VERSION and self.read_only:
-            raise StoreError(self._read_only_message("upgrade the chat database"))
-        if self.read_only:
-            return
-        if self.path is not None:
-            db.enable_wal()
-        for number, migrate in enumerate(MIGRATIONS[version:], start=version + 1):
-            with self._op(f"upgrade the chat database to schema {number}", write=True):
-                migrate(db)
-                db.execute(f"PRAGMA user_version = {number}")
-
-    # -- errors and transactions ----------------------------------------------
-
-    @contextmanager
-    def _op(self, action: str, *, write: bool = False) -> Iterator[Database]:
-        """Serialise, translate sqlite errors, and (for writes) run one transaction."""
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"Could not {action}: the chat database is closed.")
-            if write and self.read_only:
-                raise StoreError(self._read_only_message(action))
-            try:
-                if write:
-                    self._conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    if write:
-                        self._conn.execute("COMMIT")
-                except BaseException:
-                    if write and self._conn.in_transaction:
-                        self._conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as e:
-                raise self._translate(e, action) from e
-
-    def _translate(self, error: sqlite3.Error, action: str) -> StoreError:
-        code = getattr(error, "sqlite_errorcode", 0) & 0xFF
-        if code in (5, 6):  # SQLITE_BUSY, SQLITE_LOCKED
-            return StoreError(
-                f"Could not {action}: the chat database at {self._where} is locked by another "
-                "program (is a second copy of Brisk running?). Nothing was changed; close the "
-                "other program and try again."
-            )
-        if code == 8:  # SQLITE_READONLY
-            return StoreError(self._read_only_message(action))
-        if code in (11, 26):  # SQLITE_CORRUPT, SQLITE_NOTADB
-            return StoreError(self._damaged_message(str(error)))
-        if code == 13:  # SQLITE_FULL
-            return StoreError(
-                f"Could not {action}: the disk holding {self._where} is full. "
-                "Nothing was changed; free some space and try again."
-            )
-        if code in (10, 14):  # SQLITE_IOERR, SQLITE_CANTOPEN
-            return StoreError(
-                f"Could not {action}: reading or writing {self._where} failed ({error}). "
-                "Check that the disk is connected and that you may write to the folder."
-            )
-        return StoreError(f"Could not {action} in the chat database at {self._where}: {error}.")
-
-    def _damaged_message(self, detail: str) -> str:
-        return (
-            f"The chat database at {self._where} is damaged ({detail}). Nothing was changed. "
-            "Move the file aside (for example rename it to end in '.damaged') and restart "
-            "Brisk to start a new history; keep the old file to try to recover it later."
-        )
-
-    def _read_only_message(self, action: str) -> str:
-        return (
-            f"Could not {action}: the chat database at {self._where} is read-only. "
-            "Nothing was changed. Check the permissions of the file and its folder, "
-            "then restart Brisk."
-        )
+        self._file = connect(path, HISTORY_SCHEMA, read_only=read_only, busy_timeout_ms=busy_timeout_ms)
+        self.path = self._file.path
+        self.read_only = self._file.read_only
+        self._lock = self._file.lock
+        self._op = self._file.op
 
     # -- conversations ------------------------------------------------------------
 
@@ -389,10 +222,7 @@ class Store:
                 "FROM messages WHERE conversation_id = ? ORDER BY id",
                 [conversation_id],
             ).fetchall()
-        return [
-            Message(m_id, conv, role, text, status, json.loads(metrics), created)
-            for m_id, conv, role, text, status, metrics, created in rows
-        ]
+        return [_message(*row) for row in rows]
 
     def delete_messages_from(self, conversation_id: str, message_id: int) -> None:
         """Delete that message and every later one in its conversation (regenerate / edit)."""
@@ -452,25 +282,10 @@ class Store:
 
     def export_markdown(self, conversation_id: str) -> str:
         with self._lock:
-            conversation = self.get_conversation(conversation_id)
-            messages = self.messages(conversation_id)
-        parts = ["# " + " ".join(conversation.title.split())]
-        if conversation.system_prompt:
-            parts.append(f"**System prompt**\n\n{conversation.system_prompt}")
-        for message in messages:
-            note = _STATUS_NOTES.get(message.status)
-            body = f"{message.content}\n\n{note}" if note else message.content
-            parts.append(f"**{_LABELS[message.role]}**\n\n{body}")
-        return "\n\n".join(parts) + "\n"
+            return to_markdown(self.get_conversation(conversation_id), self.messages(conversation_id))
 
     def close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                try:
-                    self._conn.close()
-                except sqlite3.Error as e:
-                    raise self._translate(e, "close the chat database") from e
+        self._file.close()
 
     def __enter__(self) -> Store:
         return self
@@ -534,8 +349,24 @@ def _to_json(metrics: dict[str, Any] | None) -> str:
         raise ValueError(f"metrics must be plain JSON (numbers, text, lists, dicts): {e}") from e
 
 
-def _writable(path: Path) -> bool:
-    """False when an existing file, or the folder that holds it, may not be written."""
-    if not path.exists():
-        return True
-    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+def _message(
+    m_id: int, conv: str, role: object, text: object, status: object, metrics: object, created: object
+) -> Message:
+    """A Message from a row; what cannot be read as written is replaced and the message marked damaged."""
+    damaged = False
+    try:
+        parsed = json.loads(metrics) if isinstance(metrics, str | bytes) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        parsed, damaged = {}, True
+    if not isinstance(text, str):
+        text = text.decode("utf-8", "replace") if isinstance(text, bytes) else "" if text is None else str(text)
+        damaged = True
+    if role not in ROLES:
+        role, damaged = str(role), True
+    if status not in STATUSES:
+        status, damaged = "error", True
+    if not isinstance(created, int | float) or isinstance(created, bool) or not math.isfinite(created):
+        created, damaged = 0.0, True
+    return Message(m_id, conv, cast(str, role), text, cast(str, status), parsed, float(created), damaged)

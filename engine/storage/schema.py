@@ -1,0 +1,50 @@
+"""The chat history's tables, as a list of migrations (``HISTORY_SCHEMA``).
+
+Each migration is a small function that takes the database one version up;
+``engine.storage.db`` runs the pending ones, one transaction each, and records
+the version in ``PRAGMA user_version``.  Never edit a released migration: add
+a new one at the end.
+"""
+
+from __future__ import annotations
+
+from sqlite_utils import Database
+
+from engine.storage.db import HISTORY, Migration, Schema
+
+TOKENIZER = "unicode61 remove_diacritics 2"  # no stemming: prefix search stays exact
+
+
+def _create_tables(db: Database) -> None:
+    # ``seq`` pins the rowid that the title index points at (VACUUM may renumber implicit rowids).
+    db.execute(
+        """CREATE TABLE conversations (
+            seq INTEGER PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            created REAL NOT NULL,
+            updated REAL NOT NULL)"""
+    )
+    db.execute("CREATE INDEX conversations_updated ON conversations (updated)")
+    db.execute(
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT 'done',
+            metrics TEXT NOT NULL DEFAULT '{}',
+            created REAL NOT NULL)"""
+    )
+    db.execute("CREATE INDEX messages_conversation ON messages (conversation_id, id)")
+
+
+def _add_search(db: Database) -> None:
+    db.table("messages").enable_fts(["content"], create_triggers=True, tokenize=TOKENIZER)
+    db.table("conversations").enable_fts(["title"], create_triggers=True, tokenize=TOKENIZER)
+
+
+MIGRATIONS: list[Migration] = [_create_tables, _add_search]
+HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
+SCHEMA_VERSION = HISTORY_SCHEMA.version

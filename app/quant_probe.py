@@ -13,7 +13,9 @@ window stutter if done on a thread here, and it keeps torch out of the GUI
 process until the engine needs it.  Callers run it in the background; answers
 are cached per device for the session, and checks run one at a time.  When
 the child fails (no ``engine.quant``, no torch, a probe that breaks) only
-``none`` is offered, with the reason.
+``none`` is offered, with the reason.  :func:`quant_descriptions` gives, from the same
+check, what each mode does (``engine.quant.descriptions``: one line for a tooltip, with a
+caveat such as int4-cpu's where a mode has one).
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ quant = importlib.import_module(sys.argv[1])
 name = sys.argv[2]
 use_cuda = name == "cuda" or (name == "auto" and torch.cuda.is_available())
 reasons = quant.availability(torch.device("cuda" if use_cuda else "cpu"))
-print(json.dumps([[mode, reasons.get(mode)] for mode in quant.MODES]))
+described = getattr(quant, "descriptions", dict)()
+print(json.dumps([[mode, reasons.get(mode), described.get(mode)] for mode in quant.MODES]))
 """
 _lock = threading.Lock()
 _cache: dict[tuple[str, str], Choices] = {}
+_descriptions: dict[str, dict[str, str]] = {}  # QUANT_MODULE -> mode -> what it does (the same on every device)
 
 
 def quant_choices(device_name: str) -> Choices:
@@ -54,6 +58,15 @@ def quant_choices(device_name: str) -> Choices:
                 return choices
             _cache[key] = choices
         return list(_cache[key])
+
+
+def quant_descriptions(device_name: str) -> dict[str, str]:
+    """mode -> one line saying what it does, with its caveat (``engine.quant.descriptions``), for a
+    tooltip; from the same check as :func:`quant_choices` (run now unless it already ran); empty
+    when the check failed or the module describes nothing."""
+    quant_choices(device_name)
+    with _lock:
+        return dict(_descriptions.get(QUANT_MODULE, {}))
 
 
 def _probe(device_name: str) -> tuple[Choices, bool]:
@@ -77,6 +90,7 @@ def _probe(device_name: str) -> tuple[Choices, bool]:
         return [("none", f"{QUANT_UNAVAILABLE}: {why}.")], True
     try:
         rows = json.loads(done.stdout.strip().splitlines()[-1])
-        return [(str(mode), None if reason is None else str(reason)) for mode, reason in rows], True
+        _descriptions[QUANT_MODULE] = {str(row[0]): str(row[2]) for row in rows if len(row) > 2 and row[2]}
+        return [(str(row[0]), None if row[1] is None else str(row[1])) for row in rows], True
     except (ValueError, IndexError, TypeError) as exc:
         return [("none", f"{QUANT_UNAVAILABLE}: the check answered something unexpected ({exc}).")], False

@@ -1,4 +1,9 @@
-"""``brisk doctor``: what this machine can do, as a flat dict of facts."""
+"""``brisk doctor``: what this machine can do, as a flat dict of facts.
+
+For each quantization mode: ``works``, or why it cannot run here; a mode that works but
+has a caveat (``engine.quant.caveat``: int4-cpu's accuracy depends on the CPU's kernel)
+says so after ``works``.
+"""
 
 from __future__ import annotations
 
@@ -35,12 +40,14 @@ def _report() -> dict[str, Any]:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        data["bitsandbytes"] = quant._import_bnb().__version__
+        data["bitsandbytes"] = quant.import_bnb().__version__
     except Exception as exc:  # noqa: BLE001 - report any import failure
         data["bitsandbytes"] = f"not usable ({exc})"
     data["dtypes"] = ", ".join(name for name in ("float32", "bfloat16", "float16") if dtype_works(name, device))
     for mode, reason in quant.availability(device).items():
         data[f"quant {mode}"] = "works" if reason is None else f"unavailable: {reason}"
+        if reason is None and (note := quant.caveat(mode)):
+            data[f"quant {mode}"] += f" (caveat: {note})"
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         data["memory_gb"] = round(pages / 2**30, 1)

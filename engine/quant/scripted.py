@@ -3,13 +3,16 @@
 At batch 1 on a small CPU, the Python between kernels costs as much as the kernels
 (measured on the bundled model: about half of a 40 ms step is the interpreter calling
 modules and small ops).  For a model whose linears are all fbgemm fp16 layers
-(``engine.quant.Fp16Linear``, packed weights that TorchScript can pass around; q/k/v
-and gate/up fused by ``engine.quant.fuse_fp16``), this module runs a one-token
+(``engine.quant.kernels.Fp16Linear``, packed weights that TorchScript can pass around; q/k/v
+and gate/up fused by ``engine.quant.apply.fuse_fp16``), this module runs a one-token
 decode step, every layer, the final norm and the head, as one scripted function
 over lists of the packed weights.  Same operations in the
 same order as ``engine.model.fastpath`` (the same kernels; results are identical, tested
 in ``tests/test_scripted.py``), writing keys and values into the KV cache's own
-buffers (``GrowingLayer.reserve`` / ``advance``).
+buffers.  The cache is duck-typed (this package sits below ``engine.model`` and imports
+nothing from it): every layer must have ``reserve(m, like)``, returning a buffer with
+``keys`` / ``values`` tensors with room for ``m`` more positions, and ``advance(m)``, as
+``engine.model.kv.GrowingLayer`` has; for any other cache the step declines (``None``).
 
 ``ScriptedDecode.for_model(model)`` returns ``None`` unless the model is exactly that:
 a ``FastForward`` layout, float32, every projection and the head ``Fp16Linear``
@@ -28,6 +31,9 @@ from typing import Any, List, Optional  # noqa: UP035
 
 import torch
 from torch.nn import functional as F  # noqa: N812
+
+from engine.quant.apply import layout_version
+from engine.quant.kernels import Fp16Linear
 
 ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
 
@@ -98,8 +104,10 @@ def _scripted() -> Any:
 class ScriptedDecode:
     def __init__(self, model: Any, fast: Any) -> None:
         self.model, self.fast = model, fast
-        self._seen: tuple[int, int] | None = None  # (engine.quant.generation, id of the head) of _collected
+        self._seen: tuple[int, int] | None = None  # (layout_version(model), id of the head) of _collected
         self._collected: tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float] | None = None
+        self._parts: list[Any] = []  # the Fp16Linear layers collected from, and the sum of their versions
+        self._parts_version = 0
 
     @classmethod
     def for_model(cls, model: Any, fast: Any) -> Optional["ScriptedDecode"]:
@@ -114,10 +122,9 @@ class ScriptedDecode:
         """(norm weights, packed weights, (q, kv, intermediate) widths, epsilon) as the model is now.
 
         Raises TypeError/ValueError/AttributeError when the model is not an fp16-cpu model
-        with fused q/k/v and gate/up (``engine.quant.fuse_fp16``).
+        with fused q/k/v and gate/up (``engine.quant.apply.fuse_fp16``).  Remembers the
+        layers it read (``_parts``) and their versions.
         """
-        from engine.quant import Fp16Linear
-
         inner = self.model.model
         norms: list[torch.Tensor] = []
         weights: list[Any] = []
@@ -136,14 +143,27 @@ class ScriptedDecode:
                 raise ValueError("keys and values, or gate and up, of different widths")
         norms.append(self._norm(inner.norm, eps))
         weights.append(self._packed(self.model.lm_head, Fp16Linear))
+        self._parts = [
+            p
+            for layer in inner.layers
+            for p in (
+                layer.self_attn.q_proj,
+                layer.self_attn.k_proj,
+                layer.self_attn.v_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_proj,
+                layer.mlp.up_proj,
+                layer.mlp.down_proj,
+            )
+        ]
+        self._parts.append(self.model.lm_head)
+        self._parts_version = sum(p.version for p in self._parts)
         if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
             raise ValueError("layers of different shapes or epsilons, or not float32")
         return norms, weights, widths.pop(), eps.pop()
 
     @staticmethod
     def _group(*parts: Any) -> Any:
-        from engine.quant import Fp16Linear
-
         group = getattr(parts[0], "group", None)
         fused = group is not None and len(group.sizes) == len(parts)
         if not fused or not all(
@@ -152,7 +172,10 @@ class ScriptedDecode:
             raise TypeError("not a group of fused fp16 layers")
         return group
 
-    def _norms_current(self, norms: list[torch.Tensor]) -> bool:
+    def _current(self, norms: list[torch.Tensor]) -> bool:
+        """Whether the collected layers hold the weights collected and the norms are the tensors collected."""
+        if sum(p.version for p in self._parts) != self._parts_version:
+            return False
         inner = self.model.model
         now = [
             w for layer in inner.layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
@@ -179,19 +202,17 @@ class ScriptedDecode:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
         """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache``; None if the cache does not fit."""
-        from engine import quant
-        from engine.model.kv import GrowingLayer
-
         scripted = _scripted()
         if scripted is None:
             return None
 
-        # Looking up 200 layers costs about 1 ms a step, so it is done again only when a module
-        # was swapped or re-packed (engine.quant.generation), the head changed, or a norm's
-        # weight is not the tensor collected (a check of some 60 attributes, tens of us);
-        # a model that does not fit is remembered as such until one of those changes.
-        seen = (quant.generation, id(getattr(self.model, "lm_head", None)))
-        if seen == self._seen and self._collected is not None and not self._norms_current(self._collected[0]):
+        # Looking up 200 layers costs about 1 ms a step, so it is done again only when the
+        # model's layers were swapped or fused (engine.quant.apply.layout_version), the head
+        # changed, a collected layer took new weights (its version), or a norm's weight is not
+        # the tensor collected (a check of some 60 attributes and 200 counters, tens of us);
+        # a model that does not fit is remembered as such until a swap, a fusing or a new head.
+        seen = (layout_version(self.model), id(getattr(self.model, "lm_head", None)))
+        if seen == self._seen and self._collected is not None and not self._current(self._collected[0]):
             self._seen = None
         if seen != self._seen:
             try:
@@ -206,8 +227,10 @@ class ScriptedDecode:
         layers = cache.layers
         while len(layers) < len(inner.layers):
             layers.append(cache.layer_class_to_replicate())
-        if not all(type(layer) is GrowingLayer for layer in layers):
-            return None
+        if not all(
+            callable(getattr(layer, "reserve", None)) and callable(getattr(layer, "advance", None)) for layer in layers
+        ):
+            return None  # not a cache that lets a caller write into its buffers
         past = int(cache.get_seq_length())
         h = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(h, torch.tensor([[past]], device=ids.device))

@@ -1,0 +1,296 @@
+"""The layers of torch's weight-only CPU kernels: fp16 (fbgemm), int8 and int4.
+
+Contract:
+
+* :class:`Fp16Linear` holds float16 weights packed for fbgemm and computes in float32;
+  :class:`Fp16Group` serves several of them that take the same input (q/k/v, gate/up)
+  from one packed matrix.  Each ``Fp16Linear`` counts the changes to its weights in
+  ``version`` (new weights, joining a group), so a caller that keeps its packed weights
+  (``engine.quant.scripted``) can tell when to look again.
+* :class:`Int8Linear` / :class:`Int4Linear` are drop-in ``nn.Linear`` replacements
+  built by ``from_linear``; their state dicts hold the packed weights and scales.
+* The int kernels run on bf16 activations (their fp32 paths measured 10-30x
+  slower here); the layers cast their input to bf16 and the result back.  They
+  are GEMV kernels: for more than ``GEMV_ROWS`` rows (a prefill chunk) an int8
+  layer dequantizes to bf16 and runs a GEMM instead; int4 has no such path (its
+  packed layout is private to the kernel), so int4 prefill is slower than bf16.
+* :func:`int4_layout` fingerprints the int4 kernel's packed layout on this torch and CPU.
+
+Which of these can run here is ``engine.quant.modes``' job; putting them into a model
+is ``engine.quant.apply``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any
+
+import torch
+from torch import nn
+
+# Next-token agreement on the bundled model (int4 head): 0.868 at group 32, 0.687 at 64; 128
+# does not divide its width (576).  Its GGUF weights are Q4_1, groups of 32: int4/32 keeps them.
+INT4_GROUP = 32
+ACT_DTYPE = torch.bfloat16  # the int kernels' fast path
+# Above this many rows an int8 layer dequantizes to bf16 and runs a GEMM: at 200 rows the
+# GEMV kernel took 4.6 ms for a 1536x576 layer, dequantize + bf16 linear 0.9 ms (1 thread).
+GEMV_ROWS = 32
+
+
+class Fp16Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` rounded to float16 and packed for fbgemm; x, y and sums in float32.
+
+    The packed weight is the only copy (an opaque object, not a tensor): the state dict
+    unpacks it to a float16 ``weight16`` and loading packs that again, so a saved copy
+    is plain safetensors.  ``packed_nbytes`` is what it holds, for ``engine.quant.apply.weight_bytes``.
+    Layers that take the same input can share one packed matrix (:class:`Fp16Group`,
+    made by ``engine.quant.apply.fuse_fp16``); each then holds ``group`` and its ``index`` in it.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+        self.packed: Any = None  # torch.ScriptObject once weights are set (None while in a group)
+        self.group: Fp16Group | None = None
+        self.index = 0
+        self.version = 0  # counts new weights and joining a group (see the module's contract)
+        self.pending: tuple[torch.Tensor, torch.Tensor | None] | None = None  # loaded, not packed yet
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, pack: bool = True) -> Fp16Linear:
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        bias = None if linear.bias is None else linear.bias.detach()
+        layer.set_weights(linear.weight.detach().to(torch.float16), bias, pack=pack)
+        return layer
+
+    def set_weights(self, weight16: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> None:
+        """Take new weights; packed now, or (``pack=False``) at :meth:`pack` or the first call."""
+        if tuple(weight16.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"weight16 is {tuple(weight16.shape)}, not {(self.out_features, self.in_features)}")
+        if (bias is not None) != self.has_bias:
+            raise ValueError("a bias was given to a layer without one, or none to a layer with one")
+        self.version += 1
+        if self.group is not None:  # its own weights now; the group keeps serving the others
+            self.group.leave(self.index)
+        self.packed, self.group = None, None
+        self.pending = (weight16.to(torch.float16), None if bias is None else bias.float())
+        if pack:
+            self.pack()
+
+    def pack(self) -> None:
+        if self.pending is not None:
+            weight16, bias = self.pending
+            self.packed = torch.ops.quantized.linear_prepack_fp16(weight16.float().contiguous(), bias)
+            self.pending = None
+
+    @property
+    def has_weights(self) -> bool:
+        return self.packed is not None or self.group is not None or self.pending is not None
+
+    @property
+    def packed_nbytes(self) -> int:
+        return self.out_features * self.in_features * 2 + (self.out_features * 4 if self.has_bias else 0)
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(weight as float16, bias as float32 or None), unpacked."""
+        if self.group is not None:
+            return self.group.part_weights(self.index)
+        if self.pending is not None:
+            return self.pending
+        if self.packed is None:
+            raise RuntimeError("Fp16Linear has no weights yet (load a state dict first)")
+        weight, bias = torch.ops.quantized.linear_unpack_fp16(self.packed)
+        return weight.to(torch.float16), bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            return self.group.output(x, self.index)
+        self.pack()
+        if self.packed is None:
+            raise RuntimeError("Fp16Linear has no weights yet (load a state dict first)")
+        y = torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        if self.has_weights:
+            weight, bias = self.weights()
+            destination[prefix + "weight16"] = weight
+            if self.has_bias:
+                destination[prefix + "bias"] = bias
+
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        keys = [prefix + "weight16"] + ([prefix + "bias"] if self.has_bias else [])
+        missing = [k for k in keys if k not in state_dict]
+        if missing:
+            missing_keys.extend(missing)
+            return
+        try:
+            # packed by fuse_fp16 (several at once) or at the first call
+            self.set_weights(state_dict[keys[0]], state_dict[keys[1]] if self.has_bias else None, pack=False)
+        except (ValueError, RuntimeError) as exc:
+            error_msgs.append(f"{prefix}: {exc}")
+
+    def extra_repr(self) -> str:
+        fused = f", fused={self.index}/{len(self.group.sizes)}" if self.group is not None else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.has_bias}{fused}"
+
+
+class Fp16Group:
+    """Several :class:`Fp16Linear` that take the same input (q, k, v; gate, up) as one packed matrix.
+
+    One wide matmul is cheaper than three narrow ones at batch 1 (measured on the bundled
+    model's shapes: 41 us for q, k, v together against 81 us apart).  Each part still
+    works as a layer of its own: the first part called with an input computes every
+    part's rows and keeps them until the other parts have taken theirs for the same
+    input (the same tensor object), so transformers' forward, which calls q, k and v
+    one by one, does the work once too.  The parts' weights live only here.
+    """
+
+    def __init__(self, parts: list[Fp16Linear]) -> None:
+        if len({(p.in_features, p.has_bias) for p in parts}) != 1 or not all(p.has_weights for p in parts):
+            raise ValueError("an Fp16Group takes layers with weights, the same input width and all or no biases")
+        unpacked = [p.weights() for p in parts]
+        bias = torch.cat([b for _, b in unpacked if b is not None]) if parts[0].has_bias else None
+        weight = torch.cat([w.float() for w, _ in unpacked])
+        self.packed = torch.ops.quantized.linear_prepack_fp16(weight, bias)
+        self.sizes = [p.out_features for p in parts]
+        self.starts = [sum(self.sizes[:i]) for i in range(len(parts))]
+        self._memo: tuple[torch.Tensor, torch.Tensor, set[int]] | None = None
+        self.active = set(range(len(parts)))  # parts still served from here (see leave)
+        for i, part in enumerate(parts):
+            part.packed, part.pending, part.group, part.index = None, None, self, i
+            part.version += 1
+
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        memo = self._memo
+        if memo is None or memo[0] is not x or index in memo[2]:
+            y = torch.ops.quantized.linear_dynamic_fp16(x.float(), self.packed)
+            memo = (x, y if x.dtype == torch.float32 else y.to(x.dtype), set())
+        memo[2].add(index)
+        self._memo = None if memo[2] >= self.active else memo  # every part served: let it go
+        start = self.starts[index]
+        return memo[1][..., start : start + self.sizes[index]]
+
+    def leave(self, index: int) -> None:
+        """Part ``index`` took weights of its own: stop keeping outputs for it (its rows stay, unused)."""
+        self.active.discard(index)
+        self._memo = None
+
+    def part_weights(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight, bias = torch.ops.quantized.linear_unpack_fp16(self.packed)
+        rows = slice(self.starts[index], self.starts[index] + self.sizes[index])
+        return weight[rows].to(torch.float16), None if bias is None else bias[rows].clone()
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ (q * s).T + b``: int8 ``q`` [out, in], one scale per output channel."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=ACT_DTYPE))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=ACT_DTYPE) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        w = linear.weight.detach().float()
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-8)
+        layer.qweight = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        layer.scales = scales.to(ACT_DTYPE)
+        if linear.bias is not None:
+            layer.bias = linear.bias.detach().to(ACT_DTYPE).clone()
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(ACT_DTYPE).contiguous()
+        if flat.shape[0] > GEMV_ROWS:  # prefill: a bf16 copy and a GEMM beat the GEMV kernel
+            y = nn.functional.linear(flat, self.qweight.to(ACT_DTYPE) * self.scales[:, None], self.bias)
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scales)
+            if self.bias is not None:
+                y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int4Linear(nn.Module):
+    """Group-wise asymmetric int4: ``w = (q - 8) * scale + zero`` per group of ``group_size`` inputs.
+
+    ``qweight`` is in the kernel's packed layout (rows padded to a multiple of 16, as the
+    kernel needs); that layout can differ between torch builds and CPU instruction sets,
+    so saved copies carry :func:`int4_layout` and are rebuilt when it changes.
+    ``scales_zeros`` is [in / group_size, padded out, 2].
+    """
+
+    qweight: torch.Tensor
+    scales_zeros: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int = INT4_GROUP) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        rows = -(-out_features // 16) * 16
+        self.register_buffer("qweight", torch.zeros(rows, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales_zeros", torch.zeros(in_features // group_size, rows, 2, dtype=ACT_DTYPE))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=ACT_DTYPE) if bias else None)
+
+    @staticmethod
+    def fits(linear: nn.Linear, group_size: int = INT4_GROUP) -> bool:
+        return linear.in_features % group_size == 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, group_size: int = INT4_GROUP) -> Int4Linear:
+        n, k = linear.out_features, linear.in_features
+        layer = cls(k, n, linear.bias is not None, group_size)
+        rows = layer.qweight.shape[0]
+        w = torch.zeros(rows, k)
+        w[:n] = linear.weight.detach().float()
+        groups = w.reshape(-1, group_size)
+        lo, hi = groups.amin(dim=1, keepdim=True), groups.amax(dim=1, keepdim=True)
+        scales = ((hi - lo) / 15).clamp(min=1e-6)
+        q = ((groups - lo) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, k)
+        layer.qweight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        zeros = lo + 8 * scales
+        pairs = torch.cat([scales.reshape(rows, -1, 1), zeros.reshape(rows, -1, 1)], dim=2)
+        layer.scales_zeros = pairs.transpose(0, 1).contiguous().to(ACT_DTYPE)
+        if linear.bias is not None:
+            layer.bias = linear.bias.detach().to(ACT_DTYPE).clone()
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(ACT_DTYPE).contiguous()
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, self.group_size, self.scales_zeros)
+        if y.shape[-1] != self.out_features:
+            y = y[:, : self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+
+
+@functools.cache
+def int4_layout() -> str:
+    """Fingerprint of the int4 kernel's packed layout on this torch build and CPU."""
+    pattern = (torch.arange(32 * 128, dtype=torch.int32).reshape(32, 128) * 7919 // 13) % 16
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(pattern, 1)
+    return hashlib.sha256(packed.numpy().tobytes()).hexdigest()[:16]

@@ -35,7 +35,6 @@ from engine.api import (
     ModelInfo,
     ModelSpec,
     Request,
-    Span,
     Started,
     Token,
     Warning,
@@ -44,10 +43,11 @@ from engine.model.kv import KVState
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.paths import cache_dir
 from engine.runtime.answers import AnswerMemory
-from engine.runtime.decode import Decoder
+from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.memory import reserve, tune_malloc
 from engine.runtime.prefix_cache import PERSISTED, PrefixCache
 from engine.runtime.prompt import build_prompt
+from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
@@ -252,46 +252,31 @@ class Engine:
         state = cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
         t_lookup = reply.since()
         reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
-        result = self.decoder.run(
+        result = None
+        for item in self.decoder.stream(
             request.id,
             prompt.ids,
             state,
             request.sampling,
-            reply.emit,
             lambda: self._is_cancelled(request.id),
             request.submitted_at,
             drafters,
             self.loaded.context_length,
-        )
+        ):
+            if isinstance(item, DecodeResult):
+                result = item
+            else:
+                reply.emit(item)
+        assert result is not None, "the decode stream ends with its result"
         if request.prefix_cache:
             try:
                 self._remember(state, prompt.system_tokens, conversation)
             except Exception as exc:  # a cache that cannot be kept costs speed next time, never the reply
                 traceback.print_exc()
-                self.on_event(Warning("cache", f"The prompt cache could not be saved: {exc}"))
+                self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))
         if result.finish_reason != "cancelled":
             self.answers.add(request.messages[-1].get("content", ""), result.ids)
-        m = result.metrics
-        spans = [
-            Span("queue", 0.0, t_taken),
-            Span("prompt", t_taken, t_prompt),
-            Span("cache lookup", t_prompt, t_lookup),
-        ]
-        if m.prefill_s is not None:
-            spans.append(Span("prefill", t_lookup, t_lookup + m.prefill_s))
-        if m.ttft_s is not None:
-            spans.append(Span("first token", t_lookup + (m.prefill_s or 0.0), m.ttft_s))
-            if m.total_s is not None and m.completion_tokens > 1:
-                spans.append(Span("decode", m.ttft_s, m.total_s))
-        metrics = dataclasses.replace(
-            m,
-            queue_s=t_taken,
-            prompt_s=t_prompt - t_taken,
-            lookup_s=t_lookup - t_prompt,
-            cache_bytes=cache.nbytes(),
-            truncated=prompt.truncated,
-            spans=tuple(spans),
-        )
+        metrics = request_metrics(result.metrics, t_taken, t_prompt, t_lookup, cache.nbytes(), prompt.truncated)
         reply.emit(Done(request.id, reply.since(), result.text, result.finish_reason, metrics))
 
 

@@ -1,0 +1,25 @@
+"""Speculative decoding: drafts from cheap sources, verified by the target in one forward.
+
+* :mod:`.verify` — the acceptance rule, one pure function;
+* :mod:`.drafters` — the draft sources (prompt lookup, earlier answers, a draft model);
+* :mod:`.controller` — the adaptive draft length per source.
+
+The decode loop that drives them is ``engine.runtime.steps``.
+"""
+
+from __future__ import annotations
+
+from engine.runtime.speculative.controller import Controller, SourceStats
+from engine.runtime.speculative.drafters import AnswerDrafts, Drafter, DraftModel, PromptLookup, ngram_continuation
+from engine.runtime.speculative.verify import verify
+
+__all__ = [
+    "AnswerDrafts",
+    "Controller",
+    "DraftModel",
+    "Drafter",
+    "PromptLookup",
+    "SourceStats",
+    "ngram_continuation",
+    "verify",
+]

@@ -1,0 +1,140 @@
+"""The innermost generator: token ids from the model, one model step at a time.
+
+``generate_steps(model, state, prompt, params, ...)`` computes the prompt
+tokens that ``state`` (a :class:`~engine.model.kv.KVState` holding a strict
+prefix of ``prompt``) lacks, in chunks, yielding a :class:`Prefilled` after
+each chunk; then it yields one :class:`Step` per model step: the first token,
+then either one sampled token (a plain step) or the drafts the target accepted
+plus its own next token (a speculative step: draft, verify in one forward, and
+crop the rejected drafts' KV).
+
+It is lazy, in the style of mlx-lm's ``generate_step``: no model step runs
+until the consumer asks for the next item, so the consumer ends a reply (EOS,
+stop string, ``max_tokens``, cancel) by not asking, and cancel is honoured
+after every model step.  The generator itself knows only the model's context:
+it ends (returns) when the next step would need a position beyond
+``context``, never feeding the model more than ``context`` positions.
+``max_tokens`` only bounds how much it drafts.  It knows nothing of text,
+events or metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.api import Sampling
+from engine.model.kv import KVState, forward
+from engine.runtime import sampling
+from engine.runtime.speculative import Controller, Drafter, verify
+
+PREFILL_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """A prefill chunk is in the KV cache: ``done`` of ``total`` prompt positions, in ``seconds``."""
+
+    done: int
+    total: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decode step's new tokens, in order.
+
+    ``ids[:accepted]`` were drafted by ``source`` and accepted by the target;
+    ``ids[-1]`` is the target's own token (sampled, a correction or the bonus
+    token).  A plain step has ``source=None`` and one id.  ``seconds`` is the
+    step's model time (forward plus sampling or verification; for the first
+    token, the sampling after prefill).
+    """
+
+    ids: tuple[int, ...]
+    source: str | None = None
+    drafted: int = 0
+    seconds: float = 0.0
+
+    @property
+    def accepted(self) -> int:
+        return len(self.ids) - 1
+
+    def provenance(self) -> Iterator[tuple[int, str | None]]:
+        """Each token with the source that drafted it (None: the target's own)."""
+        for i, token in enumerate(self.ids):
+            yield token, self.source if i < self.accepted else None
+
+
+def generate_steps(
+    model: Any,
+    state: KVState,
+    prompt: list[int],
+    params: Sampling,
+    *,
+    generator: torch.Generator,
+    controller: Controller,
+    drafters: Sequence[Drafter] = (),
+    context: int | None = None,
+) -> Iterator[Prefilled | Step]:
+    """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full."""
+    start = len(state)
+    assert start < len(prompt) and state.tokens == prompt[:start], "state must hold a strict prefix of the prompt"
+    limit = context or 1 << 62  # positions the model can hold
+    logits = None
+    for begin in range(start, len(prompt), PREFILL_CHUNK):
+        t = time.perf_counter()
+        chunk = prompt[begin : begin + PREFILL_CHUNK]
+        logits = forward(model, state, chunk)
+        yield Prefilled(begin + len(chunk), len(prompt), time.perf_counter() - t)
+    assert logits is not None
+    generated: list[int] = []  # every token yielded so far; the consumer reads them in order
+
+    t = time.perf_counter()
+    token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
+    generated.append(token)
+    yield Step((token,), seconds=time.perf_counter() - t)
+
+    # ``token`` is the last yielded token, not yet in the KV cache; feeding it (and k drafts after
+    # it) fills positions len(prompt) + len(generated) - 1 ... + k, which must stay below ``limit``
+    while len(prompt) + len(generated) < limit:
+        room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
+        drafts, probs, source = _draft(drafters, controller, prompt + generated, room, params)
+        t = time.perf_counter()
+        logits = forward(model, state, [token, *drafts], all_logits=bool(drafts))
+        if drafts:
+            assert source is not None
+            accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)
+            state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
+            seconds = time.perf_counter() - t
+            controller.record(source, len(drafts), accepted, seconds)
+            ids = (*drafts[:accepted], token)
+            generated.extend(ids)
+            yield Step(ids, source, len(drafts), seconds)
+        else:
+            token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
+            seconds = time.perf_counter() - t
+            controller.record_plain(seconds)
+            generated.append(token)
+            yield Step((token,), seconds=seconds)
+
+
+def _draft(
+    drafters: Sequence[Drafter], controller: Controller, context: list[int], room: int, params: Sampling
+) -> tuple[list[int], torch.Tensor | None, str | None]:
+    """The first source (best first) that proposes something within ``room`` tokens, with its drafts."""
+    for drafter in drafters:
+        k = min(controller.draft_length(drafter.name), room)
+        if k > 0:
+            drafts, probs = drafter.propose(context, k, params)
+            if drafts:
+                return drafts[:k], probs, drafter.name
+    return [], None, None
+
+
+def _history(prompt: list[int], generated: list[int], params: Sampling) -> torch.Tensor | None:
+    return torch.tensor(prompt + generated) if params.repetition_penalty != 1.0 else None

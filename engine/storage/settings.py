@@ -1,26 +1,41 @@
-"""User settings, saved as JSON in the data folder.
+"""User settings, saved as JSON in the data folder; every value is checked on load.
 
-Unknown keys in the file are ignored and missing keys take their defaults, so
-an old or hand-edited file never stops the app from starting.  A damaged file
-is moved aside (``settings.json.bad``) and defaults are used.
+``Settings.load_with_problems(path)`` returns ``(settings, problems)``: a
+value of the wrong type or out of range (``{"max_tokens": "16"}``, a quant mode
+not in ``engine.api.QUANT_MODES``, a negative budget, NaN) is replaced by its
+default, and each replacement is one problem, said as what to change, e.g.
+``settings.json: max_tokens must be a whole number of 1 or more, not '16'; using 512``.
+``Settings.load(path)`` is the same without the list.  Unknown keys are
+ignored and missing keys take their defaults, so an old or hand-edited file
+never stops the app from starting.  A file that is not a JSON object is moved
+aside (``settings.json.bad``), defaults are used and the problem says so.
+
+The sampling values are checked by ``engine.api.Sampling.problems()`` (one set
+of rules for requests and settings); the lists of choices are read from
+``engine.api``.  :meth:`Settings.save` writes with ``engine.paths.atomic_write``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
-from engine.paths import settings_path
+from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Sampling
+from engine.paths import atomic_write, settings_path
+
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
 
 
 @dataclass
 class Settings:
     model: str = ""  # empty: the bundled model
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    quant: str = "none"
+    device: str = "auto"  # one of engine.api.DEVICES
+    dtype: str = "auto"  # one of engine.api.DTYPES
+    quant: str = "none"  # one of engine.api.QUANT_MODES
     system_prompt: str = "You are a helpful assistant."
     temperature: float = 0.0
     top_p: float = 1.0
@@ -30,29 +45,105 @@ class Settings:
     max_tokens: int = 512
     prefix_cache: bool = True
     prefix_cache_mb: int = 512
-    speculative: str = "auto"
+    speculative: str = "auto"  # one of engine.api.SOURCES
     draft_model: str = ""
-    draft_quant: str = "none"
+    draft_quant: str = "none"  # one of engine.api.QUANT_MODES
     colour_draft_tokens: bool = True
     answer_cache: bool = True
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
+        """The settings in ``path`` (default: the data folder's); bad values take their defaults."""
+        return cls.load_with_problems(path)[0]
+
+    @classmethod
+    def load_with_problems(cls, path: Path | None = None) -> tuple[Settings, list[str]]:
+        """The settings and what was wrong in the file (empty: nothing); never raises for a bad file."""
         path = path or settings_path()
-        if not path.exists():
-            return cls()
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return cls(), []
+        except OSError as e:
+            return cls(), [f"{path.name} could not be read ({e}); using the default settings"]
+        try:
+            raw = json.loads(data.decode("utf-8"))
             if not isinstance(raw, dict):
-                raise ValueError("settings file is not a JSON object")
-        except (OSError, ValueError):
-            path.replace(path.with_name(path.name + ".bad"))
-            return cls()
+                raise ValueError("it is not a JSON object")
+        except ValueError as e:
+            bad = path.with_name(path.name + ".bad")
+            try:
+                path.replace(bad)
+                where = f"it was moved to {bad.name}"
+            except OSError as move_error:
+                where = f"it could not be moved aside ({move_error})"
+            return cls(), [f"{path.name} is damaged ({e}); {where} and the default settings are used"]
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        settings, problems = cls(**{k: v for k, v in raw.items() if k in known}).checked()
+        return settings, [f"{path.name}: {problem}" for problem in problems]
+
+    def checked(self) -> tuple[Settings, list[str]]:
+        """A copy with every bad value replaced by its default, and one problem per replacement."""
+        default = Settings()
+        fixed: dict[str, Any] = {}
+        problems: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            fallback = getattr(default, f.name)
+            if f.name in SAMPLING_FIELDS:
+                value = float(value) if f.type == "float" and _number(value) else value
+                one: dict[str, Any] = {f.name: value}
+                found = Sampling(**one).problems()  # the one set of sampling rules
+                problem = found[0] if found else None
+            else:
+                problem = _RULES[f.name](value)
+            if problem is None:
+                fixed[f.name] = value
+            else:
+                fixed[f.name] = fallback
+                problems.append(f"{problem}; using {json.dumps(fallback)}")
+        return dataclasses.replace(self, **fixed), problems
 
     def save(self, path: Path | None = None) -> None:
-        path = path or settings_path()
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2), encoding="utf-8")
-        os.replace(tmp, path)
+        atomic_write(path or settings_path(), json.dumps(asdict(self), indent=2))
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _text(name: str) -> Callable[[object], str | None]:
+    return lambda v: None if isinstance(v, str) else f"{name} must be text, not {v!r}"
+
+
+def _flag(name: str) -> Callable[[object], str | None]:
+    return lambda v: None if isinstance(v, bool) else f"{name} must be true or false, not {v!r}"
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[object], str | None]:
+    def check(v: object) -> str | None:
+        return None if v in choices else f"{name} must be one of {', '.join(choices)}, not {v!r}"
+
+    return check
+
+
+def _budget(v: object) -> str | None:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return None
+    return f"prefix_cache_mb must be a whole number of megabytes, 1 or more, not {v!r}"
+
+
+_RULES: dict[str, Callable[[object], str | None]] = {
+    "model": _text("model"),
+    "device": _choice("device", DEVICES),
+    "dtype": _choice("dtype", DTYPES),
+    "quant": _choice("quant", QUANT_MODES),
+    "system_prompt": _text("system_prompt"),
+    "prefix_cache": _flag("prefix_cache"),
+    "prefix_cache_mb": _budget,
+    "speculative": _choice("speculative", SOURCES),
+    "draft_model": _text("draft_model"),
+    "draft_quant": _choice("draft_quant", QUANT_MODES),
+    "colour_draft_tokens": _flag("colour_draft_tokens"),
+    "answer_cache": _flag("answer_cache"),
+}

@@ -1,0 +1,110 @@
+"""Settings: every bad value in settings.json falls back to its default and the load says so."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.api import QUANT_MODES
+from engine.storage import Settings
+
+BAD_VALUES = [
+    ("max_tokens", "16", 512),
+    ("max_tokens", 0, 512),
+    ("max_tokens", -1, 512),
+    ("max_tokens", 16.5, 512),
+    ("prefix_cache_mb", "512", 512),
+    ("prefix_cache_mb", -5, 512),
+    ("prefix_cache_mb", 0, 512),
+    ("prefix_cache_mb", 64.0, 512),
+    ("quant", "int3-cpu", "none"),
+    ("draft_quant", 4, "none"),
+    ("speculative", "telepathy", "auto"),
+    ("dtype", "float8", "auto"),
+    ("device", "tpu", "auto"),
+    ("temperature", "hot", 0.0),
+    ("temperature", -0.5, 0.0),
+    ("top_p", 0, 1.0),
+    ("top_p", 2, 1.0),
+    ("top_k", -3, 0),
+    ("repetition_penalty", 0, 1.0),
+    ("seed", 2**64, None),
+    ("seed", "7", None),
+    ("prefix_cache", "yes", True),
+    ("answer_cache", 1, True),
+    ("colour_draft_tokens", None, True),
+    ("model", 12, ""),
+    ("system_prompt", ["a"], "You are a helpful assistant."),
+]
+
+
+def write(path: Path, data: object) -> Path:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("key", "value", "default"), BAD_VALUES, ids=[f"{k}={v!r}" for k, v, _ in BAD_VALUES])
+def test_a_bad_value_falls_back_and_is_reported(tmp_path: Path, key: str, value: object, default: object) -> None:
+    good = ("max_tokens", 5) if key != "max_tokens" else ("top_k", 5)
+    path = write(tmp_path / "settings.json", {key: value, good[0]: good[1]})
+    settings, problems = Settings.load_with_problems(path)
+    assert getattr(settings, key) == default
+    assert getattr(settings, good[0]) == good[1], "the good values are kept"
+    assert len(problems) == 1
+    assert problems[0].startswith(f"settings.json: {key} must be ")
+    assert problems[0].endswith(f"; using {json.dumps(default)}")
+    assert Settings.load(path) == settings
+
+
+def test_nan_and_infinity_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text('{"temperature": NaN, "top_p": Infinity, "repetition_penalty": -Infinity}', encoding="utf-8")
+    settings, problems = Settings.load_with_problems(path)
+    assert (settings.temperature, settings.top_p, settings.repetition_penalty) == (0.0, 1.0, 1.0)
+    assert len(problems) == 3 and not any(math.isnan(v) for v in (settings.temperature, settings.top_p))
+
+
+def test_good_values_load_unchanged_and_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    good = Settings(
+        quant=QUANT_MODES[1], temperature=0.7, top_p=0.9, top_k=40, seed=2**63 - 1, max_tokens=16, speculative="off"
+    )
+    good.save(path)
+    assert Settings.load_with_problems(path) == (good, [])
+    assert not path.with_name("settings.json.tmp").exists()
+    write(path, {"temperature": 1, "unknown_key": "ignored"})
+    settings, problems = Settings.load_with_problems(path)
+    assert problems == [] and settings.temperature == 1.0 and isinstance(settings.temperature, float)
+
+
+def test_missing_file_is_defaults_without_problems(tmp_path: Path) -> None:
+    assert Settings.load_with_problems(tmp_path / "none.json") == (Settings(), [])
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "null", "\xff"])
+def test_damaged_file_is_moved_aside_and_reported(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(text, encoding="latin-1")
+    settings, problems = Settings.load_with_problems(path)
+    assert settings == Settings()
+    assert len(problems) == 1 and "damaged" in problems[0] and "settings.json.bad" in problems[0]
+    assert not path.exists() and (tmp_path / "settings.json.bad").exists()
+
+
+def test_save_failure_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "settings.json"
+    Settings(max_tokens=7).save(path)
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError):
+        Settings(max_tokens=9).save(path)
+    monkeypatch.undo()
+    assert Settings.load(path).max_tokens == 7
+    assert not path.with_name("settings.json.tmp").exists()

@@ -1,0 +1,1 @@
+"""Small MCP servers that tests start over stdio."""

@@ -1,0 +1,307 @@
+"""The answer cache: look a question up before the model runs, store the reply after.
+
+Usage (the engine thread, the CLI, the GUI)::
+
+    cache = AnswerCache(database_path(), CacheConfig(threshold=0.9))
+    key = CacheKey.for_request(identity, request)            # see keys.py
+    hit = cache.lookup(key, bypass=regenerate_fresh)          # None: ask the model
+    ...
+    cache.put(key, reply_text, reply_ids, generation_s)       # after a finished reply
+
+:meth:`AnswerCache.lookup` returns a :class:`CacheHit` only when the entry has
+the same model identity and context hash and is younger than the TTL, and
+
+* **exact**: the same question after :func:`~engine.answer_cache.keys.normalise`;
+* **semantic**: the nearest stored question (cosine similarity of
+  all-MiniLM-L6-v2 vectors, numpy over the stored float32 rows) is at least
+  ``config.threshold`` similar *and* :func:`~engine.answer_cache.guard.mismatch`
+  finds no difference in numbers, names, negation, comparison, units,
+  operators or question word.  Before the embedder is ready (it loads in the
+  background), lookups are exact-only.
+
+Sampled replies (temperature > 0) are neither served nor stored unless
+``config.allow_sampled``.  Every lookup (not a bypass) counts towards
+:meth:`stats`; a hit adds its saved time.  :meth:`nearest_drafts` gives the
+token ids of the most similar earlier answers as speculative drafts, with no
+threshold or guard (a draft is verified by the model, so a wrong one costs
+only speed).  Errors from the database are :class:`CacheError`; a lookup
+that fails because the database is locked or damaged is the caller's to
+turn into a miss (``lookup(..., quiet=True)`` does that and keeps the error
+in :attr:`last_error`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.answer_cache.embed import Embedder, shared_embedder
+from engine.answer_cache.guard import mismatch
+from engine.answer_cache.keys import CacheKey, ModelIdentity, normalise
+from engine.answer_cache.store import CacheError, CacheStore, Entry
+
+KINDS = ("exact", "semantic")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    enabled: bool = True
+    semantic: bool = True  # similar-question hits (needs the embedding model)
+    threshold: float = 0.86  # least cosine similarity of a semantic hit
+    ttl_s: float | None = 30 * 24 * 3600.0  # entries older than this never hit (None: no limit)
+    max_entries: int = 5000  # least recently used entries beyond this are evicted
+    allow_sampled: bool = False  # also serve and store replies sampled with temperature > 0
+    draft_floor: float = 0.5  # least similarity of an answer offered as a speculative draft
+
+    def problems(self) -> list[str]:
+        out = []
+        if not 0.0 < self.threshold <= 1.0:
+            out.append(f"threshold must be above 0 and at most 1, not {self.threshold!r}")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            out.append(f"ttl_s must be above 0 seconds (or None for no limit), not {self.ttl_s!r}")
+        if self.max_entries < 1:
+            out.append(f"max_entries must be 1 or more, not {self.max_entries!r}")
+        return out
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """A cached reply and what the UI shows about it."""
+
+    kind: str  # "exact" | "semantic"
+    entry_id: int
+    answer: str
+    token_ids: tuple[int, ...]
+    similarity: float  # 1.0 for an exact hit
+    question: str  # the earlier question, as it was asked
+    generation_s: float  # how long the model took to write it originally
+    lookup_s: float  # how long this lookup took (embedding included)
+    saved_s: float  # generation_s - lookup_s, at least 0
+    created: float  # wall-clock time.time() it was stored
+    hits: int  # times it was served before this one
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    entries: int
+    lookups: int
+    exact_hits: int
+    semantic_hits: int
+    saved_s: float  # total generation time saved by hits
+    embedder_ready: bool
+    embedder_error: str | None
+
+    @property
+    def hits(self) -> int:
+        return self.exact_hits + self.semantic_hits
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.lookups if self.lookups else None
+
+
+class AnswerCache:
+    def __init__(self, path: str | Path, config: CacheConfig | None = None, embedder: Embedder | None = None) -> None:
+        """Open (or create) the cache tables in the SQLite file ``path``; ``embedder`` defaults to the shared one.
+
+        Pass ``embedder=Embedder()`` without starting it to keep a cache exact-only.
+        """
+        self.config = config or CacheConfig()
+        if problems := self.config.problems():
+            raise ValueError("; ".join(problems))
+        self.store = CacheStore(path)
+        self.embedder = embedder if embedder is not None else shared_embedder()
+        self.last_error: str | None = None
+
+    def configure(self, **changes: Any) -> None:
+        """Change settings (``threshold``, ``ttl_s``, ``max_entries``...); raises ValueError for bad values."""
+        config = replace(self.config, **changes)
+        if problems := config.problems():
+            raise ValueError("; ".join(problems))
+        self.config = config
+        if "max_entries" in changes:
+            self.store.evict(config.max_entries)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _since(self) -> float:
+        return time.time() - self.config.ttl_s if self.config.ttl_s is not None else float("-inf")
+
+    def _eligible(self, key: CacheKey) -> bool:
+        return self.config.enabled and (key.deterministic or self.config.allow_sampled)
+
+    # -- lookup --------------------------------------------------------------------------------
+
+    def lookup(self, key: CacheKey, *, bypass: bool = False, quiet: bool = False) -> CacheHit | None:
+        """The cached reply for ``key``, or ``None``; ``bypass`` ("regenerate fresh") always misses, uncounted."""
+        if bypass or not self._eligible(key) or not key.question.strip():
+            return None
+        began = time.perf_counter()
+        try:
+            return self._lookup(key, began)
+        except CacheError as exc:
+            if not quiet:
+                raise
+            self.last_error = str(exc)
+            return None
+
+    def _lookup(self, key: CacheKey, began: float) -> CacheHit | None:
+        since = self._since()
+        entry = self.store.find_exact(key.identity.key, key.context, key.question_key, since)
+        kind, similarity = "exact", 1.0
+        if entry is None and self.config.semantic:
+            entry, similarity = self._nearest_guarded(key, since)
+            kind = "semantic"
+        if entry is None or (entry.sampled and not self.config.allow_sampled):
+            self.store.record_lookup()
+            return None
+        lookup_s = time.perf_counter() - began
+        saved = max(0.0, entry.generation_s - lookup_s)
+        self.store.record_lookup(entry.id, kind, saved)
+        return CacheHit(
+            kind=kind,
+            entry_id=entry.id,
+            answer=entry.answer,
+            token_ids=entry.token_ids,
+            similarity=similarity,
+            question=entry.question,
+            generation_s=entry.generation_s,
+            lookup_s=lookup_s,
+            saved_s=saved,
+            created=entry.created,
+            hits=entry.hits,
+        )
+
+    def _ranked(self, question: str, model_key: str, context: str | None, since: float) -> list[tuple[float, int]]:
+        """(similarity, id) of the stored questions, most similar first; empty while the embedder loads."""
+        vector = self.embedder.embed_one(normalise(question))
+        if vector is None:
+            return []
+        self._backfill(model_key)
+        rows = self.store.vectors(model_key, context, since)
+        rows = [(i, blob) for i, blob in rows if blob is not None and len(blob) == vector.nbytes]
+        if not rows:
+            return []
+        matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=np.float32).reshape(len(rows), -1)
+        scores = matrix @ vector
+        order = np.argsort(-scores, kind="stable")
+        return [(float(scores[j]), int(rows[j][0])) for j in order]
+
+    def _nearest_guarded(self, key: CacheKey, since: float) -> tuple[Entry | None, float]:
+        ranked = self._ranked(key.question, key.identity.key, key.context, since)
+        candidates = [(s, i) for s, i in ranked if s >= self.config.threshold][:8]
+        if not candidates:
+            return None, 0.0
+        questions = self.store.questions([i for _, i in candidates])
+        for score, entry_id in candidates:
+            earlier = questions.get(entry_id)
+            if earlier is not None and mismatch(key.question, earlier) is None:
+                return self.store.get(entry_id), min(score, 1.0)
+        return None, 0.0
+
+    def _backfill(self, model_key: str, limit: int = 32) -> None:
+        """Embed entries stored before the embedder was ready (a few per call)."""
+        missing = self.store.without_embedding(model_key, limit)
+        if not missing:
+            return
+        vectors = self.embedder.embed([normalise(q) for _, q in missing])
+        if vectors is not None:
+            self.store.set_embeddings([(i, v.tobytes()) for (i, _), v in zip(missing, vectors, strict=True)])
+
+    # -- store ---------------------------------------------------------------------------------
+
+    def put(self, key: CacheKey, answer: str, token_ids: Sequence[int], generation_s: float) -> int | None:
+        """Store a finished reply; returns its id, or ``None`` when the cache is off or the reply is not cacheable.
+
+        Store only complete replies (finish reason "stop" or "length"), never a cancelled or failed one.
+        """
+        if not self._eligible(key) or not key.question.strip() or not answer:
+            return None
+        vector = self.embedder.embed_one(normalise(key.question)) if self.config.semantic else None
+        entry_id = self.store.upsert(
+            {
+                "model_key": key.identity.key,
+                "model_name": key.identity.name,
+                "weight_hash": key.identity.weight_hash,
+                "dtype": key.identity.dtype,
+                "quant": key.identity.quant,
+                "context_hash": key.context,
+                "question_key": key.question_key,
+                "question_norm": normalise(key.question),
+                "question": key.question,
+                "answer": answer,
+                "token_ids": list(token_ids),
+                "generation_s": float(generation_s),
+                "embedding": None if vector is None else vector.tobytes(),
+                "sampled": not key.deterministic,
+                "tools": key.tools,
+            }
+        )
+        if self.config.ttl_s is not None:
+            self.store.delete_older(self._since())
+        self.store.evict(self.config.max_entries)
+        return entry_id
+
+    # -- drafts --------------------------------------------------------------------------------
+
+    def nearest_drafts(self, question: str, identity: ModelIdentity, limit: int = 3) -> list[list[int]]:
+        """Token ids of the earlier answers (same model, any context) most similar to ``question``.
+
+        Uses embeddings when ready (similarity at least ``config.draft_floor``), else word overlap of the
+        most recent questions (Jaccard at least 0.5).  Never counted as a lookup.
+        """
+        if not self.config.enabled or not question.strip() or limit < 1:
+            return []
+        since = self._since()
+        ranked = [(s, i) for s, i in self._ranked(question, identity.key, None, since) if s >= self.config.draft_floor]
+        if not ranked:
+            words = set(normalise(question).split())
+            scored = []
+            for entry_id, earlier in self.store.recent(identity.key, since, 500):
+                other = set(normalise(earlier).split())
+                overlap = len(words & other) / len(words | other) if words | other else 0.0
+                if overlap >= 0.5:
+                    scored.append((overlap, entry_id))
+            ranked = sorted(scored, reverse=True)
+        ids = [i for _, i in ranked[:limit]]
+        found = self.store.token_ids(ids) if ids else {}
+        return [list(found[i]) for i in ids if found.get(i)]
+
+    # -- staleness -----------------------------------------------------------------------------
+
+    def delete(self, entry_id: int) -> bool:
+        return self.store.delete(entry_id)
+
+    def clear(self) -> int:
+        """Delete every entry and reset the counters; returns how many entries went."""
+        return self.store.clear()
+
+    def invalidate_model(self, identity: ModelIdentity, *, keep: bool = False) -> int:
+        """Delete the answers of ``identity`` (``keep=True``: of every other model instead)."""
+        return self.store.delete_model(identity.key, keep=keep)
+
+    def invalidate_tool(self, tool: str) -> int:
+        """Delete the answers of requests that had ``tool`` enabled (its data changed)."""
+        return self.store.delete_tool(tool)
+
+    def expire(self) -> int:
+        """Delete entries older than the TTL now (lookups ignore them anyway)."""
+        return self.store.delete_older(self._since()) if self.config.ttl_s is not None else 0
+
+    def stats(self) -> CacheStats:
+        counters = self.store.counters()
+        return CacheStats(
+            entries=self.store.count(),
+            lookups=int(counters["lookups"]),
+            exact_hits=int(counters["exact_hits"]),
+            semantic_hits=int(counters["semantic_hits"]),
+            saved_s=counters["saved_s"],
+            embedder_ready=self.embedder.ready,
+            embedder_error=self.embedder.error,
+        )

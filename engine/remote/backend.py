@@ -1,0 +1,368 @@
+"""A :class:`~engine.api.Backend` over any OpenAI-compatible streaming server (llama.cpp, vLLM, SGLang, Ollama, TGI).
+
+``RemoteBackend(on_event, base_url, model=None, api_key=None, ...)``: every
+method returns at once; events come through ``on_event`` from the backend's
+own worker thread, in the same order as the local engine's: ``load(spec)``
+gives ``Loaded`` (device ``"remote"``) or ``LoadFailed``; each submitted
+request gives ``Started``, one ``Token`` per streamed text delta (``ids``
+empty: these servers send none), then one ``Done`` (metrics: see
+:mod:`engine.remote.metrics`) or one ``Error`` whose ``partial_text`` keeps
+what arrived.  Requests are served one at a time, in order.
+
+Why the ``openai`` SDK: it is the reference client for this API (auth header,
+SSE decoding, error classes with the response, mid-stream error objects), and
+its chunk models keep the fields a server adds (llama.cpp's ``timings``) in
+``model_extra``.  It is used with ``max_retries=0`` (a retry is the user's
+call: a 429 says when) and ``stream_options.include_usage``.
+
+Cancel, at once: each request is read by its own reader thread, and the worker
+waits on a queue that both the reader and ``cancel`` write to, so ``Done
+(finish_reason="cancelled")`` with the partial text goes out as soon as
+``cancel`` is called, even while the server sends nothing.  The connection is
+closed by shutting its socket down (``shutdown(SHUT_RDWR)`` wakes the reader
+blocked in ``recv``), so the server sees the closed connection and stops
+generating; a cancel that comes before the response headers closes it as soon
+as they arrive.
+
+The API key is sent only in the ``Authorization`` header: it is never logged,
+never in ``repr`` and never in a message (see :func:`engine.remote.errors.redact`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import queue
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+
+from engine.api import Done, Error, Loaded, LoadFailed, Metrics, ModelInfo, ModelSpec, OnEvent, Request, Started, Token
+
+from .errors import RemoteError, check_base_url, describe, redact
+from .metrics import ReplyStats
+
+_STOP = object()
+_KEEP_RESULTS = 64
+
+
+@dataclass(frozen=True)
+class RemoteResult:
+    """How one request ended, with the server's own figures (``usage``, ``timings``...) as it reported them."""
+
+    request_id: str
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled" | "error"
+    metrics: Metrics = field(default_factory=Metrics)
+    server: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+
+def make_client(
+    base_url: str, api_key: str | None, connect_timeout: float = 10.0, read_timeout: float = 120.0
+) -> openai.OpenAI:
+    """An SDK client for ``base_url`` that never retries on its own and never reads ``OPENAI_*`` keys."""
+    return openai.OpenAI(
+        base_url=check_base_url(base_url),
+        api_key=api_key or "no-key",  # servers without auth ignore the header; the SDK needs some value
+        max_retries=0,
+        timeout=httpx2.Timeout(read_timeout, connect=connect_timeout),
+    )
+
+
+def list_models(
+    base_url: str, api_key: str | None = None, timeout: float = 10.0, *, client: openai.OpenAI | None = None
+) -> list[str]:
+    """The model ids a server lists at ``/v1/models``, in its order; :class:`RemoteError` says why not."""
+    where = check_base_url(base_url)
+    own = client is None
+    client = client or make_client(where, api_key, connect_timeout=timeout, read_timeout=timeout)
+    try:
+        page = client.models.list()
+        return [str(m.id) for m in page.data if getattr(m, "id", None)]
+    except Exception as exc:  # every failure becomes one message for the user
+        raise RemoteError(redact(describe(exc, where=where, read_timeout=timeout), api_key)) from None
+    finally:
+        if own:
+            client.close()
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _shutdown(response: httpx2.Response | None) -> None:
+    """Close the response's TCP connection now, waking a thread blocked reading it."""
+    if response is None:
+        return
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, also under TLS
+    else:
+        with contextlib.suppress(Exception):
+            response.close()
+
+
+class _Reader:
+    """Reads one streamed reply on its own thread into ``items``: ("chunk", chunk, t), ("end",), ("fail", exc)."""
+
+    def __init__(self, client: openai.OpenAI, params: dict[str, Any], items: queue.Queue[tuple[Any, ...]]) -> None:
+        self.client = client
+        self.params = params
+        self.items = items
+        self.lock = threading.Lock()
+        self.response: httpx2.Response | None = None
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="brisk-remote-reader", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            stream = self.client.chat.completions.create(**self.params)
+            with self.lock:
+                self.response = stream.response
+                closed = self.closed
+            if closed:
+                _shutdown(stream.response)
+                stream.close()
+                return
+            for chunk in stream:
+                self.items.put(("chunk", chunk, time.perf_counter()))
+            self.items.put(("end", None, time.perf_counter()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the worker, which reports it
+            self.items.put(("fail", exc, time.perf_counter()))
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            response = self.response
+        _shutdown(response)
+
+
+class RemoteBackend:
+    """Drives an OpenAI-compatible server; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        on_event: OnEvent,
+        base_url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        *,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 120.0,
+        include_usage: bool = True,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        self.base_url = check_base_url(base_url)  # RemoteError for anything but http(s)
+        self.on_event = on_event
+        self.model = model or ""
+        self._api_key = api_key or None
+        self.read_timeout = read_timeout
+        self.include_usage = include_usage
+        self.extra_body = dict(extra_body or {})
+        self.client = make_client(self.base_url, self._api_key, connect_timeout, read_timeout)
+        self.loaded: Loaded | None = None
+        self.last_result: RemoteResult | None = None
+        self.results: OrderedDict[str, RemoteResult] = OrderedDict()  # the last few, by request id
+        self._jobs: queue.Queue[object] = queue.Queue()
+        self._lock = threading.Lock()
+        self._cancelled: set[str] = set()
+        self._active: dict[str, tuple[_Reader, queue.Queue[tuple[Any, ...]]]] = {}
+        self._thread = threading.Thread(target=self._work, name="brisk-remote", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"RemoteBackend({self.base_url!r}, model={self.model!r}, api_key={'set' if self._api_key else 'none'})"
+
+    # -- the Backend protocol ----------------------------------------------------------------------
+
+    def load(self, spec: ModelSpec) -> None:
+        self._jobs.put(("load", spec))
+
+    def submit(self, request: Request) -> None:
+        if not request.submitted_at:
+            request = dataclasses.replace(request, submitted_at=time.perf_counter())
+        self._jobs.put(("submit", request))
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.add(request_id)
+            active = self._active.get(request_id)
+        if active is not None:
+            reader, items = active
+            items.put(("cancel", None, time.perf_counter()))  # the worker ends the reply now...
+            reader.close()  # ...and the server sees the connection close
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            active = list(self._active)
+        for request_id in active:
+            self.cancel(request_id)
+        self._jobs.put(_STOP)
+        self._thread.join(timeout)
+        self.client.close()
+
+    # -- the worker thread -------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            assert isinstance(job, tuple)
+            kind, payload = job
+            if kind == "load":
+                self._load(payload)
+            else:
+                self._serve(payload)
+
+    def _message(self, exc: BaseException) -> str:
+        text = describe(exc, where=self.base_url, model=self.model, read_timeout=self.read_timeout)
+        return redact(text, self._api_key)
+
+    def _load(self, spec: ModelSpec) -> None:
+        t0 = time.perf_counter()
+        wanted = spec.source or self.model
+        try:
+            models = list_models(self.base_url, self._api_key, client=self.client)
+        except RemoteError as exc:
+            self.on_event(LoadFailed(str(exc)))
+            return
+        if wanted and wanted not in models:
+            listed = ", ".join(models[:10]) or "none"
+            self.on_event(
+                LoadFailed(
+                    f"The server at {self.base_url} has no model {wanted!r}; it lists: {listed}. Pick one of those."
+                )
+            )
+            return
+        if not wanted and not models:
+            where = self.base_url
+            self.on_event(LoadFailed(f"The server at {where} lists no models at /v1/models; load one there first."))
+            return
+        self.model = wanted or models[0]
+        self.loaded = Loaded(self.model, "remote", "", time.perf_counter() - t0, ModelInfo())
+        self.on_event(self.loaded)
+
+    def _params(self, request: Request) -> dict[str, Any]:
+        s = request.sampling
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": [dict(m) for m in request.messages],
+            "stream": True,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "max_tokens": s.max_tokens,
+        }
+        if s.seed is not None:
+            params["seed"] = s.seed
+        if s.stop:
+            params["stop"] = list(s.stop)
+        if self.include_usage:
+            params["stream_options"] = {"include_usage": True}
+        extra = dict(self.extra_body)
+        if s.top_k:  # vLLM, SGLang, llama.cpp and TGI read top_k; others ignore it
+            extra.setdefault("top_k", s.top_k)
+        if s.repetition_penalty != 1.0:  # vLLM/SGLang/TGI name it repetition_penalty, llama.cpp repeat_penalty
+            extra.setdefault("repetition_penalty", s.repetition_penalty)
+            extra.setdefault("repeat_penalty", s.repetition_penalty)
+        if extra:
+            params["extra_body"] = extra
+        return params
+
+    def _end(self, request: Request, stats: ReplyStats, t: float, reason: str, error: str = "") -> None:
+        metrics = stats.metrics(t)
+        result = RemoteResult(request.id, stats.text, reason, metrics, stats.server(), error)
+        self.last_result = result
+        self.results[request.id] = result
+        while len(self.results) > _KEEP_RESULTS:
+            self.results.popitem(last=False)
+        t_rel = t - request.submitted_at
+        if error:
+            self.on_event(Error(request.id, t_rel, error, stats.text))
+        else:
+            self.on_event(Done(request.id, t_rel, stats.text, reason, metrics))
+
+    def _serve(self, request: Request) -> None:
+        t0 = request.submitted_at
+        stats = ReplyStats(t0)
+        self.on_event(Started(request.id, time.perf_counter() - t0))
+        with self._lock:
+            cancelled = request.id in self._cancelled
+        if cancelled:
+            self._forget(request.id)
+            self._end(request, stats, time.perf_counter(), "cancelled")
+            return
+        problems = request.sampling.problems()
+        if not self.loaded:
+            problems = ["no server model is loaded yet: wait for the connection or pick a server in Settings"]
+        if problems:
+            message = "Cannot send this request: " + "; ".join(problems) + "."
+            self._end(request, stats, time.perf_counter(), "error", message)
+            return
+        items: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        reader = _Reader(self.client, self._params(request), items)
+        with self._lock:
+            self._active[request.id] = (reader, items)
+            if request.id in self._cancelled:
+                items.put(("cancel", None, time.perf_counter()))
+        reader.thread.start()
+        try:
+            self._pump(request, stats, reader, items)
+        finally:
+            self._forget(request.id)
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._active.pop(request_id, None)
+            self._cancelled.discard(request_id)
+
+    def _pump(self, request: Request, stats: ReplyStats, reader: _Reader, items: queue.Queue[tuple[Any, ...]]) -> None:
+        t0 = request.submitted_at
+        while True:
+            kind, payload, t = items.get()
+            if kind == "cancel":
+                reader.close()
+                self._end(request, stats, t, "cancelled")
+                return
+            if kind == "fail":
+                reader.close()
+                self._end(request, stats, t, "error", self._message(payload))
+                return
+            if kind == "end":
+                if stats.finish_reason is None:
+                    cut = (
+                        f"The server at {self.base_url} ended the stream without finishing the reply "
+                        f"(after {len(stats.times)} tokens); the partial reply is kept. "
+                        "Check the server's log and try again."
+                    )
+                    self._end(request, stats, t, "error", cut)
+                else:
+                    self._end(request, stats, t, _finish(stats.finish_reason))
+                return
+            try:
+                texts = stats.add(payload, t)
+            except Exception as exc:  # a chunk that is not a chat-completion chunk
+                reader.close()
+                self._end(request, stats, t, "error", self._message(exc))
+                return
+            for text in texts:
+                self.on_event(Token(request.id, t - t0, text))
+
+
+def remote_backend(base_url: str, model: str | None = None, api_key: str | None = None, **options: Any) -> Any:
+    """A factory for :class:`engine.client.Client`: ``Client(remote_backend(url, model, key))``."""
+    check_base_url(base_url)
+
+    def make(on_event: OnEvent) -> RemoteBackend:
+        return RemoteBackend(on_event, base_url, model, api_key, **options)
+
+    return make

@@ -88,6 +88,8 @@ def _calls_from_json(text: str) -> list[Call]:
 
 
 def _looks_like_call(obj: object) -> bool:
+    if isinstance(obj, Mapping) and isinstance(obj.get("function"), Mapping):
+        obj = obj["function"]
     return isinstance(obj, Mapping) and isinstance(obj.get("name"), str) and ("arguments" in obj or "parameters" in obj)
 
 

@@ -1,0 +1,67 @@
+"""Headless commands: ``brisk ask``, ``brisk chat``, ``brisk compare``, ``brisk doctor``, ``brisk bench``.
+
+``build_parser()`` is the whole command line (``app.cli`` adds the window).
+Each command lives in a module of its own; ``engine.cli.common`` has what
+they share.  The JSON contract (``--json``, one object per line) is stable:
+every event has ``type`` and ``t`` (seconds since the request,
+``time.perf_counter()``); token events are ``{"type": "token", "t", "text",
+"ids", "draft"}``; each reply ends with ``{"type": "done", "t", "text",
+"finish_reason", "metrics"}``; failures are ``{"type": "error", "message"}``
+and a non-zero exit code (2: the model could not be loaded, 3: the request or
+its input was refused or failed).  ``brisk compare --json`` prints one
+``{"type": "compare", ...}`` object per configuration (see ``engine.compare``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.cli.chat import cmd_ask, cmd_chat
+from engine.cli.common import EXIT_MODEL, EXIT_REQUEST, add_model_args, add_request_args, emit_json
+from engine.cli.compare import add_compare_parser
+
+__all__ = ["EXIT_MODEL", "EXIT_REQUEST", "build_parser"]
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from engine.doctor import report
+
+    data = report()
+    if args.json:
+        emit_json(data)
+    else:
+        for key, value in data.items():
+            print(f"{key:>22}: {value}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from engine.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="brisk", description="Brisk: low-latency chat with local models")
+    add_model_args(parser)
+    sub = parser.add_subparsers(dest="command")
+    ask = sub.add_parser("ask", help="one reply to PROMPT")
+    ask.add_argument("prompt")
+    add_request_args(ask)
+    ask.set_defaults(func=cmd_ask)
+    chat = sub.add_parser("chat", help="a conversation, one user message per line of standard input")
+    add_request_args(chat)
+    chat.set_defaults(func=cmd_chat)
+    add_compare_parser(sub)
+    doctor = sub.add_parser("doctor", help="report on this machine: torch, devices, dtypes, quantization")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+    bench = sub.add_parser("bench", help="benchmarks; prints a table and writes JSON")
+    bench.add_argument("scenario", nargs="?", default="foundation")
+    bench.add_argument("--runs", type=int, default=5)
+    bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
+    bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
+    bench.add_argument("--only", default="", help="speculative: only the prompts whose name contains this")
+    add_model_args(bench)
+    bench.set_defaults(func=cmd_bench)
+    return parser

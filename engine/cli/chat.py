@@ -1,0 +1,88 @@
+"""``brisk ask PROMPT`` (one reply) and ``brisk chat`` (one user message per line of standard input).
+
+Both check every value before the model loads (a problem exits with
+``EXIT_REQUEST`` and a message naming the flag), stream each reply's events
+(``--json``: one object per line), and end with a non-zero exit when a request
+failed or a line of input was not UTF-8; a bad line ends the conversation
+there, after the replies to the lines before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections.abc import Iterator
+
+from engine.api import Done, Error, Request
+from engine.cli.common import (
+    EXIT_MODEL,
+    EXIT_REQUEST,
+    InputError,
+    fail,
+    fail_problems,
+    load_client,
+    print_event,
+    request_problems,
+    sampling_from,
+    stdin_lines,
+    system_text,
+)
+from engine.client import LoadError
+from engine.storage import Settings
+
+
+def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
+    settings = Settings()
+    problems = request_problems(args, settings)
+    if problems:
+        return fail_problems(problems, args.json)
+    try:
+        system = system_text(args.system)
+    except InputError as exc:
+        return fail(str(exc), args.json, EXIT_REQUEST)
+    try:
+        session = load_client(args, settings)
+    except LoadError as exc:
+        return fail(str(exc), args.json, EXIT_MODEL)
+    try:
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
+        conversation = uuid.uuid4().hex
+        sampling = sampling_from(args, settings)
+        status = 0
+        try:
+            for line in lines:
+                text = line.rstrip("\r\n")
+                if not text.strip():
+                    continue
+                messages.append({"role": "user", "content": text})
+                request = Request(
+                    id=uuid.uuid4().hex,
+                    messages=tuple(messages),
+                    sampling=sampling,
+                    conversation_id=conversation,
+                    prefix_cache=not args.no_prefix_cache,
+                    speculative=args.speculative,
+                )
+                reply = ""
+                for event in session.stream(request):
+                    print_event(event, args.json)
+                    if isinstance(event, Done):
+                        reply = event.text
+                    elif isinstance(event, Error):
+                        status = EXIT_REQUEST
+                messages.append({"role": "assistant", "content": reply})
+        except InputError as exc:
+            return fail(str(exc), args.json, EXIT_REQUEST)
+        return status
+    finally:
+        session.close()
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        return fail("The message is empty. Type something to ask.", args.json, EXIT_REQUEST)
+    return run_conversation(args, iter([args.prompt]))
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    return run_conversation(args, stdin_lines())

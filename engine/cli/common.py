@@ -1,0 +1,225 @@
+"""What the headless commands share: flags, input checks, the model, printing.
+
+Every value a command line gives is checked here before a model is loaded, and
+a problem is a message that names the flag to change (``request_problems``).
+Text from the user (an argument, a line of standard input, a ``--system
+@FILE``) must be UTF-8: text that is not is refused with a message saying which
+input it was and how to convert it, rather than decoded with replacement
+characters, because a silently altered prompt gives a reply to something the
+user never wrote (and the refusal costs one ``iconv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Done, Error, Event, ModelSpec, Sampling, Token
+from engine.client import Client, LoadError, local_backend
+from engine.storage import Settings
+
+EXIT_MODEL = 2
+EXIT_REQUEST = 3
+SYSTEM_FILE_LIMIT = 1 << 20  # bytes; a system prompt has to fit a context of a few thousand tokens
+CONVERT_HINT = "Convert it to UTF-8 (for example with `iconv -f latin1 -t utf-8`) and try again."
+
+
+class InputError(Exception):
+    """Input the command cannot use; the message says what to change."""
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="HF model folder, .gguf file or hub id (default: bundled)")
+    parser.add_argument("--device", default=None, choices=DEVICES)
+    parser.add_argument("--dtype", default=None, choices=DTYPES)
+    parser.add_argument(
+        "--quant",
+        default=None,
+        help=f"weight quantization: {', '.join(QUANT_MODES)} (see `brisk doctor`)",
+    )
+
+
+def add_request_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--system", default=None, help="system prompt TEXT, or @FILE to read it from a file")
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--temperature", type=float, default=None, help="0 means greedy")
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--repetition-penalty", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="turn KV/prefix caching off")
+    parser.add_argument(
+        "--speculative",
+        default="off",
+        choices=SOURCES,
+        help="speculative decoding source (default off)",
+    )
+    parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
+    parser.add_argument("--draft-quant", default=None, help="the draft model's quantization (as --quant)")
+    parser.add_argument("--json", action="store_true", help="one JSON event per line")
+
+
+def model_spec(args: argparse.Namespace) -> ModelSpec:
+    """The model the command line asks for (defaults for what it leaves out)."""
+    return ModelSpec(
+        source=getattr(args, "model", None) or "",
+        device=getattr(args, "device", None) or "auto",
+        dtype=getattr(args, "dtype", None) or "auto",
+        draft=getattr(args, "draft_model", "") or "",
+        draft_quant=getattr(args, "draft_quant", None) or "none",
+        quant=getattr(args, "quant", None) or "none",
+    )
+
+
+def load_client(args: argparse.Namespace, settings: Settings, spec: ModelSpec | None = None) -> Client:
+    """A client with the model loaded; a load that fails, or a draft model that cannot be used, raises LoadError."""
+    client = Client(local_backend(prefix_cache_bytes=settings.prefix_cache_mb << 20))
+    try:
+        client.load(spec or model_spec(args))
+        if client.warnings:
+            raise LoadError(client.warnings[0].message)
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
+    """The sampling values asked for, unchecked (see ``request_problems``); the CLI is greedy unless told."""
+
+    def pick(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    return Sampling(
+        temperature=pick("temperature", 0.0),
+        top_p=pick("top_p", settings.top_p),
+        top_k=pick("top_k", settings.top_k),
+        repetition_penalty=pick("repetition_penalty", settings.repetition_penalty),
+        seed=pick("seed", None),
+        max_tokens=pick("max_tokens", settings.max_tokens),
+        stop=tuple(getattr(args, "stop", None) or ()),
+    )
+
+
+def flag_problems(sampling: Sampling) -> list[str]:
+    """``Sampling.problems()`` with each field named as the flag that sets it."""
+    names = sorted((f.name for f in fields(Sampling)), key=len, reverse=True)
+    out = []
+    for problem in sampling.problems():
+        name = next((n for n in names if problem.startswith(n)), None)
+        out.append(f"--{name.replace('_', '-')}{problem[len(name) :]}" if name else problem)
+    return out
+
+
+def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
+    """Everything wrong with the command line's values, each said as what to change (empty: all good)."""
+    problems = flag_problems(sampling_from(args, settings))
+    for flag in ("--quant", "--draft-quant"):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None and value not in QUANT_MODES:
+            problems.append(f"{flag} {value!r} is not a quantization mode; choose one of {', '.join(QUANT_MODES)}")
+    if getattr(args, "speculative", "off") == "draft" and not getattr(args, "draft_model", ""):
+        problems.append("--speculative draft needs a draft model: add --draft-model PATH")
+    for name in ("prompt", "system"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and not (name == "system" and value.startswith("@")):
+            problems.extend(p for p in [utf8_problem(f"The {name} argument", value)] if p)
+    for i, stop in enumerate(getattr(args, "stop", None) or ()):
+        problems.extend(p for p in [utf8_problem(f"--stop value {i + 1}", stop)] if p)
+    return problems
+
+
+def utf8_problem(what: str, text: str) -> str | None:
+    """Why ``text`` (an argument, decoded by Python with ``surrogateescape``) is not UTF-8, or None."""
+    for i, ch in enumerate(text):
+        if "\udc80" <= ch <= "\udcff":
+            return f"{what} is not valid UTF-8 (byte 0x{ord(ch) - 0xDC00:02x} at character {i + 1}). {CONVERT_HINT}"
+        if "\ud800" <= ch <= "\udfff":
+            return f"{what} is not valid UTF-8 (a lone surrogate at character {i + 1}). {CONVERT_HINT}"
+    return None
+
+
+def decode_utf8(what: str, data: bytes) -> str:
+    """``data`` as text, or InputError saying where it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at byte {exc.start + 1}). {CONVERT_HINT}"
+        ) from None
+
+
+def system_text(value: str | None) -> str | None:
+    """``--system TEXT`` as given, or ``@FILE``'s text (at most ``SYSTEM_FILE_LIMIT`` bytes of UTF-8)."""
+    if not value or not value.startswith("@"):
+        return value
+    path = Path(value[1:]).expanduser()
+    try:
+        with path.open("rb") as file:
+            data = file.read(SYSTEM_FILE_LIMIT + 1)  # never more: @/dev/zero must not fill the memory
+    except OSError as exc:
+        raise InputError(f"Cannot read the system prompt file {path}: {exc.strerror or exc}.") from None
+    if len(data) > SYSTEM_FILE_LIMIT:
+        raise InputError(
+            f"The system prompt file {path} is larger than {SYSTEM_FILE_LIMIT >> 20} MB; "
+            "a system prompt has to fit the model's context. Use a shorter file."
+        )
+    return decode_utf8(f"The system prompt file {path}", data)
+
+
+def stdin_lines() -> Iterator[str]:
+    """Standard input's lines, each checked to be UTF-8 (InputError names the first bad line)."""
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        yield decode_utf8(f"Line {number} of standard input", raw)
+
+
+def emit_json(payload: dict) -> None:
+    sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def fail(message: str, as_json: bool, code: int) -> int:
+    if as_json:
+        emit_json({"type": "error", "t": 0.0, "message": message})
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def fail_problems(problems: list[str], as_json: bool) -> int:
+    text = "; ".join(p.rstrip(".") for p in problems)
+    return fail(f"Cannot send this request: {text}.", as_json, EXIT_REQUEST)
+
+
+def print_event(event: Event, as_json: bool) -> None:
+    if as_json:
+        data = event.to_json()
+        if isinstance(event, Token):
+            data["ids"] = list(event.ids)
+        emit_json(data)
+    elif isinstance(event, Token):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    elif isinstance(event, Done):
+        m = event.metrics
+        sys.stdout.write("\n")
+        parts = [f"TTFT {m.ttft_s:.3f} s" if m.ttft_s is not None else ""]
+        if m.tokens_per_s:
+            parts.append(f"{m.tokens_per_s:.1f} tok/s")
+        parts.append(f"{m.completion_tokens} tokens")
+        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
+        if m.drafted:
+            parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
+        if m.speedup:
+            parts.append(f"{m.speedup:.2f}x plain decode")
+        print(" · ".join(p for p in parts if p), file=sys.stderr)
+    elif isinstance(event, Error):
+        print(f"error: {event.message}", file=sys.stderr)

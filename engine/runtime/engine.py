@@ -35,6 +35,7 @@ from engine.api import (
     ModelInfo,
     ModelSpec,
     Request,
+    Sampling,
     Started,
     Token,
     Warning,
@@ -51,6 +52,11 @@ from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
+
+
+def kv_file(identity: str) -> Path:
+    """Where the system-prompt KV of the model ``identity`` is saved."""
+    return cache_dir() / "kv" / f"{identity}.safetensors"
 
 
 def conversation_key(conversation_id: str) -> str:
@@ -106,55 +112,84 @@ class Engine:
 
     # -- engine thread ----------------------------------------------------------
     def _loop(self) -> None:
+        """Serve the queue until ``shutdown``; nothing that raises here ends the thread."""
         while True:
             kind, item = self._queue.get()
             if kind == "stop":
                 return
             try:
                 if kind == "load":
-                    try:
-                        self._load(item)
-                    except Exception as exc:  # a load must always end in Loaded or LoadFailed
-                        traceback.print_exc()
-                        self.on_event(LoadFailed(f"Unexpected error while loading the model: {exc}"))
+                    self._load_reported(item)
                 elif kind == "request":
                     self._serve(item)
                 elif kind == "call":
-                    item(self)
-            except Exception:  # never let the thread die; report instead
+                    self._call(item)
+            except Exception:  # a failing on_event callback: nothing left to report it to
                 traceback.print_exc()
 
+    def _call(self, fn: Callable[[Engine], Any]) -> None:
+        try:
+            fn(self)
+        except Exception as exc:  # reported, never fatal: the engine goes on with the next item
+            traceback.print_exc()
+            name = getattr(fn, "__name__", "an engine task")
+            self.on_event(Warning("engine", f"{name} failed ({type(exc).__name__}: {exc}); the engine goes on."))
+
+    def _load_reported(self, spec: ModelSpec) -> None:
+        """Load ``spec``; whatever happens, send ``Loaded`` or ``LoadFailed`` (the old model stays on failure)."""
+        try:
+            self._load(spec)
+        except ModelLoadError as exc:
+            self.on_event(LoadFailed(str(exc)))
+        except Exception as exc:
+            traceback.print_exc()
+            self.on_event(
+                LoadFailed(
+                    f"Unexpected error while loading the model ({type(exc).__name__}: {exc}). "
+                    "Check the model and the data folder, or pick another model in Settings."
+                )
+            )
+
     def _load(self, spec: ModelSpec) -> None:
+        """Build the model and everything that belongs to it, then switch to it all at once."""
+
         def progress(fraction: float, message: str) -> None:
             self.on_event(LoadProgress(fraction, message))
 
-        try:
-            loaded = load_model(spec, progress)
-        except ModelLoadError as exc:
-            self.on_event(LoadFailed(str(exc)))
-            return  # any other exception becomes a LoadFailed in _loop
-        self.loaded = loaded
-        self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
-        self.decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
-        self.prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+        loaded = load_model(spec, progress)
+        warnings: list[Warning] = []
+        decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
         # on this (the engine's) thread, whose malloc arena the KV buffers will come from
         loaded.info["kv_reserved_bytes"] = reserve(min(self.options.prefix_cache_bytes, KV_RESERVE_BYTES))
-        warm = self.prefix_cache.load(self._kv_file()) if self.options.persist_prefixes else 0
-        loaded.info["warm_prefixes"] = warm
-        self.draft = None
+        prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+        if self.options.persist_prefixes:
+            try:
+                loaded.info["warm_prefixes"] = prefix_cache.load(kv_file(loaded.identity))
+            except Exception as exc:  # saved prompt caches only save time: start cold
+                traceback.print_exc()
+                prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
+                loaded.info["warm_prefixes"] = 0
+                message = f"Saved prompt caches were not used ({exc}); the first reply starts cold."
+                warnings.append(Warning("cache", message))
+        draft = None
         if spec.draft:
             try:
-                self.draft = DraftModel(load_draft(spec, loaded).model)
+                draft = DraftModel(load_draft(spec, loaded).model)
                 loaded.info["draft_model"] = spec.draft
                 loaded.info["draft_quant"] = getattr(spec, "draft_quant", "none")
-            except ModelLoadError as exc:
-                loaded.info["draft_error"] = str(exc)
+            except Exception as exc:  # the target runs without it
+                if not isinstance(exc, ModelLoadError):
+                    traceback.print_exc()
+                    exc = ModelLoadError(f"{type(exc).__name__}: {exc}")
+                warnings.append(Warning("draft", f"Draft model not used: {exc}"))
         dtype = str(loaded.dtype).removeprefix("torch.")
         known = {f.name for f in dataclasses.fields(ModelInfo)}
         info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
+        self.loaded, self.decoder, self.prefix_cache, self.draft = loaded, decoder, prefix_cache, draft
+        self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
         self.on_event(Loaded(loaded.name, loaded.device.type, dtype, loaded.load_s, info))
-        if "draft_error" in loaded.info:
-            self.on_event(Warning("draft", f"Draft model not used: {loaded.info['draft_error']}"))
+        for warning in warnings:
+            self.on_event(warning)
 
     def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
         """The draft sources for this request, best first (``auto``: all that are available)."""
@@ -197,10 +232,6 @@ class Engine:
 
         self.call(add)
 
-    def _kv_file(self) -> Path:
-        assert self.loaded is not None
-        return cache_dir() / "kv" / f"{self.loaded.identity}.safetensors"
-
     def _remember(self, state: KVState, system_tokens: int, conversation_key: str) -> None:
         """Keep this conversation's KV, and its system prompt's KV under a key of its own."""
         cache = self.prefix_cache
@@ -211,7 +242,7 @@ class Engine:
             is_new = key not in cache.entries
             cache.insert(key, state, system_tokens)
             if is_new and self.options.persist_prefixes and key in cache.entries:
-                cache.save(self._kv_file())
+                cache.save(kv_file(cache.identity))
         cache.insert(conversation_key, state, live=True)
 
     def _is_cancelled(self, request_id: str) -> bool:
@@ -224,7 +255,12 @@ class Engine:
             self._serve_checked(request, reply)
         except Exception as exc:  # whatever raised, the request ends with one Error
             traceback.print_exc()
-            reply.fail(f"The model failed while generating: {type(exc).__name__}: {exc}")
+            if self.draft is not None:
+                self.draft.state = KVState()  # a step that failed half-way may have left its KV uneven
+            reply.fail(
+                f"The reply failed ({type(exc).__name__}: {exc}). The text so far is kept; "
+                "try again, and if it keeps failing, reload the model or pick another in Settings."
+            )
         finally:
             with self._lock:
                 self._cancelled.discard(request.id)
@@ -282,7 +318,11 @@ class Engine:
 
 def request_problems(request: Request) -> list[str]:
     """What is wrong with a request's values, each said as what to change."""
+    if not isinstance(request.sampling, Sampling):
+        return [f"sampling must be an engine.api.Sampling, not {type(request.sampling).__name__}"]
     problems = request.sampling.problems()
+    if not isinstance(request.sampling.stop, tuple | list):
+        problems.append(f"stop must be a list of strings, not {request.sampling.stop!r}")
     if request.speculative not in SOURCES:
         problems.append(f"unknown speculative source {request.speculative!r}; choose one of {', '.join(SOURCES)}")
     if not request.messages or not all(

@@ -1,137 +1,133 @@
 """The one door between the GUI and the engine.
 
-:class:`EngineBridge` owns an engine object (anything with the
-``load``/``submit``/``cancel``/``shutdown`` methods of ``engine.runtime.engine.Engine``)
-and re-emits every engine event on its single ``event = Signal(object)``.  The
-engine calls back from its own thread; the signal crosses to the GUI thread as
-a queued connection, so slots always run on the GUI thread.  Widgets never
-call the engine: they call the bridge.
+:class:`EngineBridge` owns a backend (an :class:`engine.api.Backend`: the
+local engine thread or, later, a remote server) and re-emits every event the
+backend sends on its single ``event = Signal(object)``.  The backend calls
+back from its own thread; the signal crosses to the GUI thread as a queued
+connection, so slots always run on the GUI thread.  Widgets never call the
+backend: they call the bridge, whose methods are everything the window needs:
 
-``engine_factory(on_event)`` builds the engine (default: ``engine.runtime.engine.Engine``,
-imported inside the function).  It is called on the bridge's worker thread at
-the first :meth:`load`, so the window appears before the heavy import (torch)
-finishes; if the import or construction fails the bridge emits ``LoadFailed``
-with the reason.  ``load`` builds the model spec on that same worker with
-``spec_factory`` (default: ``engine.runtime.engine.ModelSpec``).  :attr:`engine` is
-``None`` until then; a request submitted before the engine exists gets an
-``Error`` event at once.
+* :meth:`load` (an :class:`engine.api.ModelSpec`), :meth:`submit`, :meth:`cancel`,
+  :meth:`shutdown`: the ``Backend`` protocol;
+* :meth:`seed_answers`: hand earlier (question, answer) pairs to the engine's
+  answer memory; :meth:`set_prefix_budget`: a new prefix-cache byte budget.
+  Both answer how much was taken (0 / False when the backend cannot);
+* :func:`machine_report`: ``engine.doctor``'s facts about this machine.
+
+``backend_factory(on_event)`` builds the backend (default:
+``engine.client.local_backend()``, which imports torch only when called).  It
+is called on the bridge's worker thread at the first :meth:`load`, so the
+window appears before the heavy import finishes; if the import or
+construction fails the bridge emits ``LoadFailed`` with the reason.
+:attr:`backend` is ``None`` until then (tests read it); a request submitted
+before the backend exists gets an ``Error`` event at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.api import Error, LoadFailed, LoadProgress, Request
-
-OnEvent = Callable[[object], None]
-
-
-class EngineLike(Protocol):
-    def load(self, spec: Any) -> None: ...
-    def submit(self, request: Request) -> None: ...
-    def cancel(self, request_id: str) -> None: ...
-    def shutdown(self) -> None: ...
+from engine.api import Backend, Error, LoadFailed, LoadProgress, ModelSpec, Request
+from engine.client import BackendFactory, local_backend
 
 
-EngineFactory = Callable[[OnEvent], EngineLike]
-SpecFactory = Callable[..., Any]
+def machine_report() -> Mapping[str, Any]:
+    """What this machine offers (``engine.doctor.report()``; imports torch, so call it off the GUI thread)."""
+    from engine.doctor import report
 
-
-def default_engine_factory(on_event: OnEvent) -> EngineLike:
-    from engine.runtime.engine import Engine  # heavy: imports torch
-
-    return Engine(on_event)
-
-
-def default_spec_factory(**fields: str) -> Any:
-    from engine.api import ModelSpec
-
-    return ModelSpec(**fields)
+    return report()
 
 
 class EngineBridge(QObject):
     event = Signal(object)
 
-    def __init__(
-        self,
-        engine_factory: EngineFactory | None = None,
-        spec_factory: SpecFactory | None = None,
-        parent: QObject | None = None,
-    ) -> None:
+    def __init__(self, backend_factory: BackendFactory | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._factory = engine_factory or default_engine_factory
-        self._spec_factory = spec_factory or default_spec_factory
+        self._factory = backend_factory or local_backend()
         self._lock = threading.Lock()
-        self._engine: EngineLike | None = None
+        self._backend: Backend | None = None
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisk-bridge")
 
     @property
-    def engine(self) -> EngineLike | None:
-        return self._engine
+    def backend(self) -> Backend | None:
+        return self._backend
 
-    def _on_engine_event(self, event: object) -> None:
-        """Called on the engine thread: only emit."""
+    def _on_backend_event(self, event: object) -> None:
+        """Called on the backend's thread: only emit."""
         with contextlib.suppress(RuntimeError):  # the Qt side is already gone (shutting down)
             self.event.emit(event)
 
-    def load(
-        self,
-        source: str = "",
-        device: str = "auto",
-        dtype: str = "auto",
-        quant: str = "none",
-        draft: str = "",
-        draft_quant: str = "none",
-    ) -> None:
+    # -- the Backend protocol --------------------------------------------------------------
+    def load(self, spec: ModelSpec) -> None:
         """Start loading a model; returns at once.  Events: LoadProgress..., Loaded | LoadFailed."""
         if self._closed:
             return
-        self._on_engine_event(LoadProgress(0.0, "Starting the engine\u2026"))
-        fields = {"source": source, "device": device, "dtype": dtype, "quant": quant}
-        if draft:  # only engines with speculative decoding know these fields
-            fields["draft"] = draft
-            if draft_quant != "none":
-                fields["draft_quant"] = draft_quant
-        self._worker.submit(self._load, fields)
+        self._on_backend_event(LoadProgress(0.0, "Starting the engine\u2026"))
+        self._worker.submit(self._load, spec)
 
-    def _load(self, fields: dict[str, str]) -> None:
+    def _load(self, spec: ModelSpec) -> None:
         try:
             with self._lock:
                 if self._closed:
                     return
-                if self._engine is None:
-                    self._engine = self._factory(self._on_engine_event)
-                engine = self._engine
-            spec = self._spec_factory(**fields)
-            engine.load(spec)
+                if self._backend is None:
+                    self._backend = self._factory(self._on_backend_event)
+                backend = self._backend
+            backend.load(spec)
         except Exception as exc:  # an import or constructor failure: tell the user
-            self._on_engine_event(LoadFailed(f"Could not start the engine: {type(exc).__name__}: {exc}"))
+            self._on_backend_event(LoadFailed(f"Could not start the engine: {type(exc).__name__}: {exc}"))
 
     def submit(self, request: Request) -> None:
-        engine = self._engine
-        if engine is None or self._closed:
+        backend = self._backend
+        if backend is None or self._closed:
             self.event.emit(Error(request.id, 0.0, "The engine is not running yet. Wait for the model to load."))
             return
-        engine.submit(request)
+        backend.submit(request)
 
     def cancel(self, request_id: str) -> None:
-        engine = self._engine
-        if engine is not None and not self._closed:
-            engine.cancel(request_id)
+        backend = self._backend
+        if backend is not None and not self._closed:
+            backend.cancel(request_id)
 
     def shutdown(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            engine = self._engine
+            backend = self._backend
         self._worker.shutdown(wait=False, cancel_futures=True)
-        if engine is not None:
-            engine.shutdown()
+        if backend is not None:
+            backend.shutdown()
+
+    # -- what the window needs beyond the protocol --------------------------------------------
+    def seed_answers(self, pairs: Sequence[tuple[str, str]]) -> int:
+        """Give the engine's answer memory these (question, answer) pairs; how many it took.
+
+        The local engine queues the work on its own thread and returns at once;
+        a backend without answer memory (a remote server) takes none.
+        """
+        remember = getattr(self._backend, "remember_answer", None)
+        if self._closed or not callable(remember):
+            return 0
+        for question, answer in pairs:
+            remember(question, answer)
+        return len(pairs)
+
+    def set_prefix_budget(self, budget_bytes: int) -> bool:
+        """Apply a new prefix-cache budget now; False when the backend cannot (it applies at the next start)."""
+        apply = getattr(self._backend, "set_prefix_budget", None)
+        if self._closed or not callable(apply):
+            return False
+        apply(budget_bytes)
+        return True
+
+    @staticmethod
+    def machine_report() -> Mapping[str, Any]:
+        return machine_report()

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"brisk: {problem}", file=sys.stderr)
         return 1
-    from app.main_window import run_gui
+    from app.launch import run_gui
 
     return run_gui(args.model)
 

@@ -20,7 +20,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
-from app.bridge import EngineFactory, EngineLike, OnEvent
+from engine.client import BackendFactory, local_backend
 from engine.paths import database_path
 from engine.storage import Settings, Store, StoreError
 
@@ -41,13 +41,9 @@ def open_store(path: Path) -> tuple[Store, str | None]:
     return store, None
 
 
-def engine_factory_for(settings: Settings) -> EngineFactory:
-    def make(on_event: OnEvent) -> EngineLike:
-        from engine.runtime.engine import Engine, EngineOptions  # heavy: imports torch
-
-        return Engine(on_event, EngineOptions(prefix_cache_bytes=settings.prefix_cache_mb << 20))
-
-    return make
+def backend_factory_for(settings: Settings) -> BackendFactory:
+    """The local engine with the prefix-cache budget from ``settings`` (torch is imported only when it starts)."""
+    return local_backend(prefix_cache_bytes=settings.prefix_cache_mb << 20)
 
 
 def app_icon() -> QIcon:
@@ -59,7 +55,7 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     import qasync
 
     from app.bridge import EngineBridge
-    from app.main_window import MainWindow
+    from app.window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv)
     assert isinstance(app, QApplication)
@@ -71,7 +67,7 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
 
     settings = Settings.load()
     store, warning = open_store(db_path or database_path())
-    bridge = EngineBridge(engine_factory_for(settings))
+    bridge = EngineBridge(backend_factory_for(settings))
     window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model)
     window.show()
     QTimer.singleShot(0, window.load_model)

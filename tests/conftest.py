@@ -1,4 +1,4 @@
-"""Shared test set-up: offscreen Qt, a private data folder, tiny and bundled models."""
+"""Shared test set-up: offscreen Qt, a private data folder, tiny and bundled models, the GUI harness."""
 
 from __future__ import annotations
 
@@ -96,3 +96,13 @@ def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     data.mkdir()
     monkeypatch.setenv("BRISK_DATA_DIR", str(data))
     return data
+
+
+@pytest.fixture
+def harness(qtbot, brisk_data_dir: Path):  # noqa: ANN001, ANN201
+    """Windows on a store in this test's data folder, each with its own FakeEngine (``tests/gui_harness.py``)."""
+    from gui_harness import Harness  # imports Qt: only the GUI tests ask for it
+
+    h = Harness(qtbot, brisk_data_dir)
+    yield h
+    h.close_all()

@@ -1,4 +1,4 @@
-"""A scripted stand-in for ``engine.runtime.engine.Engine`` for GUI tests.
+"""A scripted stand-in for the local engine (an ``engine.api.Backend``) for GUI tests.
 
 Same surface as the real engine: ``FakeEngine(on_event)`` starts one worker
 thread; ``load``/``submit``/``cancel`` return at once and the worker calls
@@ -13,7 +13,8 @@ thread.  The script is plain attributes set by the test:
 * ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
 * ``truncated``: ``Started(truncated=True)``;
 * ``load_error``: the next loads end with ``LoadFailed(load_error)``;
-* ``load_info``: the ``Loaded.info`` fields; ``draft_error``: like the real
+* ``load_info``: the ``Loaded.info`` fields (``ModelInfo``); ``load_steps``: the
+  ``LoadProgress`` events of a load; ``draft_error``: like the real
   engine when only the draft model fails, ``Loaded`` is followed by ``Warning("draft", ...)``.
 
 What it saw is recorded in ``loads``, ``requests``, ``cancelled`` and
@@ -27,7 +28,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from engine.api import (
@@ -38,6 +38,7 @@ from engine.api import (
     LoadProgress,
     Metrics,
     ModelInfo,
+    ModelSpec,
     Request,
     Started,
     Token,
@@ -58,15 +59,6 @@ METRICS = Metrics(
 )
 
 
-@dataclass(frozen=True)
-class FakeSpec:
-    source: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    quant: str = "none"
-    draft: str = ""
-
-
 class FakeEngine:
     def __init__(self, on_event: Callable[[object], None], *, load_error: str | None = None) -> None:
         self.on_event = on_event
@@ -79,8 +71,9 @@ class FakeEngine:
         self.load_error = load_error
         self.load_info: dict[str, Any] = {"parameters": 135_000_000, "weight_bytes": 270_000_000, "warm_prefixes": 1}
         self.draft_error: str | None = None
+        self.load_steps: list[tuple[float, str]] = [(0.5, "Loading weights")]
         self.metrics: Metrics = METRICS
-        self.loads: list[Any] = []
+        self.loads: list[ModelSpec] = []
         self.requests: list[Request] = []
         self.cancelled: list[str] = []
         self.remembered: list[tuple[str, str]] = []
@@ -94,7 +87,7 @@ class FakeEngine:
         self._thread.start()
 
     # -- the engine interface -------------------------------------------------------
-    def load(self, spec: Any) -> None:
+    def load(self, spec: ModelSpec) -> None:
         self.loads.append(spec)
         self._jobs.put(("load", spec))
 
@@ -131,8 +124,9 @@ class FakeEngine:
             else:
                 self._serve(*item)
 
-    def _load(self, spec: Any) -> None:
-        self.on_event(LoadProgress(0.5, "Loading weights"))
+    def _load(self, spec: ModelSpec) -> None:
+        for fraction, message in self.load_steps:
+            self.on_event(LoadProgress(fraction, message))
         if self.load_error:
             self.on_event(LoadFailed(self.load_error))
             return

@@ -9,29 +9,23 @@ and the line under the reply reports what was drafted and accepted.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.bridge import EngineBridge, default_spec_factory
-from app.main_window import MainWindow
-from app.markdown_render import DRAFT_COLOUR
+from app.bridge import EngineBridge
+from app.views.markdown_render import DRAFT_COLOUR
+from app.window.main_window import MainWindow
 from engine.api import Done, Loaded, LoadFailed
+from engine.client import local_backend
 from engine.storage import Settings, Store
 
 QUESTION = "What do lighthouse keepers write in the log?"
 
 
-def real_engine(on_event: Callable[[object], None]) -> object:
-    from engine.runtime.engine import Engine, EngineOptions
-
-    return Engine(on_event, EngineOptions(persist_prefixes=False))
-
-
 def open_window(qtbot: QtBot, db: Path, settings: Settings) -> MainWindow:
-    bridge = EngineBridge(real_engine, default_spec_factory)
+    bridge = EngineBridge(local_backend(persist_prefixes=False))
     window = MainWindow(Store(db), bridge, settings)
     qtbot.addWidget(window)
     window.show()

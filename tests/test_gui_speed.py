@@ -18,20 +18,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QWidget
 from pytestqt.qtbot import QtBot
 
 import engine.storage.store
-from app import quant_probe, speed_section
-from app.answer_seed import answer_pairs, seed_answers
+from app import quant_probe
 from app.background import POLL_MS, in_background
+from app.bridge import EngineBridge
+from app.dialogs import speed as speed_section
+from app.dialogs.settings import SettingsDialog, needs_reload
+from app.dialogs.speed import DRAFT_HINT, QUANT_HELP
 from app.quant_probe import QUANT_UNAVAILABLE
-from app.reply import ReplyState
-from app.settings_dialog import SettingsDialog, needs_reload
-from app.speed_section import DRAFT_HINT, QUANT_HELP
-from engine.api import Done, Metrics, Started, Token
+from app.state.answer_seed import answer_pairs
+from app.state.reply import ReplyState
+from engine.api import Done, Metrics, ModelSpec, Started, Token
 from engine.storage import Settings, Store
 
 MODES = ("none", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
@@ -178,20 +181,20 @@ def test_quantization_without_the_engine_module_offers_only_none(qtbot: QtBot, m
 STARTUP_SCRIPT = """
 import sys
 sys.path.insert(0, "tests")
-from fake_engine import FakeEngine, FakeSpec
+from fake_engine import FakeEngine
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
 from app.bridge import EngineBridge
-from app.main_window import MainWindow
+from app.window import MainWindow
 from engine.storage import Settings
 from engine.storage import Store
 
 app = QApplication([])
-window = MainWindow(Store(None), EngineBridge(FakeEngine, FakeSpec), Settings())
+window = MainWindow(Store(None), EngineBridge(FakeEngine), Settings())
 window.show()
 app.processEvents()
 print("torch at start-up:", "torch" in sys.modules)
-from app.settings_dialog import SettingsDialog
+from app.dialogs.settings import SettingsDialog
 dialog = SettingsDialog(Settings(), window)
 loop = QEventLoop()
 poll = QTimer()
@@ -256,14 +259,6 @@ def test_real_token_shape_keeps_drafted_spans() -> None:
 # -- seeding the answer memory ---------------------------------------------------------------------------
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def remember_answer(self, question: str, answer: str) -> None:
-        self.calls.append((question, answer))
-
-
 def test_answer_pairs_are_the_newest_finished_ones_oldest_first() -> None:
     store = Store(None)
     first = store.create_conversation("First")
@@ -282,11 +277,43 @@ def test_answer_pairs_are_the_newest_finished_ones_oldest_first() -> None:
     assert answer_pairs(store, limit=2) == [("question 4", "answer 4"), ("question 5", "answer 5")]
     assert answer_pairs(store, limit=0) == []
 
-    recorder = Recorder()
-    assert seed_answers(recorder, store, limit=3) == 3
+
+class Recorder(FakeEngine):
+    """An engine whose answer memory only records."""
+
+    def __init__(self, on_event) -> None:  # noqa: ANN001
+        super().__init__(on_event)
+        self.calls: list[tuple[str, str]] = []
+
+    def remember_answer(self, question: str, answer: str) -> None:
+        self.calls.append((question, answer))
+
+
+class NoMemory(FakeEngine):
+    remember_answer = None  # type: ignore[assignment]  # a backend without answer memory (a remote one)
+
+
+def test_the_bridge_seeds_the_answer_memory_from_the_history(qtbot: QtBot) -> None:
+    store = Store(None)
+    conversation = store.create_conversation("Q")
+    for n in range(6):
+        store.add_message(conversation, "user", f"question {n}")
+        store.add_message(conversation, "assistant", f"answer {n}")
+    bridge = EngineBridge(Recorder)
+    assert bridge.seed_answers(answer_pairs(store)) == 0  # no engine yet
+    with qtbot.waitSignal(bridge.event, check_params_cb=lambda e: type(e).__name__ == "Loaded"):
+        bridge.load(ModelSpec())
+    recorder = bridge.backend
+    assert isinstance(recorder, Recorder)
+    assert bridge.seed_answers(answer_pairs(store, limit=3)) == 3
     assert recorder.calls == [(f"question {n}", f"answer {n}") for n in (3, 4, 5)]
-    assert seed_answers(object(), store) == 0  # an engine without answer memory
-    assert seed_answers(None, store) == 0  # no engine yet
+    bridge.shutdown()
+
+    other = EngineBridge(NoMemory)
+    with qtbot.waitSignal(other.event, check_params_cb=lambda e: type(e).__name__ == "Loaded"):
+        other.load(ModelSpec())
+    assert other.seed_answers(answer_pairs(store)) == 0  # an engine without answer memory
+    other.shutdown()
 
 
 def test_answer_pairs_stop_reading_old_conversations(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,7 +374,7 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
     from fake_engine import FakeEngine
 
     from app.bridge import EngineBridge
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
     from engine.storage import Settings, Store
 
     budgets: list[int] = []
@@ -360,9 +387,21 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
     window = MainWindow(Store(None), bridge, Settings(), settings_path=tmp_path / "s.json")
     qtbot.addWidget(window)
     window.load_model()
-    qtbot.waitUntil(lambda: bridge.engine is not None, timeout=5000)
+    qtbot.waitUntil(lambda: bridge.backend is not None, timeout=5000)
     window.apply_settings(replace(window.settings, prefix_cache_mb=64))
     assert budgets == [64 << 20]
+    window.apply_settings(replace(window.settings, prefix_cache_mb=64))
+    assert budgets == [64 << 20]  # an unchanged budget is not sent again
+    bridge.shutdown()
+
+
+def test_a_backend_without_a_prefix_budget_takes_it_at_the_next_start(qtbot: QtBot) -> None:
+    bridge = EngineBridge(FakeEngine)
+    assert not bridge.set_prefix_budget(1 << 20)  # no backend yet
+    with qtbot.waitSignal(bridge.event, check_params_cb=lambda e: type(e).__name__ == "Loaded"):
+        bridge.load(ModelSpec())
+    assert not bridge.set_prefix_budget(1 << 20)  # FakeEngine has no prefix cache
+    bridge.shutdown()
 
 
 def test_every_quantization_mode_has_help_text() -> None:

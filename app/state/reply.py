@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import Done, Error, PrefillProgress, Started, Token
+from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token
 
 SEP = " \u00b7 "  # " · "
 
@@ -39,7 +39,7 @@ class ReplyState:
     last_token_t: float | None = None
     tokens: int = 0
     tokens_at_first: int = 0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: Metrics | None = None  # the engine's final numbers, from Done
     error: str = ""
 
     @property
@@ -80,9 +80,9 @@ class ReplyState:
         elif isinstance(event, Done):
             if event.text and event.text != self.text:
                 self.segments = [(event.text, False)]
-            self.metrics = event.metrics.to_dict()
+            self.metrics = event.metrics
             self.finish_reason = event.finish_reason
-            self.truncated = self.truncated or bool(self.metrics.get("truncated"))
+            self.truncated = self.truncated or event.metrics.truncated
             self.status = "cancelled" if event.finish_reason == "cancelled" else "done"
         elif isinstance(event, Error):
             if not self.segments and event.partial_text:
@@ -123,7 +123,7 @@ class ReplyState:
 
     def shown_metrics(self) -> dict[str, Any]:
         """Live timings overlaid with the engine's final metrics once they arrive."""
-        return {**self.live_metrics(), **self.metrics}
+        return {**self.live_metrics(), **measured(self.metrics)}
 
     def stored_metrics(self) -> dict[str, Any]:
         """What is saved with the message, so a restart shows the same line."""
@@ -146,6 +146,13 @@ class ReplyState:
         return stats_line(self.shown_metrics(), self.finish_reason if not self.streaming else "")
 
 
+def measured(metrics: Metrics | None) -> dict[str, Any]:
+    """The numbers ``metrics`` carries, JSON-ready, without the ones not measured (``None``)."""
+    if metrics is None:
+        return {}
+    return {key: value for key, value in metrics.to_dict().items() if value is not None}
+
+
 def _num(metrics: Mapping[str, Any], key: str) -> float | None:
     value = metrics.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -153,7 +160,7 @@ def _num(metrics: Mapping[str, Any], key: str) -> float | None:
     return value
 
 
-def stats_line(metrics: Mapping[str, Any], finish_reason: str = "") -> str:
+def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") -> str:
     """The grey line under a reply, from whichever numbers exist, e.g.
 
     ``TTFT 0.21 s · 38.2 tok/s · 120 tokens · reused 1180 of 1200 prompt tokens ·
@@ -162,6 +169,8 @@ def stats_line(metrics: Mapping[str, Any], finish_reason: str = "") -> str:
     The reuse part needs ``cached_tokens`` (the engine's final metrics carry it,
     0 included); until it is known only the prompt size is shown.
     """
+    if isinstance(metrics, Metrics):
+        metrics = measured(metrics)
     parts: list[str] = []
     ttft = _num(metrics, "ttft_s")
     if ttft is not None:

@@ -6,9 +6,7 @@ speculative source), but it only remembers what it answered since it started.
 (question, answer) pairs: a user message immediately followed by an assistant
 reply that finished normally (status ``done``, not empty).  They come oldest
 first, so the newest answers end up most recent in the engine's memory.
-:func:`seed_answers` hands them to ``engine.remember_answer(question, answer)``
-when the engine has that method (the real one queues the work on its own
-thread and returns at once) and returns how many it handed over.
+:meth:`app.bridge.EngineBridge.seed_answers` hands them to the engine.
 
 Conversations are read most recently updated first, and reading stops once no
 older conversation can hold a pair newer than those already kept: a
@@ -17,8 +15,6 @@ conversation's ``updated`` is never earlier than any of its messages.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from engine.storage import Message, Store
 
@@ -58,14 +54,3 @@ def answer_pairs(store: Store, limit: int = SEED_LIMIT) -> list[tuple[str, str]]
 
 def _newest(pairs: list[tuple[Message, Message]], limit: int) -> list[tuple[Message, Message]]:
     return sorted(pairs, key=lambda p: (p[1].created, p[1].id), reverse=True)[:limit]
-
-
-def seed_answers(engine: Any, store: Store, limit: int = SEED_LIMIT) -> int:
-    """Give the engine the history's answers; 0 when it cannot take them."""
-    remember = getattr(engine, "remember_answer", None)
-    if not callable(remember):
-        return 0
-    pairs = answer_pairs(store, limit)
-    for question, answer in pairs:
-        remember(question, answer)
-    return len(pairs)

@@ -5,9 +5,10 @@
 (fields the dialog does not show are carried over unchanged).  Saving and
 reloading are the caller's job; :func:`needs_reload` says whether a change
 means the model must be loaded again.  The "Speed" group is
-:class:`~app.speed_section.SpeedSection`; "About this machine\u2026" opens
-:class:`~app.about_dialog.AboutDialog` with ``loaded`` (the last ``Loaded``
-event, if any).  The model field takes a folder, a
+:class:`~app.dialogs.speed.SpeedSection`; "About this machine\u2026" opens
+:class:`~app.dialogs.about.AboutDialog` with ``loaded`` (the last ``Loaded``
+event, if any) and ``report`` (the machine facts; default: the bridge's).
+The device and precision lists are ``engine.api``'s ``DEVICES`` and ``DTYPES``.  The model field takes a folder, a
 ``.gguf`` file or a hub id; empty means the bundled model.  A blank seed means
 random.
 """
@@ -35,13 +36,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.about_dialog import AboutDialog
-from app.speed_section import SpeedSection, browse_model
-from engine.api import Loaded
+from app.dialogs.about import AboutDialog, Report
+from app.dialogs.speed import SpeedSection, browse_model
+from engine.api import DEVICES, DTYPES, Loaded
 from engine.storage import Settings
 
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model", "draft_quant")
 
 
@@ -69,12 +68,20 @@ def _spin(low: float, high: float, step: float, value: float, decimals: int = 2)
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: Settings, parent: QWidget | None = None, *, loaded: Loaded | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        parent: QWidget | None = None,
+        *,
+        loaded: Loaded | None = None,
+        report: Report | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
         self.setMinimumWidth(560)
         self._original = settings
         self._loaded = loaded
+        self._report = report
         self.about: AboutDialog | None = None
         outer = QVBoxLayout(self)
         scroll = QScrollArea()  # the form is taller than small laptop screens
@@ -174,7 +181,7 @@ class SettingsDialog(QDialog):
     def show_about(self) -> AboutDialog:
         """Open (or raise) the "About this machine" window."""
         if self.about is None:
-            self.about = AboutDialog(self._loaded, parent=self)
+            self.about = AboutDialog(self._loaded, parent=self, report=self._report)
         self.about.show()
         self.about.raise_()
         return self.about

@@ -4,7 +4,7 @@
 streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
 ``"streaming"`` assistant message to the store and return the engine
 :class:`~engine.api.Request` (system prompt + history) together with the
-:class:`~app.reply.ReplyState` that will collect the reply; the caller submits
+:class:`~app.state.reply.ReplyState` that will collect the reply; the caller submits
 the request.  ``apply(event)`` folds engine events into that state and saves
 the text through a :class:`~engine.storage.StreamSaver`; the final status is
 ``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.reply import ReplyState
-from engine.api import Done, Error, Request, Sampling, Token
+from app.state.reply import ReplyState
+from engine.api import Done, Error, ModelSpec, Request, Sampling, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver
 
 DEFAULT_TITLE = "New chat"
@@ -48,6 +48,18 @@ def sampling_from(settings: Settings) -> Sampling:
         repetition_penalty=settings.repetition_penalty,
         seed=settings.seed,
         max_tokens=settings.max_tokens,
+    )
+
+
+def model_spec(settings: Settings, model_override: str | None = None) -> ModelSpec:
+    """The model to load for these settings (``model_override``: a ``--model`` given for this run)."""
+    return ModelSpec(
+        source=model_override or settings.model,
+        device=settings.device,
+        dtype=settings.dtype,
+        quant=settings.quant,
+        draft=settings.draft_model,
+        draft_quant=settings.draft_quant if settings.draft_model else "none",
     )
 
 
@@ -151,7 +163,7 @@ class ChatSession:
             if isinstance(event, (Done, Error)):
                 del self._stopped[late.request_id]
                 if isinstance(event, Done):
-                    late.metrics = event.metrics.to_dict()
+                    late.metrics = event.metrics
                     self._save(
                         lambda: self.store.update_message(late.message_id, late.text, metrics=late.stored_metrics())
                     )

@@ -5,7 +5,8 @@ that trade memory or accuracy for latency, and :meth:`SpeedSection.values`
 returns them as a dict for ``dataclasses.replace``.  Choosing "Draft model"
 with no draft model path shows an inline hint.
 
-The quantization list comes from ``engine.quant`` (``MODES`` and
+The speculative sources are ``engine.api.SOURCES``.  The quantization list
+comes from ``engine.quant`` (``MODES``, the same as ``engine.api.QUANT_MODES``, and
 ``availability(device)``), asked by :func:`app.quant_probe.quant_choices` in a
 child process (it imports torch and probes back-ends: seconds the first time),
 started from a worker thread when the section is built, never at app start-up;
@@ -40,15 +41,17 @@ from PySide6.QtWidgets import (
 from app import quant_probe
 from app.background import in_background
 from app.quant_probe import QUANT_UNAVAILABLE
+from engine.api import SOURCES
 from engine.storage import Settings
 
-SPECULATIVE = (
-    ("off", "Off", "Generate one token per step"),
-    ("auto", "Auto", "Use every draft source that is available and pays off"),
-    ("lookup", "Prompt lookup", "Draft by copying text that already appears in the conversation"),
-    ("answers", "Earlier answers", "Draft from earlier answers to similar questions"),
-    ("draft", "Draft model", "Draft with a small model that shares the main model's vocabulary"),
-)
+SOURCE_TEXT = {  # engine.api.SOURCES, as the list shows them: (label, tooltip)
+    "off": ("Off", "Generate one token per step"),
+    "auto": ("Auto", "Use every draft source that is available and pays off"),
+    "lookup": ("Prompt lookup", "Draft by copying text that already appears in the conversation"),
+    "answers": ("Earlier answers", "Draft from earlier answers to similar questions"),
+    "draft": ("Draft model", "Draft with a small model that shares the main model's vocabulary"),
+}
+SPECULATIVE = tuple((source, *SOURCE_TEXT.get(source, (source, ""))) for source in SOURCES)
 DRAFT_HINT = "Pick a draft model below: a small model with the same vocabulary as the main one."
 QUANT_CHECKING = "Checking which modes this machine can run\u2026"
 QUANT_TIP = "Smaller weights for less memory; changing it reloads the model"

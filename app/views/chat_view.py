@@ -15,14 +15,15 @@ as ``regenerate_requested(message_id)`` / ``edit_requested(message_id)``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.markdown_render import render_reply, render_user
-from app.message_widget import MessageWidget
-from app.reply import ReplyState, stats_line
+from app.state.reply import ReplyState, stats_line
+from app.views.markdown_render import render_reply, render_user
+from app.views.message_widget import MessageWidget
+from engine.api import Metrics
 from engine.storage import Message
 
 THROTTLE_MS = 50
@@ -181,16 +182,17 @@ class ChatView(QScrollArea):
 
     def _add_stored_reply(self, message: Message) -> None:
         bubble = self._add(MessageWidget("assistant", message.id))
-        metrics = message.metrics or {}
+        row = message.metrics if isinstance(message.metrics, Mapping) else {}  # a damaged row: no numbers
+        metrics = Metrics.from_dict(row)
         bubble.set_content(render_reply(message.content, colour_drafts=False), message.content)
-        finish = str(metrics.get("finish_reason") or ("cancelled" if message.status == "cancelled" else ""))
+        finish = str(row.get("finish_reason") or ("cancelled" if message.status == "cancelled" else ""))
         line = stats_line(metrics, finish)
         if message.status == "streaming":
             line = (line + " \u00b7 " if line else "") + "unfinished"
         bubble.set_stats(line)
-        bubble.set_notice(TRUNCATED_NOTICE if metrics.get("truncated") else "")
+        bubble.set_notice(TRUNCATED_NOTICE if metrics.truncated or row.get("truncated") else "")
         if message.status == "error":
-            bubble.set_error(str(metrics.get("error") or "This reply ended with an error."))
+            bubble.set_error(str(row.get("error") or "This reply ended with an error."))
 
     def _render_reply(self) -> None:
         reply = self._reply

@@ -1,19 +1,18 @@
 """The "About this machine" window: what this computer offers, and the loaded model.
 
-``AboutDialog(loaded, report=None)`` shows two two-column tables.  "This
-machine" lists the facts of ``engine.doctor.report()`` (Python, torch, CPU,
-CUDA, GPU, memory...); that call imports torch, so it runs on a worker thread
-(:func:`~app.background.in_background`) and the table says "Checking\u2026"
-until the answer is in (then ``report_ready`` is True).  "Loaded model" lists
-the last :class:`~engine.api.Loaded` event: name, device, precision, load
-time and every entry of its ``info`` (parameters, weight size, warm prefixes,
-draft model, quantization...).  ``report`` replaces the doctor (tests pass a stub).
-Nothing is estimated; missing facts are simply not listed.
+``AboutDialog(loaded, parent=None, report=None)`` shows two two-column
+tables.  "This machine" lists the facts of ``report()`` (default: the
+bridge's :func:`~app.bridge.machine_report`, ``engine.doctor``: Python, torch,
+CPU, CUDA, GPU, memory...); that call imports torch, so it runs on a worker
+thread (:func:`~app.background.in_background`) and the table says
+"Checking\u2026" until the answer is in (then ``report_ready`` is True).
+"Loaded model" lists the last :class:`~engine.api.Loaded` event with a human
+label and format for each fact (:mod:`app.state.model_facts`).  Nothing is
+estimated; facts that say nothing are not listed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,89 +29,18 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import bridge
 from app.background import in_background
+from app.state.model_facts import machine_facts, model_facts
 from engine.api import Loaded
 
 Report = Callable[[], Mapping[str, Any]]
 
-LABELS = {
-    "python": "Python",
-    "torch": "PyTorch",
-    "transformers": "Transformers",
-    "cpu": "CPU",
-    "cpu_threads": "CPU threads",
-    "cuda": "CUDA available",
-    "gpu": "GPU",
-    "gpu_memory_gb": "GPU memory",
-    "bf16_supported": "bfloat16 on GPU",
-    "memory_gb": "Memory",
-    "model": "Model",
-    "device": "Device",
-    "dtype": "Precision",
-    "load_s": "Load time",
-    "parameters": "Parameters",
-    "weight_bytes": "Weights in memory",
-    "warm_prefixes": "Warm prompt caches from disk",
-    "draft_model": "Draft model",
-    "draft_quant": "Draft quantization",
-    "draft_error": "Draft model problem",
-    "quant": "Quantization",
-}
 NO_MODEL = "No model is loaded yet."
 
 
 def default_report() -> Mapping[str, Any]:
-    from engine.doctor import report  # imports torch
-
-    return report()
-
-
-def show_value(key: str, value: Any) -> str:
-    """A fact as a person reads it: units, yes/no, thousands separators."""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if value is None:
-        return "\u2014"
-    if key.endswith("_gb") and isinstance(value, (int, float)):
-        return f"{value:g} GB"
-    if key.endswith("_bytes") and isinstance(value, (int, float)):
-        return _bytes(value)
-    if key.endswith("_s") and isinstance(value, (int, float)):
-        return f"{value:.2f} s"
-    if key == "parameters" and isinstance(value, (int, float)):
-        return f"{value / 1e9:.2f} B" if value >= 1e9 else f"{value / 1e6:.1f} M"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {show_value(str(k), v)}" for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return ", ".join(show_value("", v) for v in value)
-    return str(value)
-
-
-def _bytes(n: float) -> str:
-    if n < 1024:
-        return f"{n:.0f} bytes"
-    for unit in ("KB", "MB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.2f} GB"
-
-
-def model_facts(loaded: Loaded | None) -> dict[str, Any]:
-    if loaded is None:
-        return {}
-    facts: dict[str, Any] = {
-        "model": loaded.model_name,
-        "device": loaded.device,
-        "dtype": loaded.dtype,
-        "load_s": loaded.load_s,
-    }
-    facts.update(dataclasses.asdict(loaded.info))
-    return facts
+    return bridge.machine_report()
 
 
 class AboutDialog(QDialog):
@@ -138,7 +66,7 @@ class AboutDialog(QDialog):
         in_background(self, lambda: dict(get_report()), AboutDialog._show_report)
 
     def set_loaded(self, loaded: Loaded | None) -> None:
-        facts = model_facts(loaded)
+        facts: Mapping[str, str] = model_facts(loaded)
         _fill(self.model_table, facts or {"": NO_MODEL})
 
     def machine_facts(self) -> dict[str, str]:
@@ -153,7 +81,7 @@ class AboutDialog(QDialog):
             text = f"Could not check this machine: {type(result).__name__}: {result}"
             _fill(self.machine_table, {"": text})
         elif isinstance(result, Mapping):
-            _fill(self.machine_table, result)
+            _fill(self.machine_table, machine_facts(result))
         self.report_ready = True
 
 
@@ -176,14 +104,14 @@ def _table() -> QTableWidget:
     return table
 
 
-def _fill(table: QTableWidget, facts: Mapping[str, Any]) -> None:
+def _fill(table: QTableWidget, facts: Mapping[str, str]) -> None:
+    """Rows of (label, text), both already as a person reads them."""
     table.setRowCount(0)
-    for key, value in facts.items():
+    for name, text in facts.items():
         row = table.rowCount()
         table.insertRow(row)
-        label = QTableWidgetItem(LABELS.get(key, key.replace("_", " ").capitalize()))
+        label = QTableWidgetItem(name)
         label.setForeground(Qt.GlobalColor.darkGray)
-        text = show_value(key, value)
         shown = QTableWidgetItem(text)
         shown.setToolTip(text)
         table.setItem(row, 0, label)

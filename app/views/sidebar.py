@@ -45,7 +45,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.conversation_list import ID_ROLE, ConversationListModel
+from app.views.conversation_list import ID_ROLE, ConversationListModel
 from engine.storage import Conversation, SearchHit
 
 SEARCH_DEBOUNCE_MS = 200

@@ -1,0 +1,1 @@
+"""Dialogs: ``settings`` (with its ``speed`` group) and ``about`` ("About this machine")."""

@@ -1,0 +1,166 @@
+"""The window's conversations: open, new, rename, delete, export, search.
+
+:class:`ConversationActions` is a mixin of
+:class:`~app.window.main_window.MainWindow` (it holds no state of its own):
+each method changes the store first and then the sidebar and the chat view,
+and a :class:`~engine.storage.StoreError` becomes an error banner, never a crash.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+from app.state.session import ChatSession
+from app.views.chat_view import ChatView
+from app.views.composer import Composer
+from app.views.sidebar import Sidebar
+from engine.storage import Message, Store, StoreError
+
+
+class ConversationActions:
+    """Mixed into MainWindow, which provides these attributes and the methods called below."""
+
+    store: Store
+    session: ChatSession
+    chat_view: ChatView
+    composer: Composer
+    sidebar: Sidebar
+    _store_error: Any
+    show_banner: Any
+    stop: Any
+    statusBar: Any  # noqa: N815 (QMainWindow's)
+    setWindowTitle: Any  # noqa: N815
+
+    def _load_history(self) -> None:
+        try:
+            conversations = self.store.list_conversations()
+        except StoreError as exc:
+            self._store_error(exc)
+            return
+        self.sidebar.set_conversations(conversations)
+        if conversations:
+            self.open_conversation(conversations[0].id)
+
+    def _messages(self) -> list[Message]:
+        try:
+            return self.session.messages()
+        except StoreError as exc:
+            self._store_error(exc)
+            return []
+
+    def new_chat(self) -> None:
+        self.session.open(None)
+        self.chat_view.clear()
+        self.sidebar.select(None)
+        self._show_title()
+        self.composer.editor.setFocus()
+
+    def open_conversation(self, conversation_id: str) -> None:
+        try:
+            messages = self.session.open(conversation_id)
+        except StoreError as exc:
+            self._store_error(exc)
+            return
+        active = self.session.active
+        shown_active = active if active is not None and active.conversation_id == conversation_id else None
+        self.chat_view.set_messages(messages, shown_active)
+        self.sidebar.select(conversation_id)
+        self._show_title()
+
+    def _open_hit(self, conversation_id: str, message_id: int | None) -> None:
+        self.open_conversation(conversation_id)
+        if message_id is not None:
+            self.chat_view.scroll_to_message(message_id)
+
+    def rename_conversation(self, conversation_id: str, title: str) -> None:
+        title = " ".join(title.split())
+        if not title:
+            return
+        try:
+            self.store.rename_conversation(conversation_id, title)
+        except StoreError as exc:
+            self._store_error(exc)
+            return
+        self._refresh_entry(conversation_id)
+        self._show_title()
+
+    def delete_conversation(self, conversation_id: str, confirm: bool = True) -> bool:
+        if confirm and not self._confirm_delete(conversation_id):
+            return False
+        active = self.session.active
+        if active is not None and active.conversation_id == conversation_id:
+            self.stop()
+        self.session.forget(conversation_id)
+        try:
+            self.store.delete_conversation(conversation_id)
+        except StoreError as exc:
+            self._store_error(exc)
+            return False
+        self.sidebar.remove(conversation_id)
+        if self.session.conversation_id == conversation_id:
+            self.new_chat()
+        return True
+
+    def _confirm_delete(self, conversation_id: str) -> bool:
+        row = self.sidebar.model.row_of(conversation_id)
+        title = self.sidebar.model.conversation_at(row).title if row is not None else "this conversation"
+        answer = QMessageBox.question(
+            self,
+            "Delete conversation",
+            f"Delete \u201c{title}\u201d and all its messages? This cannot be undone.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Cancel,
+        )
+        return answer == QMessageBox.StandardButton.Yes
+
+    def export_markdown(self, conversation_id: str, path: Path | str | None = None) -> Path | None:
+        try:
+            text = self.store.export_markdown(conversation_id)
+            title = self.store.get_conversation(conversation_id).title
+        except StoreError as exc:
+            self._store_error(exc)
+            return None
+        if path is None:
+            name = re.sub(r"[^\w\- ]+", "", title).strip() or "conversation"
+            chosen, _ = QFileDialog.getSaveFileName(
+                self, "Export Markdown", str(Path.home() / f"{name}.md"), "Markdown (*.md);;All files (*)"
+            )
+            if not chosen:
+                return None
+            path = chosen
+        target = Path(path)
+        try:
+            target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self.show_banner("export", "error", f"Could not write {target}: {exc.strerror or exc}. Pick another place.")
+            return None
+        self.statusBar().showMessage(f"Exported to {target}", 5000)
+        return target
+
+    def search(self, query: str) -> None:
+        if not query.strip():
+            return
+        try:
+            hits = self.store.search(query)
+        except StoreError as exc:
+            self._store_error(exc)
+            return
+        self.sidebar.show_results(hits)
+
+    def _refresh_entry(self, conversation_id: str) -> None:
+        try:
+            conversation = self.store.get_conversation(conversation_id)
+        except StoreError:
+            return  # deleted meanwhile: nothing to show
+        self.sidebar.upsert(conversation, to_top=True)
+        if conversation_id == self.session.conversation_id:
+            self.sidebar.select(conversation_id)
+
+    def _show_title(self) -> None:
+        row = self.sidebar.model.row_of(self.session.conversation_id or "")
+        title = self.sidebar.model.conversation_at(row).title if row is not None else ""
+        self.setWindowTitle(f"{title} \u2014 Brisk" if title else "Brisk")

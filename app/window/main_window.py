@@ -1,0 +1,273 @@
+"""The main window: wires the sidebar, chat view, composer and status bar to
+the store (through :class:`~app.state.session.ChatSession`) and to the engine
+(through :class:`~app.bridge.EngineBridge`, the only way to it).
+
+``MainWindow(store, bridge, settings, store_warning=None, model_override=None)``
+never blocks on the engine: it submits requests and reacts to the bridge's
+``event`` signal.  Public methods are what the widgets call and what tests
+drive: turns (``send``, ``stop``, ``regenerate``, ``edit_message``: in
+:mod:`app.window.turns`), conversations (``new_chat``, ``open_conversation``,
+``rename_conversation``, ``delete_conversation``, ``export_markdown``,
+``search``: in :mod:`app.window.conversations`), and here the model and the
+settings (``load_model``, ``apply_settings``, ``open_settings``,
+``show_about``), banners and :meth:`MainWindow.add_panel` (a dock beside the
+chat).  Store failures become an error banner (never a crash); a failed model
+load becomes a banner with an "Open Settings" button, and the window stays
+usable.  A ``Warning(kind="draft")`` (only the draft model failed) is a
+warning banner: the model stays loaded and Send stays enabled.  After each
+``Loaded`` the engine's answer memory is seeded from the saved history
+(:mod:`app.state.answer_seed`, through the bridge).  F1 (or the Settings
+dialog) opens "About this machine".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QSplitter, QVBoxLayout, QWidget
+
+from app.bridge import EngineBridge
+from app.dialogs.about import AboutDialog
+from app.dialogs.settings import SettingsDialog, needs_reload
+from app.state.answer_seed import answer_pairs
+from app.state.session import ChatSession, model_spec
+from app.views.banner import Banner
+from app.views.chat_view import ChatView
+from app.views.composer import Composer
+from app.views.sidebar import WIDTH, Sidebar
+from app.views.status_area import StatusArea
+from app.views.style import STYLESHEET
+from app.window.conversations import ConversationActions
+from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
+from engine.api import Loaded, LoadFailed, LoadProgress, Warning
+from engine.storage import Settings, Store, StoreError
+
+__all__ = ["MainWindow"]
+
+ABOUT_SHORTCUT = "F1"
+
+
+class MainWindow(TurnActions, ConversationActions, QMainWindow):
+    def __init__(
+        self,
+        store: Store,
+        bridge: EngineBridge,
+        settings: Settings,
+        *,
+        store_warning: str | None = None,
+        model_override: str | None = None,
+        settings_path: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.bridge = bridge
+        self.settings = settings
+        self.model_ready = False
+        self.loaded: Loaded | None = None  # the last Loaded event: model facts for "About this machine"
+        self.about: AboutDialog | None = None
+        self._model_override = model_override
+        self._settings_path = settings_path
+        self.session = ChatSession(store, settings)
+        self.session.on_store_error = self._store_error
+        self._banners: dict[str, Banner] = {}
+        self._build()
+        bridge.event.connect(self._on_event)
+        if store_warning:
+            self.show_banner("store-fallback", "warning", store_warning)
+        self._load_history()
+        self.composer.editor.setFocus()
+
+    # -- layout --------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.setWindowTitle("Brisk")
+        self.resize(1100, 740)
+        self.setStyleSheet(STYLESHEET)
+        self.sidebar = Sidebar()
+        panel = QWidget()
+        panel.setObjectName("chatPanel")
+        column = QVBoxLayout(panel)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(0)
+        self._banner_area = QVBoxLayout()
+        self._banner_area.setContentsMargins(16, 8, 16, 0)
+        self._banner_area.setSpacing(6)
+        column.addLayout(self._banner_area)
+        self.chat_view = ChatView()
+        self.chat_view.colour_drafts = self.settings.colour_draft_tokens
+        column.addWidget(self.chat_view, 1)
+        self.composer = Composer()
+        self.composer.set_ready(False, LOADING_TIP)
+        column.addWidget(self.composer)
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self.sidebar)
+        splitter.addWidget(panel)
+        splitter.setStretchFactor(1, 1)
+        splitter.setCollapsible(1, False)
+        splitter.setSizes([WIDTH, 860])
+        self.setCentralWidget(splitter)
+        self.status_area = StatusArea()
+        self.statusBar().addWidget(self.status_area, 1)
+
+        self.sidebar.new_chat_requested.connect(self.new_chat)
+        self.sidebar.conversation_selected.connect(self.open_conversation)
+        self.sidebar.rename_requested.connect(self.rename_conversation)
+        self.sidebar.delete_requested.connect(self.delete_conversation)
+        self.sidebar.export_requested.connect(self.export_markdown)
+        self.sidebar.search_changed.connect(self.search)
+        self.sidebar.hit_chosen.connect(self._open_hit)
+        self.sidebar.settings_requested.connect(self.open_settings)
+        self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.edit_requested.connect(self.edit_message)
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(self.stop)
+
+        self.stop_action = self._action("Stop", QKeySequence(Qt.Key.Key_Escape), self.stop)
+        self.stop_action.setEnabled(False)
+        self._action("New chat", QKeySequence.StandardKey.New, self.new_chat)
+        self._action("Search", QKeySequence.StandardKey.Find, self.sidebar.search_box.setFocus)
+        self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
+        self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
+
+    def _action(self, text: str, shortcut: QKeySequence | QKeySequence.StandardKey, slot: object) -> QAction:
+        action = QAction(text, self)
+        action.setShortcut(shortcut)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
+    def add_panel(
+        self, title: str, widget: QWidget, area: Qt.DockWidgetArea = Qt.DockWidgetArea.RightDockWidgetArea
+    ) -> QDockWidget:
+        """Show ``widget`` in a dock beside the chat (the latency panel); the user can move or close it."""
+        dock = QDockWidget(title, self)
+        dock.setObjectName(f"panel_{title}")
+        dock.setWidget(widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    # -- banners -------------------------------------------------------------------------
+    def show_banner(
+        self, key: str, kind: str, text: str, action_text: str | None = None, on_action: object = None
+    ) -> Banner:
+        banner = self._banners.get(key)
+        if banner is None or banner.kind != kind:
+            if banner is not None:
+                banner.deleteLater()
+            banner = Banner(kind, text, action_text, on_action)  # type: ignore[arg-type]
+            self._banners[key] = banner
+            self._banner_area.addWidget(banner)
+        banner.set_text(text)
+        return banner
+
+    def hide_banner(self, key: str) -> None:
+        banner = self._banners.get(key)
+        if banner is not None:
+            banner.hide()
+
+    def banner(self, key: str) -> Banner | None:
+        """The banner for ``key`` if it is showing."""
+        banner = self._banners.get(key)
+        return banner if banner is not None and not banner.isHidden() else None
+
+    def _store_error(self, exc: StoreError) -> None:
+        self.show_banner("store-error", "error", str(exc))
+
+    # -- engine events ---------------------------------------------------------------------
+    def load_model(self, model: str | None = None) -> None:
+        if model:
+            self._model_override = model
+        self.model_ready = False
+        self.composer.set_ready(False, LOADING_TIP)
+        self.hide_banner("load")
+        self.hide_banner("draft")
+        self.bridge.load(model_spec(self.settings, self._model_override))
+
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, LoadProgress):
+            self.status_area.loading(event.fraction, event.message)
+        elif isinstance(event, Loaded):
+            self.model_ready = True
+            self.loaded = event
+            self.status_area.loaded(event)
+            self.composer.set_ready(True)
+            self.hide_banner("load")
+            if self.about is not None:
+                self.about.set_loaded(event)
+            self._seed_answers()
+        elif isinstance(event, Warning) and event.kind == "draft":
+            self.show_banner(
+                "draft",
+                "warning",
+                f"{event.message} Replies use the main model alone.",
+                "Open Settings\u2026",
+                self.open_settings,
+            )
+        elif isinstance(event, LoadFailed):
+            self.model_ready = False
+            self.loaded = None
+            if self.about is not None:
+                self.about.set_loaded(None)
+            self.status_area.failed(event.message)
+            self.composer.set_ready(False, FAILED_TIP)
+            self.show_banner(
+                "load",
+                "error",
+                f"The model could not be loaded. {event.message}",
+                "Open Settings\u2026",
+                self.open_settings,
+            )
+        else:
+            self._on_reply_event(event)
+
+    def _seed_answers(self) -> None:
+        """Let the engine draft from answers saved in earlier sessions."""
+        if not self.settings.answer_cache:
+            return
+        try:
+            pairs = answer_pairs(self.store)
+        except StoreError as exc:
+            self._store_error(exc)
+            return
+        self.bridge.seed_answers(pairs)
+
+    # -- settings ---------------------------------------------------------------------------------
+    def show_about(self) -> AboutDialog:
+        """Open (or raise) the "About this machine" window; it does not block."""
+        if self.about is None:
+            self.about = AboutDialog(self.loaded, self, report=self.bridge.machine_report)
+        self.about.show()
+        self.about.raise_()
+        self.about.activateWindow()
+        return self.about
+
+    def open_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self, loaded=self.loaded, report=self.bridge.machine_report)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.apply_settings(dialog.result_settings())
+
+    def apply_settings(self, new: Settings) -> None:
+        old = self.settings
+        self.settings = new
+        self.session.settings = new
+        self.chat_view.colour_drafts = new.colour_draft_tokens
+        try:
+            new.save(self._settings_path)
+        except OSError as exc:
+            self.show_banner("settings", "error", f"Settings could not be saved ({exc}); they apply until you quit.")
+        if new.system_prompt != old.system_prompt and self.session.conversation_id is not None:
+            try:
+                self.store.set_system_prompt(self.session.conversation_id, new.system_prompt)
+            except StoreError as exc:
+                self._store_error(exc)
+        if new.prefix_cache_mb != old.prefix_cache_mb:
+            self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
+        if needs_reload(old, new):
+            if new.model != old.model:
+                self._model_override = None
+            self.load_model()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
+        self.stop()  # keeps a streaming reply's text, saved as "cancelled"
+        super().closeEvent(event)

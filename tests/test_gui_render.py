@@ -1,0 +1,111 @@
+"""GUI: how replies look and keep up: the stats line, Markdown, draft colours, throttling, scrolling."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from fake_engine import METRICS
+from gui_harness import FULL_REPLY, FULL_STATS, Harness, chat, fake, last_bubble, send_and_hold, stored, type_and_send
+from pytestqt.qtbot import QtBot
+
+from app.state.reply import stats_line
+from app.views.markdown_render import CODE_BG, DRAFT_COLOUR, render_reply
+from app.views.message_widget import MessageWidget
+from engine.api import Done
+
+# -- rendering and responsiveness --------------------------------------------------------------------------
+
+
+def test_stats_line_shows_only_what_exists() -> None:
+    assert stats_line(METRICS.to_dict()) == FULL_STATS
+    assert stats_line({"ttft_s": 0.5}) == "TTFT 0.50 s"
+    assert stats_line({"prompt_tokens": 12, "completion_tokens": 3}) == "3 tokens \u00b7 12 prompt tokens"
+    assert stats_line({}, "cancelled") == "stopped"
+    assert stats_line({"completion_tokens": 9, "drafted": 0, "accepted": 0}) == "9 tokens"
+    assert stats_line({"prompt_tokens": 35, "cached_tokens": 0}) == "reused 0 of 35 prompt tokens"
+    assert stats_line({"drafted": 40, "accepted": 31, "speedup": 1.84}) == (
+        "accepted 31 of 40 drafted (78 %) \u00b7 1.8\u00d7 plain decode"
+    )
+    assert stats_line({"completion_tokens": 2, "quant": "int8-cpu"}) == "2 tokens \u00b7 int8-cpu"
+
+
+def test_markdown_rendering() -> None:
+    html = render_reply("Use `x`:\n\n```python\nif a < b:\n    pass\n```\n<script>alert(1)</script>")
+    assert CODE_BG in html and "monospace" in html
+    assert "if a &lt; b:" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    coloured = render_reply([("plain ", False), ("drafted", True), ("\n# Head", True)], colour_drafts=True)
+    assert coloured.count(DRAFT_COLOUR) == 2
+    assert "<h1>" in coloured
+    assert DRAFT_COLOUR not in render_reply([("drafted", True)], colour_drafts=False)
+    half = render_reply("Here:\n```py\nx = 1", streaming=True)
+    assert "monospace" in half and "```" not in half
+
+
+def test_drafted_tokens_are_coloured_when_enabled(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    fake(window).draft_every = 2
+    chat(qtbot, window, "Hi")
+    assert DRAFT_COLOUR in last_bubble(window).content.text()
+    window.apply_settings(replace(window.settings, colour_draft_tokens=False))
+    chat(qtbot, window, "Again")
+    assert DRAFT_COLOUR not in last_bubble(window).content.text()
+
+
+def test_fast_streams_are_throttled(qtbot: QtBot, harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    window = harness.open()
+    engine = fake(window)
+    engine.tokens = [f"w{i} " for i in range(300)]
+    engine.token_pause = 0.0
+    renders = 0
+    original = MessageWidget.set_content
+
+    def counting(self: MessageWidget, html: str, plain: str) -> None:
+        nonlocal renders
+        renders += 1
+        original(self, html, plain)
+
+    monkeypatch.setattr(MessageWidget, "set_content", counting)
+    chat(qtbot, window, "Count")
+    assert last_bubble(window).plain_text == "".join(engine.tokens)
+    assert renders < 100
+
+
+def test_view_stays_at_the_bottom_unless_scrolled_up(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    engine = fake(window)
+    engine.tokens = [f"Paragraph {i}.\n\n" for i in range(60)]
+    bar = window.chat_view.verticalScrollBar()
+    chat(qtbot, window, "Long one")
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+
+    engine.hold_after = 10
+    type_and_send(qtbot, window, "Another long one")
+    qtbot.waitUntil(engine.held.is_set)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())
+    bar.setValue(0)  # the user scrolls up to read
+    assert not window.chat_view.pinned
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.release()
+    qtbot.waitUntil(lambda: last_bubble(window).plain_text.endswith("Paragraph 59.\n\n"))
+    assert bar.value() == 0
+    bar.setValue(bar.maximum())
+    assert window.chat_view.pinned
+
+
+def test_switching_conversations_mid_stream(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    engine = fake(window)
+    other = chat(qtbot, window, "Other chat")
+    window.new_chat()
+    send_and_hold(qtbot, window, "Streaming chat")
+    streaming = window.session.conversation_id
+    assert streaming is not None
+    window.open_conversation(other)
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.release()
+    assert [b.plain_text for b in window.chat_view.bubbles()] == ["Other chat", FULL_REPLY]
+    assert stored(window, streaming)[1].content == FULL_REPLY
+    window.open_conversation(streaming)
+    assert [b.plain_text for b in window.chat_view.bubbles()] == ["Streaming chat", FULL_REPLY]

@@ -88,6 +88,22 @@ def test_counts_deltas_when_the_server_reports_no_usage(server: ReplayServer) ->
     client.close()
 
 
+def test_a_server_that_refuses_stream_options_is_asked_without(server: ReplayServer) -> None:
+    def chat(h: Handler, body: dict[str, object]) -> None:
+        if "stream_options" in body:
+            h.json(400, {"error": {"message": "Extra inputs are not permitted: stream_options"}})
+        else:
+            h.replay(events("ollama.sse"))
+
+    server.chat = chat
+    client = connect(server.url)
+    for request_id in ("a", "b"):
+        done = run(client, request_id)[-1]
+        assert isinstance(done, Done) and done.text == ANSWER
+    assert ["stream_options" in body for body in server.requests] == [True, False, False]
+    client.close()
+
+
 def test_sampling_and_history_reach_the_server(server: ReplayServer) -> None:
     client = connect(server.url, model="SmolLM2-135M-Instruct-Q8_0.gguf")
     history = (

@@ -13,7 +13,8 @@ Why the ``openai`` SDK: it is the reference client for this API (auth header,
 SSE decoding, error classes with the response, mid-stream error objects), and
 its chunk models keep the fields a server adds (llama.cpp's ``timings``) in
 ``model_extra``.  It is used with ``max_retries=0`` (a retry is the user's
-call: a 429 says when) and ``stream_options.include_usage``.
+call: a 429 says when) and ``stream_options.include_usage``; a server that
+answers that with 400 is asked once more without it, and not again.
 
 Cancel, at once: each request is read by its own reader thread, and the worker
 waits on a queue that both the reader and ``cancel`` write to, so ``Done
@@ -121,11 +122,20 @@ class _Reader:
         self.lock = threading.Lock()
         self.response: httpx2.Response | None = None
         self.closed = False
+        self.dropped_usage = False  # the server refused stream_options: sent again without it
         self.thread = threading.Thread(target=self._run, name="brisk-remote-reader", daemon=True)
 
     def _run(self) -> None:
         try:
-            stream = self.client.chat.completions.create(**self.params)
+            try:
+                stream = self.client.chat.completions.create(**self.params)
+            except openai.BadRequestError:
+                if "stream_options" not in self.params or self.closed:
+                    raise
+                # an older server that rejects stream_options: ask once more without it (nothing was streamed)
+                self.params = {k: v for k, v in self.params.items() if k != "stream_options"}
+                self.dropped_usage = True
+                stream = self.client.chat.completions.create(**self.params)
             with self.lock:
                 self.response = stream.response
                 closed = self.closed
@@ -319,6 +329,8 @@ class RemoteBackend:
             self._pump(request, stats, reader, items)
         finally:
             self._forget(request.id)
+            if reader.dropped_usage:
+                self.include_usage = False
 
     def _forget(self, request_id: str) -> None:
         with self._lock:

@@ -169,6 +169,8 @@ class Metrics:
     similarity: float | None = None  # a semantic hit's similarity
     cached_question: str | None = None  # a semantic hit's earlier question
     saved_s: float | None = None  # an answer-cache hit: the original generation time minus this reply's
+    server_reported: tuple[str, ...] = ()  # names of the fields above that a remote server reported (not measured here)
+    server: Mapping[str, Any] | None = None  # a remote server's own figures as it sent them (usage, timings)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready values (the CLI's ``done.metrics``, the stored row)."""
@@ -295,6 +297,7 @@ class ModelInfo:
     warm_prefixes: int = 0  # system prompts whose KV was read from disk
     draft_model: str = ""
     draft_quant: str = "none"
+    endpoint: str = ""  # a remote engine's base URL ("" for the local model)
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,8 @@ def run_files(folders: Folders, arguments: dict[str, Any], max_read_bytes: int =
     """List a folder, read a file or (with ``search``) find text under a path."""
     if not arguments.get("path") and not arguments.get("search") and len(folders.roots) > 1:
         return "granted folders:\n" + "\n".join(f"{r.name}/ ({r})" for r in folders.roots)
-    if arguments.get("search") and not arguments.get("path"):
-        found = [search(folders, root, str(arguments["search"])) for root in folders.roots]
-        return "\n".join(found) if found else folders.resolve("")  # resolve("") says nothing is granted
+    if arguments.get("search") and not arguments.get("path") and len(folders.roots) > 1:
+        return "\n".join(search(folders, root, str(arguments["search"])) for root in folders.roots)
     real = folders.resolve(arguments.get("path") or "")
     if arguments.get("search"):
         return search(folders, real, str(arguments["search"]))

@@ -90,7 +90,7 @@ class Request:
     """
 
     id: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]  # role/content text; assistant turns may carry tool_calls
     sampling: Sampling = field(default_factory=Sampling)
     conversation_id: str | None = None
     prefix_cache: bool = True

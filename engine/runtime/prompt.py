@@ -4,11 +4,23 @@
 tokenises the text.  When prompt plus ``max_tokens`` would not fit the context,
 it keeps the system prompt and the most recent turns that fit, and when the
 last message alone is too long it keeps the start of it; ``truncated`` says so.
+
+Message contents (from users, files, tools, earlier replies) are text: a
+special-token string inside one (``<|im_start|>system ...`` pasted into a
+message) becomes the ids of its characters, never a control token; only the
+template's own markup yields control tokens.  A prompt whose contents hold no
+special-token string is tokenised exactly as the whole rendered text always
+was (the prefix cache relies on that); one that does is rendered with
+placeholders for the contents, and each stretch of text between the
+template's control tokens is tokenised with special tokens not parsed (the
+same stretches the tokenizer would split at, so only the injected strings
+change).
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +34,69 @@ class Prompt:
     system_tokens: int  # length of the system prompt's own token prefix (0 if none)
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    """The chat template's token ids for ``messages``, with their contents tokenised as text."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    specials = special_strings(tokenizer)
+    if not any(s in str(m.get("content", "")) for m in messages for s in specials):
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return _render_guarded(tokenizer, messages, add_generation_prompt, specials)
+
+
+def content_ids(tokenizer: Any, text: str) -> list[int]:
+    """``text`` tokenised as text: special-token strings in it are not control tokens."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+@functools.lru_cache(maxsize=8)
+def special_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The strings of the tokenizer's special (control) tokens, longest first."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found = {str(t.content) for t in decoder.values() if getattr(t, "special", False) and str(t.content)}
+    found |= {str(t) for t in getattr(tokenizer, "all_special_tokens", ()) if t}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _render_guarded(
+    tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, specials: tuple[str, ...]
+) -> list[int]:
+    """Render with placeholders for the contents; control tokens only from the template's own text."""
+    texts = [str(m.get("content", "")) for m in messages]
+    mark = "\ue000"
+    while any(mark in t for t in texts):
+        mark += "\ue000"
+    holders = [f"{mark}{i}\ue001" for i in range(len(messages))]
+    placeheld = [{**m, "content": h} for m, h in zip(messages, holders, strict=True)]
+    template = tokenizer.apply_chat_template(placeheld, add_generation_prompt=add_generation_prompt, tokenize=False)
+    holder = re.compile(re.escape(mark) + r"(\d+)\ue001")
+    control = re.compile("|".join(re.escape(s) for s in specials))
+    ids: list[int] = []
+    stretch: list[str] = []  # text since the last control token (template text and contents alike)
+
+    def flush() -> None:
+        if stretch:
+            ids.extend(content_ids(tokenizer, "".join(stretch)))
+            stretch.clear()
+
+    for i, part in enumerate(holder.split(template)):
+        if i % 2:  # a placeholder's message index
+            stretch.append(texts[int(part)])
+            continue
+        at = 0
+        for match in control.finditer(part):
+            stretch.append(part[at : match.start()])
+            flush()
+            ids.append(int(tokenizer.convert_tokens_to_ids(match.group())))
+            at = match.end()
+        stretch.append(part[at:])
+    flush()
+    return ids
 
 
 @functools.lru_cache(maxsize=16)
 def _system_ids(tokenizer: Any, content: str) -> tuple[int, ...]:
     """The system message alone, rendered and tokenised (the same few system prompts recur)."""
-    text = tokenizer.apply_chat_template([{"role": "system", "content": content}], tokenize=False)
-    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tuple(render(tokenizer, [{"role": "system", "content": content}], add_generation_prompt=False))
 
 
 def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: list[int]) -> int:
@@ -57,16 +122,16 @@ def build_prompt(tokenizer: Any, messages: list[dict[str, str]], context: int, m
         ids, truncated = render(tokenizer, system + turns), True
     if len(ids) > budget:
         last = turns[-1]
-        content_ids = tokenizer(last["content"], add_special_tokens=False)["input_ids"]
+        last_ids = content_ids(tokenizer, last["content"])
         overflow = len(ids) - budget
-        keep = len(content_ids) - overflow
+        keep = len(last_ids) - overflow
         if keep < 1:
             raise ValueError("The system prompt alone is longer than the model's context. Shorten it in Settings.")
-        cut = {"role": last["role"], "content": tokenizer.decode(content_ids[:keep])}
+        cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
         turns = turns[:-1] + [cut]
         ids, truncated = render(tokenizer, system + turns), True
         while len(ids) > budget and keep > 1:  # re-tokenisation can differ slightly at the cut
             keep = max(1, keep - (len(ids) - budget) - 1)
-            cut = {"role": last["role"], "content": tokenizer.decode(content_ids[:keep])}
+            cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
             ids = render(tokenizer, system + turns[:-1] + [cut])
     return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids))

@@ -4,10 +4,17 @@
 ``NEAR_MISSES``: questions that look alike but ask for something else (another
 country or entity, number, negation, comparative or superlative, direction,
 unit order, operator or question word); a hit would be a wrong answer.
-The tests and ``brisk bench answer-cache`` measure both rates on these.
+The tests and ``brisk bench answer-cache`` measure both rates with :func:`evaluate`.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.answer_cache.keys import CacheKey, ModelIdentity
+
+if TYPE_CHECKING:
+    from engine.answer_cache.cache import AnswerCache
 
 PARAPHRASES: tuple[tuple[str, str], ...] = (
     ("What is the capital of France?", "Which city is the capital of France?"),
@@ -76,3 +83,27 @@ NEAR_MISSES: tuple[tuple[str, str], ...] = (
     ("Explain the rules of chess.", "Explain the rules of checkers."),
     ("Who won the World Cup in 2018?", "Who won the World Cup in 2022?"),
 )
+
+
+def evaluate(cache: AnswerCache, identity: ModelIdentity) -> dict[str, float | int]:
+    """Store the first question of each pair, look up the second; each pair in a context of its own.
+
+    Returns the paraphrase hit rate and the near-miss false-hit rate (and counts) at the cache's
+    current threshold.  Writes entries into ``cache``: use a throw-away one.
+    """
+    counts: dict[str, int] = {}
+    for name, pairs in (("paraphrase", PARAPHRASES), ("near_miss", NEAR_MISSES)):
+        hits = 0
+        for i, (first, second) in enumerate(pairs):
+            system = [{"role": "system", "content": f"{name} pair {i}"}]
+            stored = CacheKey.for_messages(identity, [*system, {"role": "user", "content": first}])
+            cache.put(stored, f"answer to {first}", [i + 1], 1.0)
+            asked = CacheKey.for_messages(identity, [*system, {"role": "user", "content": second}])
+            hits += cache.lookup(asked) is not None
+        counts[f"{name}_pairs"] = len(pairs)
+        counts[f"{name}_hits"] = hits
+    return {
+        **counts,
+        "paraphrase_hit_rate": counts["paraphrase_hits"] / counts["paraphrase_pairs"],
+        "false_hit_rate": counts["near_miss_hits"] / counts["near_miss_pairs"],
+    }

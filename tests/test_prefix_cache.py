@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import EngineRunner, done, token_ids
 
-from engine.api import Sampling
+from engine.api import Loaded, Sampling
 from engine.model.kv import KVState
-from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.prefix_cache import PrefixCache, checksum, kv_layout
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph. " * 3}
 GREEDY = Sampling(max_tokens=20)
@@ -138,6 +139,118 @@ def test_saved_prefixes_reload_only_for_the_same_model(tmp_path: Path) -> None:
     assert PrefixCache("model-1").load(path) == 0
 
 
+def _header_length(path: Path) -> int:
+    return 8 + int.from_bytes(path.read_bytes()[:8], "little")
+
+
+def _saved_cache(tmp_path: Path) -> tuple[PrefixCache, Path]:
+    cache = PrefixCache("model-1")
+    cache.insert("system:a", fake_state([5, 6, 7]))
+    cache.insert("system:b", fake_state([8, 9, 10, 11]))
+    path = tmp_path / "kv.safetensors"
+    assert cache.save(path) == 2
+    return cache, path
+
+
+def test_overwritten_tensor_bytes_drop_the_entry(tmp_path: Path) -> None:
+    cache, path = _saved_cache(tmp_path)
+    blob = bytearray(path.read_bytes())
+    start = _header_length(path)
+    blob[start : start + 16] = b"\x7f" * 16  # the first tensor in the file
+    path.write_bytes(bytes(blob))
+    again = PrefixCache("model-1")
+    assert again.load(path) == 1, "the other entry is still good"
+    (kept,) = again.entries
+    assert torch.equal(again.entries[kept].snapshot[0][0], cache.entries[kept].snapshot[0][0])
+    assert any("checksum" in p for p in again.load_problems)
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor], entries: object, identity: str = "model-1") -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "2", "identity": identity, "entries": json.dumps(entries)})
+
+
+def _entry(tokens: list[int], snapshot: tuple, identity: str = "model-1") -> dict[str, object]:
+    return {
+        "tokens": tokens,
+        "layers": len(snapshot),
+        "identity": identity,
+        "sha256": checksum(identity, tokens, snapshot),
+    }
+
+
+def _tensors(key: str, snapshot: tuple) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, (k, v) in enumerate(snapshot):
+        out[f"{key}|{i}|k"], out[f"{key}|{i}|v"] = k.contiguous(), v.contiguous()
+    return out
+
+
+def _wrong_files() -> dict[str, tuple[dict[str, torch.Tensor], object]]:
+    good = fake_state([1, 2, 3]).snapshot()
+    short = fake_state([1, 2]).snapshot()  # two positions for three tokens, with a valid checksum
+    flat = tuple((k[0], v[0]) for k, v in good)  # 3-D tensors
+    return {
+        "entries_as_list": (_tensors("system:a", good), [[1, 2, 3]]),
+        "entries_not_json": (_tensors("system:a", good), "{not json"),
+        "missing_keys": (_tensors("system:a", good), {"system:a": {"tokens": [1, 2, 3]}}),
+        "tokens_not_ints": (_tensors("system:a", good), {"system:a": {**_entry([1, 2, 3], good), "tokens": ["a"]}}),
+        "missing_tensor": ({}, {"system:a": _entry([1, 2, 3], good)}),
+        "wrong_length": (_tensors("system:a", short), {"system:a": _entry([1, 2, 3], short)}),
+        "wrong_rank": (_tensors("system:a", flat), {"system:a": _entry([1, 2, 3], flat)}),
+        "other_identity": (_tensors("system:a", good), {"system:a": _entry([1, 2, 3], good, "model-2")}),
+        "not_a_system_entry": (_tensors("conv:a", good), {"conv:a": _entry([1, 2, 3], good)}),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_wrong_files()))
+def test_a_valid_file_of_the_wrong_shape_is_not_used(tmp_path: Path, kind: str) -> None:
+    tensors, entries = _wrong_files()[kind]
+    path = tmp_path / "kv.safetensors"
+    _write(path, tensors, entries)
+    cache = PrefixCache("model-1")
+    assert cache.load(path) == 0
+    assert cache.entries == {} and cache.load_problems
+
+
+def test_a_file_of_another_layout_is_not_used(tmp_path: Path) -> None:
+    _, path = _saved_cache(tmp_path)  # 2 layers, 2 heads, head dim 8
+    assert PrefixCache("model-1").load(path, layout=(2, 2, 8)) == 2
+    for layout in [(3, 2, 8), (2, 4, 8), (2, 2, 16)]:
+        cache = PrefixCache("model-1")
+        assert cache.load(path, layout=layout) == 0 and cache.load_problems
+
+
+def test_kv_layout_of_the_tiny_model(tiny_dir: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    model = type("M", (), {"config": config})()
+    layers, heads, head_dim = kv_layout(model)
+    assert layers == config.num_hidden_layers and heads == config.num_key_value_heads
+    assert head_dim == (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    assert kv_layout(object()) is None
+
+
+def test_a_failed_save_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    cache, path = _saved_cache(tmp_path)
+    before = path.read_bytes()
+    cache.insert("system:c", fake_state([1, 1, 1]))
+
+    def full(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError):
+        cache.save(path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and not path.with_name(path.name + ".tmp").exists()
+
+
 def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
     messages = [SYSTEM, {"role": "user", "content": "After a restart?"}]
     first = EngineRunner(str(tiny_dir))
@@ -151,6 +264,54 @@ def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
         assert second.load_event.info.warm_prefixes >= 1
         ids, final = warm(second, messages, "after-restart")
         assert final.metrics.cached_tokens >= 20
+        assert ids == expected
+    finally:
+        second.close()
+
+
+def _seeded_kv_file(tiny_dir: Path, data: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[int]]:
+    """A fresh data folder whose saved system-prompt KV came from a real run; and the cold reply."""
+    monkeypatch.setenv("BRISK_DATA_DIR", str(data))
+    first = EngineRunner(str(tiny_dir))
+    try:
+        expected = cold(first, [SYSTEM, {"role": "user", "content": "After damage?"}])
+        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY)
+    finally:
+        first.close()
+    (path,) = (data / "cache" / "kv").glob("*.safetensors")
+    return path, expected
+
+
+def test_restart_with_overwritten_kv_is_cold_and_exact(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    path, expected = _seeded_kv_file(tiny_dir, tmp_path, monkeypatch)
+    blob = bytearray(path.read_bytes())
+    start = _header_length(path)
+    middle = start + (len(blob) - start) // 2
+    blob[middle : middle + 64] = bytes(range(64))  # tensor data overwritten; the file still parses
+    path.write_bytes(bytes(blob))
+    second = EngineRunner(str(tiny_dir))
+    try:
+        assert isinstance(second.load_event, Loaded), second.load_event
+        assert second.load_event.info.warm_prefixes == 0
+        ids, final = warm(second, [SYSTEM, {"role": "user", "content": "After damage?"}], "after-damage")
+        assert final.metrics.cached_tokens == 0, "no damaged KV is reused"
+        assert ids == expected, "the reply equals a cold one"
+    finally:
+        second.close()
+
+
+def test_restart_with_a_wrong_shaped_kv_file_still_loads(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from safetensors import safe_open
+
+    path, expected = _seeded_kv_file(tiny_dir, tmp_path, monkeypatch)
+    with safe_open(str(path), "pt") as fh:
+        identity = fh.metadata()["identity"]
+    _write(path, {"x": torch.zeros(2)}, [[1, 2, 3]], identity=identity)
+    second = EngineRunner(str(tiny_dir))
+    try:
+        assert isinstance(second.load_event, Loaded), second.load_event
+        assert second.load_event.info.warm_prefixes == 0
+        ids, _ = warm(second, [SYSTEM, {"role": "user", "content": "After damage?"}], "after-wrong-shape")
         assert ids == expected
     finally:
         second.close()

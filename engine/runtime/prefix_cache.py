@@ -10,8 +10,14 @@ matching is exact at token granularity (no block rounding), and snapshots are
 views of immutable tensors (see ``engine.model.kv``), so reuse copies nothing.
 
 System-prompt entries are saved to disk (``save``/``load``) so the first
-message after a restart is warm too; the file records the model identity and
-is ignored when it does not match.
+message after a restart is warm too.  The file is written whole or not at all
+(``engine.paths.atomic_write``), and each entry records the model identity and
+a SHA-256 checksum of its tokens and tensor bytes.  ``load`` trusts nothing in
+the file: an entry whose identity or checksum does not match, whose tensors
+are missing or of the wrong shape (or not of ``layout`` when the caller gives
+the model's), or a file that is unreadable or of another format, is dropped
+with a reason in ``load_problems`` and costs only a cold start for that
+prompt; ``load`` never raises, so a bad file never blocks loading a model.
 
 Entries are keyed: a conversation's entry is replaced by its next turn, and
 system prompts get entries of their own so other conversations find them.
@@ -23,19 +29,23 @@ new cache when the model changes, so entries never mix.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save
 
 from engine.model.kv import KVState, Snapshot, common_prefix
+from engine.paths import atomic_write
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
+FILE_FORMAT = "2"  # 2: per-entry identity and checksum (files of format 1 are not trusted)
+Layout = tuple[int, int, int]  # (layers, KV heads, head dim) of a model's KV
 
 
 @dataclass
@@ -50,6 +60,7 @@ class PrefixCache:
         self.identity = identity
         self.budget_bytes = budget_bytes
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
+        self.load_problems: list[str] = []  # why saved entries were dropped by the last ``load``
 
     def lookup(self, prompt: list[int], prefer: str | None = None) -> KVState:
         """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens)."""
@@ -100,42 +111,111 @@ class PrefixCache:
             self.entries.clear()
 
     def save(self, path: Path) -> int:
-        """Write the system-prompt entries to ``path``; return how many."""
+        """Write the system-prompt entries to ``path`` (whole or not at all); return how many.
+
+        Raises ``OSError`` when the file cannot be written; the old file is then left as it was.
+        """
         tensors: dict[str, torch.Tensor] = {}
-        meta: dict[str, list[int]] = {}
+        meta: dict[str, dict[str, Any]] = {}
         for key, entry in self.entries.items():
             if not key.startswith(PERSISTED):
                 continue
-            meta[key] = entry.tokens
-            for i, (k, v) in enumerate(entry.snapshot):
-                tensors[f"{key}|{i}|k"] = k.contiguous()
-                tensors[f"{key}|{i}|v"] = v.contiguous()
+            layers = tuple((k.contiguous(), v.contiguous()) for k, v in entry.snapshot)
+            meta[key] = {
+                "tokens": entry.tokens,
+                "layers": len(layers),
+                "identity": self.identity,
+                "sha256": checksum(self.identity, entry.tokens, layers),
+            }
+            for i, (k, v) in enumerate(layers):
+                tensors[f"{key}|{i}|k"] = k
+                tensors[f"{key}|{i}|v"] = v
+        metadata = {"format": FILE_FORMAT, "identity": self.identity, "entries": json.dumps(meta)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(tensors, str(tmp), metadata={"identity": self.identity, "entries": json.dumps(meta)})
-        os.replace(tmp, path)
+        atomic_write(path, save(tensors, metadata=metadata))
         return len(meta)
 
-    def load(self, path: Path) -> int:
-        """Add saved system-prompt entries from ``path`` if they belong to this model; return how many."""
+    def load(self, path: Path, layout: Layout | None = None) -> int:
+        """Add the saved system-prompt entries of ``path`` that check out; return how many.
+
+        ``layout`` (see :func:`kv_layout`): the model's KV shape; entries of another are dropped.
+        Never raises: what was dropped, and why, is in ``load_problems``.
+        """
+        self.load_problems = []
         if not path.is_file():
             return 0
+        loaded = 0
         try:
             with safe_open(str(path), "pt") as fh:
                 meta = fh.metadata() or {}
-            if meta.get("identity") != self.identity:
-                return 0
-            entries = json.loads(meta["entries"])
-            tensors = load_file(str(path))
-        except (SafetensorError, OSError, ValueError, KeyError):
-            return 0  # a damaged file only costs a cold start
-        for key, tokens in entries.items():
-            layers = []
-            i = 0
-            while f"{key}|{i}|k" in tensors:
-                layers.append((tensors[f"{key}|{i}|k"], tensors[f"{key}|{i}|v"]))
-                i += 1
-            if layers and all(k.shape[-2] == len(tokens) for k, _ in layers):
-                self.entries[key] = Entry(list(tokens), tuple(layers))
+                if meta.get("format") != FILE_FORMAT or meta.get("identity") != self.identity:
+                    self.load_problems.append(f"{path.name}: another model's or an older format's file; not used")
+                    return 0
+                entries = json.loads(meta.get("entries", ""))
+                if not isinstance(entries, dict):
+                    self.load_problems.append(f"{path.name}: its list of entries is damaged; not used")
+                    return 0
+                names = set(fh.keys())
+                for key, info in entries.items():
+                    try:
+                        tokens, snapshot = self._read_entry(fh, names, key, info, layout)
+                    except (SafetensorError, RuntimeError, TypeError, ValueError) as exc:
+                        self.load_problems.append(f"{path.name}: entry {key!r} dropped ({exc})")
+                        continue
+                    self.entries[key] = Entry(tokens, snapshot)
+                    loaded += 1
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            self.load_problems.append(f"{path.name} could not be read ({exc}); not used")
         self.evict()
-        return len(entries)
+        return loaded
+
+    def _read_entry(
+        self, fh: Any, names: set[str], key: object, info: object, layout: Layout | None
+    ) -> tuple[list[int], Snapshot]:
+        """One saved entry, checked; raises ValueError saying what is wrong with it."""
+        if not isinstance(key, str) or not key.startswith(PERSISTED) or not isinstance(info, dict):
+            raise ValueError("not a system-prompt entry")
+        tokens, count = info.get("tokens"), info.get("layers")
+        if not isinstance(tokens, list) or not tokens or not all(type(t) is int and t >= 0 for t in tokens):
+            raise ValueError("its tokens are damaged")
+        if type(count) is not int or count < 1 or (layout is not None and count != layout[0]):
+            raise ValueError(f"it has {count!r} layers, not the model's")
+        if info.get("identity") != self.identity:
+            raise ValueError("it belongs to another model")
+        layers = []
+        for i in range(count):
+            if f"{key}|{i}|k" not in names or f"{key}|{i}|v" not in names:
+                raise ValueError(f"layer {i} is missing")
+            k, v = fh.get_tensor(f"{key}|{i}|k"), fh.get_tensor(f"{key}|{i}|v")
+            if k.dim() != 4 or k.shape != v.shape or k.dtype != v.dtype or k.shape[0] != 1:
+                raise ValueError(f"layer {i} has the wrong shape")
+            if k.shape[2] != len(tokens) or (layout is not None and (k.shape[1], k.shape[3]) != layout[1:]):
+                raise ValueError(f"layer {i} has the wrong shape")
+            layers.append((k, v))
+        snapshot = tuple(layers)
+        if info.get("sha256") != checksum(self.identity, tokens, snapshot):
+            raise ValueError("its checksum does not match: the file was changed or damaged")
+        return tokens, snapshot
+
+
+def checksum(identity: str, tokens: list[int], snapshot: Snapshot) -> str:
+    """SHA-256 of an entry: the model identity, the tokens, and each tensor's dtype, shape and bytes."""
+    digest = hashlib.sha256(json.dumps([identity, tokens]).encode())
+    for pair in snapshot:
+        for tensor in pair:
+            data = tensor.detach().to("cpu").contiguous()
+            digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
+            digest.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def kv_layout(model: Any) -> Layout | None:
+    """(layers, KV heads, head dim) of a transformers model's KV, or None when its config does not say."""
+    config: Any = getattr(model, "config", None)
+    try:
+        layers = int(config.num_hidden_layers)
+        heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return layers, heads, int(head_dim)

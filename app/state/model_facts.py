@@ -50,6 +50,7 @@ LABELS: dict[str, str] = {
     "warm_prefixes": "Warm prompt caches from disk",
     "draft_model": "Draft model",
     "draft_quant": "Draft quantization",
+    "endpoint": "Server",
 }
 EMPTY = "\u2014"
 

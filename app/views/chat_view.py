@@ -17,8 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QResizeEvent
+from PySide6.QtWidgets import QApplication, QLabel, QLayout, QScrollArea, QVBoxLayout, QWidget
 
 from app.state.reply import ReplyState, stats_line
 from app.views.markdown_render import render_reply, render_user
@@ -27,9 +28,20 @@ from engine.api import Metrics
 from engine.storage import Message
 
 THROTTLE_MS = 50
+COLUMN_MAX_PX = 860
+MARGIN_PX = 16
 PIN_SLACK_PX = 24
 TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
 EMPTY_TEXT = "Ask anything. Replies stream in as they are generated."
+
+
+class _Page(QWidget):
+    """The scrolled page.  Its height is its layout's height for the viewport's width, nothing more: a
+    word-wrapped label's minimum height, which Qt measures at a narrow width, must not stretch the page
+    (that left hundreds of pixels of blank space under the last message)."""
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
+        return QSize(0, 0)
 
 
 class ChatView(QScrollArea):
@@ -51,28 +63,30 @@ class ChatView(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QScrollArea.Shape.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        page = QWidget()
+        page = _Page()
         page.setObjectName("chatPanel")
-        row = QHBoxLayout(page)
-        row.setContentsMargins(16, 16, 16, 16)
-        column_widget = QWidget()
-        column_widget.setMaximumWidth(860)
-        self._column = QVBoxLayout(column_widget)
-        self._column.setContentsMargins(0, 0, 0, 0)
+        # One column straight on the page (no row of stretches around a width-capped widget): then the
+        # page's height follows its width exactly (height-for-width), with no blank space under the last
+        # message.  The column is centred and capped at COLUMN_MAX_PX by the margins (``resizeEvent``).
+        self._column = QVBoxLayout(page)
+        self._column.setContentsMargins(MARGIN_PX, MARGIN_PX, MARGIN_PX, MARGIN_PX)
         self._column.setSpacing(12)
+        self._column.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
         self.empty_label = QLabel(EMPTY_TEXT)
         self.empty_label.setObjectName("hint")
         self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self._column.addWidget(self.empty_label)
         self._column.addStretch(1)
-        row.addStretch(0)
-        row.addWidget(column_widget, 1)
-        row.addStretch(0)
         self.setWidget(page)
 
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt override)
+        side = max(MARGIN_PX, (self.viewport().width() - COLUMN_MAX_PX) // 2)
+        self._column.setContentsMargins(side, MARGIN_PX, side, MARGIN_PX)
+        super().resizeEvent(event)
 
     # -- content ------------------------------------------------------------------
     def clear(self) -> None:

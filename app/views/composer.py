@@ -6,18 +6,20 @@ nothing is lost on failure) and ``stop_requested()`` for Esc or the Stop
 button.  Empty or whitespace-only text is never sent: a gentle hint appears and
 the box keeps what it had.  The button reads Send or Stop (:meth:`set_busy`);
 Send is disabled with a tooltip while no model is ready (:meth:`set_ready`),
-but typing always works.
+but typing always works.  The box is as tall as its text, 1 to ``MAX_LINES``
+lines (wrapped lines count), growing and shrinking as the text does.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 HINT_MS = 4000
 EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
+MAX_LINES = 8
 NOT_READY_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
 
 
@@ -26,6 +28,12 @@ class MessageEdit(QPlainTextEdit):
 
     enter_pressed = Signal()
     escape_pressed = Signal()
+    restyled = Signal()  # the style or font changed: the height must be measured again
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.StyleChange, QEvent.Type.FontChange):
+            self.restyled.emit()
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
         key = event.key()
@@ -62,7 +70,8 @@ class Composer(QWidget):
         self.editor.setTabChangesFocus(True)
         self.editor.enter_pressed.connect(self.submit)
         self.editor.escape_pressed.connect(self._escape)
-        self.editor.textChanged.connect(self._fit_height)
+        self.editor.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self.editor.restyled.connect(self._fit_height)
         row.addWidget(self.editor, 1)
         self.button = QPushButton("Send")
         self.button.setObjectName("primary")
@@ -143,8 +152,14 @@ class Composer(QWidget):
         self.button.style().polish(self.button)
 
     def _fit_height(self) -> None:
-        lines = max(2, min(8, self.editor.document().blockCount()))
-        line_height = self.editor.fontMetrics().lineSpacing()
-        margins = self.editor.contentsMargins()
-        frame = 2 * self.editor.frameWidth() + int(self.editor.document().documentMargin() * 2)
-        self.editor.setFixedHeight(lines * line_height + frame + margins.top() + margins.bottom() + 4)
+        """As tall as the text's lines (wrapped ones included), from 1 to ``MAX_LINES``; it shrinks again too."""
+        editor = self.editor
+        editor.ensurePolished()  # the stylesheet's padding and font count from the first call on
+        lines = max(1, min(MAX_LINES, round(editor.document().size().height())))  # plain-text layout: lines
+        margins = editor.contentsMargins()  # the frame and the stylesheet's border and padding
+        viewport = editor.viewportMargins()
+        chrome = margins.top() + margins.bottom() + viewport.top() + viewport.bottom()
+        text = lines * editor.fontMetrics().lineSpacing() + round(editor.document().documentMargin() * 2)
+        height = text + chrome + 2
+        if editor.height() != height or editor.minimumHeight() != height:
+            editor.setFixedHeight(height)

@@ -7,7 +7,9 @@ model shown as text (never interpreted).  With ``colour_drafts`` the drafted
 segments get a subtle colour; the markers used for that never break Markdown
 structure (fences, headings, list bullets).  With ``streaming`` an unclosed
 code fence is closed for display so a half-written block already looks like
-code.  :func:`render_user` shows a user's message as plain text.
+code.  Links keep only ``http(s)`` targets and images are never loaded (a
+web image becomes a link with its alt text), so rendered text cannot open or
+load a local file.  :func:`render_user` shows a user's message as plain text.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from xml.etree.ElementTree import Element
 
 import markdown
+from markdown.treeprocessors import Treeprocessor
 
 DRAFT_COLOUR = "#2f7d6d"
 CODE_BG = "#f3f4f6"
@@ -28,9 +32,38 @@ _CODE_BLOCK = re.compile(r"<pre><code[^>]*>(.*?)</code></pre>", re.S)
 _TAG_SPLIT = re.compile(r"(<[^>]*>)")
 _BLOCK_END = re.compile(r"</(?:p|li|h[1-6]|td|th|pre|blockquote)>")
 
+SAFE_SCHEMES = ("http://", "https://")
+
+
+def safe_url(url: str) -> bool:
+    """Only web links leave the app: no ``file://``, no relative paths (which resolve to local files)."""
+    return url.strip().lower().startswith(SAFE_SCHEMES)
+
+
+class _SafeLinks(Treeprocessor):
+    """Links keep their text but lose a non-web target; images become their alt text (a link to a web
+    image), so nothing the model writes loads or opens a local file."""
+
+    def run(self, root: Element) -> None:
+        for element in root.iter():
+            if element.tag == "a" and not safe_url(element.get("href", "")):
+                element.tag = "span"
+                element.attrib.clear()
+            elif element.tag == "img":
+                src, alt = element.get("src", ""), element.get("alt", "") or "image"
+                element.attrib.clear()
+                element.text = f"[{alt}]"
+                if safe_url(src):
+                    element.tag = "a"
+                    element.set("href", src)
+                else:
+                    element.tag = "span"
+
+
 _md = markdown.Markdown(extensions=["fenced_code", "tables", "sane_lists", "nl2br"])
 _md.preprocessors.deregister("html_block")  # the model's raw HTML is shown, not run
 _md.inlinePatterns.deregister("html")
+_md.treeprocessors.register(_SafeLinks(_md), "brisk_safe_links", 0)
 
 
 def render_user(text: str) -> str:

@@ -9,8 +9,11 @@ view decides what they do.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal, SignalInstance
+from PySide6.QtCore import Qt, QUrl, Signal, SignalInstance
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout, QWidget
+
+from app.views.markdown_render import safe_url
 
 ROLE_NAMES = {"user": "You", "assistant": "Brisk", "system": "System"}
 
@@ -64,7 +67,8 @@ class MessageWidget(QFrame):
         self.content.setObjectName("content")
         self.content.setTextFormat(Qt.TextFormat.RichText)
         self.content.setWordWrap(True)
-        self.content.setOpenExternalLinks(True)
+        self.content.setOpenExternalLinks(False)  # only web links open, through _open_link
+        self.content.linkActivated.connect(_open_link)
         self.content.setTextInteractionFlags(
             Qt.TextInteractionFlag.TextSelectableByMouse
             | Qt.TextInteractionFlag.TextSelectableByKeyboard
@@ -104,6 +108,11 @@ class MessageWidget(QFrame):
         for button in (self.regenerate_button, self.edit_button):
             if button is not None:
                 button.setEnabled(enabled)
+
+
+def _open_link(url: str) -> None:
+    if safe_url(url):
+        QDesktopServices.openUrl(QUrl(url))
 
 
 def _set(label: QLabel, text: str) -> None:

@@ -24,6 +24,7 @@ from PySide6.QtCore import (
     QModelIndex,
     QPersistentModelIndex,
     QPoint,
+    QRect,
     QSize,
     Qt,
     QTimer,
@@ -71,6 +72,16 @@ class FitWidthDelegate(QStyledItemDelegate):
         fitted = QStyleOptionViewItem(option)
         fitted.rect.setWidth(max(1, self._view.viewport().width()))
         return QSize(1, super().sizeHint(fitted, index).height())
+
+    def updateEditorGeometry(  # noqa: N802 (Qt override)
+        self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
+        """The rename editor covers its row and is never shorter than its own size hint (no clipped title)."""
+        rect = QRect(option.rect)
+        height = max(rect.height(), editor.sizeHint().height())
+        rect.setTop(rect.center().y() - height // 2)
+        rect.setHeight(height)
+        editor.setGeometry(rect)
 
 
 def _no_sideways_scrolling(view: QListView) -> None:

@@ -1,6 +1,16 @@
-"""The light stylesheet and the few colours the widgets share."""
+"""The light stylesheet and the few colours the widgets share.
+
+Spin boxes get their own buttons and arrow images (``icons/``): a styled
+frame makes Qt draw the buttons from the stylesheet too, and without an
+``image`` their arrows would be empty boxes.  The sidebar's rename editor has
+a slim padding so the title fits in the row's height.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+ICONS = (Path(__file__).resolve().parent / "icons").as_posix()
 
 ACCENT = "#2563eb"
 MUTED = "#6b7280"
@@ -24,6 +34,22 @@ QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
     border: 1px solid #d1d5db; border-radius: 8px; padding: 5px 8px; background: #ffffff;
 }}
 QLineEdit:focus, QPlainTextEdit:focus {{ border-color: {ACCENT}; }}
+QSpinBox, QDoubleSpinBox {{ padding-right: 24px; }}
+QSpinBox::up-button, QDoubleSpinBox::up-button, QSpinBox::down-button, QDoubleSpinBox::down-button {{
+    subcontrol-origin: border; width: 20px; border-left: 1px solid #d1d5db; background: #f9fafb;
+}}
+QSpinBox::up-button, QDoubleSpinBox::up-button {{ subcontrol-position: top right; border-top-right-radius: 8px; }}
+QSpinBox::down-button, QDoubleSpinBox::down-button {{
+    subcontrol-position: bottom right; border-bottom-right-radius: 8px;
+}}
+QSpinBox::up-button:hover, QDoubleSpinBox::up-button:hover,
+QSpinBox::down-button:hover, QDoubleSpinBox::down-button:hover {{ background: #eef0f3; }}
+QSpinBox::up-arrow, QDoubleSpinBox::up-arrow {{ image: url({ICONS}/arrow-up.svg); width: 9px; height: 9px; }}
+QSpinBox::down-arrow, QDoubleSpinBox::down-arrow {{ image: url({ICONS}/arrow-down.svg); width: 9px; height: 9px; }}
+QSpinBox::up-arrow:disabled, QSpinBox::up-arrow:off, QDoubleSpinBox::up-arrow:disabled,
+QDoubleSpinBox::up-arrow:off, QSpinBox::down-arrow:disabled, QSpinBox::down-arrow:off,
+QDoubleSpinBox::down-arrow:disabled, QDoubleSpinBox::down-arrow:off {{ image: none; }}
+QWidget#sidebar QListView QLineEdit {{ padding: 0px 6px; border-radius: 4px; background: #ffffff; }}
 QPushButton {{
     border: 1px solid #d1d5db; border-radius: 8px; padding: 6px 14px; background: #ffffff;
 }}

@@ -113,5 +113,3 @@ def stored(window: MainWindow, conversation_id: str) -> list[Message]:
 
 def last_bubble(window: MainWindow) -> MessageWidget:
     return window.chat_view.bubbles()[-1]
-
-

@@ -65,6 +65,7 @@ class ChatView(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         page = _Page()
         page.setObjectName("chatPanel")
+        page.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # a QWidget subclass: paint the style
         # One column straight on the page (no row of stretches around a width-capped widget): then the
         # page's height follows its width exactly (height-for-width), with no blank space under the last
         # message.  The column is centred and capped at COLUMN_MAX_PX by the margins (``resizeEvent``).

@@ -40,12 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.answer_cache.embed import Embedder, shared_embedder
+from engine.answer_cache.embed import DIM, Embedder, shared_embedder
 from engine.answer_cache.guard import mismatch
 from engine.answer_cache.keys import CacheKey, ModelIdentity, normalise
 from engine.answer_cache.store import CacheError, CacheStore, Entry
 
 KINDS = ("exact", "semantic")
+_Index = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # ids, context hashes, created, unit vectors
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,10 @@ class AnswerCache:
         self.store = CacheStore(path)
         self.embedder = embedder if embedder is not None else shared_embedder()
         self.last_error: str | None = None
+        # In-memory copy of the stored vectors, per model: deleted rows may linger (hits re-read the row).
+        self._indexes: dict[str, _Index] = {}
+        self._index_version = (-1, -1)
+        self._index_stale = 0
 
     def configure(self, **changes: Any) -> None:
         """Change settings (``threshold``, ``ttl_s``, ``max_entries``...); raises ValueError for bad values."""
@@ -125,7 +130,7 @@ class AnswerCache:
             raise ValueError("; ".join(problems))
         self.config = config
         if "max_entries" in changes:
-            self.store.evict(config.max_entries)
+            self._index_stale += self.store.evict(config.max_entries)
 
     def close(self) -> None:
         self.store.close()
@@ -184,14 +189,51 @@ class AnswerCache:
         if vector is None:
             return []
         self._backfill(model_key)
-        rows = self.store.vectors(model_key, context, since)
-        rows = [(i, blob) for i, blob in rows if blob is not None and len(blob) == vector.nbytes]
-        if not rows:
+        index = self._index_for(model_key)
+        if index is None:
             return []
-        matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=np.float32).reshape(len(rows), -1)
-        scores = matrix @ vector
+        ids, contexts, created, matrix = index
+        mask = created >= since
+        if context is not None:
+            mask &= contexts == context
+        rows = np.flatnonzero(mask)
+        if rows.size == 0:
+            return []
+        scores = matrix[rows] @ vector
         order = np.argsort(-scores, kind="stable")
-        return [(float(scores[j]), int(rows[j][0])) for j in order]
+        return [(float(scores[j]), int(ids[rows[j]])) for j in order]
+
+    def _index_for(self, model_key: str) -> _Index | None:
+        """That model's stored vectors in memory, reloaded after another connection wrote or many deletes."""
+        version = (self.store.data_version(), self.store.rebuilt)
+        size = sum(len(index[0]) for index in self._indexes.values())
+        if version != self._index_version or self._index_stale > 64 + size // 8:
+            self._indexes.clear()
+            self._index_version, self._index_stale = version, 0
+        if model_key not in self._indexes:
+            rows = [r for r in self.store.vectors(model_key) if len(r[3]) == DIM * 4]
+            if not rows:
+                return None
+            self._indexes[model_key] = (
+                np.array([r[0] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows], dtype=object),
+                np.array([r[2] for r in rows], dtype=np.float64),
+                np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(len(rows), DIM),
+            )
+        return self._indexes[model_key]
+
+    def _index_add(self, model_key: str, entry_id: int, context: str, created: float, vector: np.ndarray) -> None:
+        index = self._indexes.get(model_key)
+        if index is None:
+            return  # loaded from the database on the next lookup
+        ids, contexts, times, matrix = index
+        keep = ids != entry_id  # a replaced entry keeps its id
+        self._indexes[model_key] = (
+            np.append(ids[keep], entry_id),
+            np.append(contexts[keep], np.array([context], dtype=object)),
+            np.append(times[keep], created),
+            np.vstack([matrix[keep], vector[None, :]]),
+        )
 
     def _nearest_guarded(self, key: CacheKey, since: float) -> tuple[Entry | None, float]:
         ranked = self._ranked(key.question, key.identity.key, key.context, since)
@@ -202,7 +244,9 @@ class AnswerCache:
         for score, entry_id in candidates:
             earlier = questions.get(entry_id)
             if earlier is not None and mismatch(key.question, earlier) is None:
-                return self.store.get(entry_id), min(score, 1.0)
+                entry = self.store.get(entry_id)
+                if entry is not None and entry.created >= since:
+                    return entry, min(score, 1.0)
         return None, 0.0
 
     def _backfill(self, model_key: str, limit: int = 32) -> None:
@@ -213,6 +257,7 @@ class AnswerCache:
         vectors = self.embedder.embed([normalise(q) for _, q in missing])
         if vectors is not None:
             self.store.set_embeddings([(i, v.tobytes()) for (i, _), v in zip(missing, vectors, strict=True)])
+            self._indexes.pop(model_key, None)
 
     # -- store ---------------------------------------------------------------------------------
 
@@ -243,9 +288,11 @@ class AnswerCache:
                 "tools": key.tools,
             }
         )
+        if vector is not None:
+            self._index_add(key.identity.key, entry_id, key.context, time.time(), vector)
         if self.config.ttl_s is not None:
-            self.store.delete_older(self._since())
-        self.store.evict(self.config.max_entries)
+            self._index_stale += self.store.delete_older(self._since())
+        self._index_stale += self.store.evict(self.config.max_entries)
         return entry_id
 
     # -- drafts --------------------------------------------------------------------------------
@@ -276,18 +323,22 @@ class AnswerCache:
     # -- staleness -----------------------------------------------------------------------------
 
     def delete(self, entry_id: int) -> bool:
+        self._indexes.clear()
         return self.store.delete(entry_id)
 
     def clear(self) -> int:
         """Delete every entry and reset the counters; returns how many entries went."""
+        self._indexes.clear()
         return self.store.clear()
 
     def invalidate_model(self, identity: ModelIdentity, *, keep: bool = False) -> int:
         """Delete the answers of ``identity`` (``keep=True``: of every other model instead)."""
+        self._indexes.clear()
         return self.store.delete_model(identity.key, keep=keep)
 
     def invalidate_tool(self, tool: str) -> int:
         """Delete the answers of requests that had ``tool`` enabled (its data changed)."""
+        self._indexes.clear()
         return self.store.delete_tool(tool)
 
     def expire(self) -> int:

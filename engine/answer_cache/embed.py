@@ -136,6 +136,11 @@ class Embedder:
             out[i] = vector
         return out
 
+    def forget(self) -> None:
+        """Drop the remembered vectors (benchmarks time the embedding itself)."""
+        with self._lock:
+            self._memo.clear()
+
     def embed_one(self, text: str) -> np.ndarray | None:
         vectors = self.embed([text])
         return None if vectors is None else vectors[0]

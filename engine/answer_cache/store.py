@@ -108,7 +108,12 @@ def _v1(db: Database) -> None:
     db.execute(f"INSERT OR IGNORE INTO {STATS} (name, value) VALUES " + ", ".join(f"('{c}', 0)" for c in COUNTERS))
 
 
-MIGRATIONS: list[Callable[[Database], None]] = [_v1]
+def _v2(db: Database) -> None:
+    # Finding the entries still to embed must not scan every stored vector.
+    db.execute(f"CREATE INDEX {ENTRIES}_unembedded ON {ENTRIES} (model_key) WHERE embedding IS NULL")
+
+
+MIGRATIONS: list[Callable[[Database], None]] = [_v1, _v2]
 
 
 def _is_corrupt(exc: BaseException) -> bool:
@@ -287,13 +292,15 @@ class CacheStore:
     def _rows(self, sql: str, params: list[Any]) -> list[Any]:
         return self._run("read the answer cache", lambda db: db.execute(sql, params).fetchall())
 
-    def vectors(self, model_key: str, context: str | None, since: float) -> list[tuple[int, bytes]]:
-        """(id, embedding) of the live entries of that model (and context, unless None) that have one."""
-        where, params = "model_key = ? AND created >= ? AND embedding IS NOT NULL", [model_key, since]
-        if context is not None:
-            where += " AND context_hash = ?"
-            params.append(context)
-        return self._rows(f"SELECT id, embedding FROM {ENTRIES} WHERE {where}", params)
+    def vectors(self, model_key: str) -> list[tuple[int, str, float, bytes]]:
+        """(id, context hash, created, embedding) of that model's entries that have an embedding."""
+        where = "model_key = ? AND embedding IS NOT NULL"
+        sql = f"SELECT id, context_hash, created, embedding FROM {ENTRIES} WHERE {where}"
+        return self._rows(sql, [model_key])
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits (not on this one's own writes)."""
+        return int(self._rows("PRAGMA data_version", [])[0][0])
 
     def without_embedding(self, model_key: str, limit: int) -> list[tuple[int, str]]:
         sql = f"SELECT id, question FROM {ENTRIES} WHERE model_key = ? AND embedding IS NULL LIMIT ?"

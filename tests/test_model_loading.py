@@ -55,6 +55,19 @@ def test_fp16_cpu_with_another_precision_is_refused_with_what_to_do(tiny_dir: Pa
     assert loaded.quant == "fp16-cpu" and loaded.dtype == torch.float32
 
 
+@pytest.mark.parametrize(("dtype", "mode"), [("float32", "none"), ("float32", "fp16-cpu"), ("bfloat16", "int8-cpu")])
+def test_parameter_count_is_the_checkpoint_s_whatever_holds_the_weights(tiny_dir: Path, dtype: str, mode: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    expected = sum(p.numel() for p in plain.parameters())  # the tied head counts once
+    loaded = load_model(ModelSpec(source=str(tiny_dir), dtype=dtype, quant=mode))
+    if mode == "none":
+        assert loaded.info["packed_linears"] > 0  # float32 on the CPU: packed, weights out of parameters()
+    assert sum(p.numel() for p in loaded.model.parameters()) < expected  # what hid them before
+    assert loaded.info["parameters"] == expected
+
+
 def test_tiny_model_folder_loads_with_eos_and_template(tiny_dir: Path) -> None:
     loaded = load_model(ModelSpec(source=str(tiny_dir), dtype="bfloat16"))
     assert loaded.eos_ids == {2}

@@ -34,15 +34,23 @@ def test_pack_linears_keeps_the_head_and_greedy_output(tiny_dir: Path) -> None:
     assert type(fast.lm_head) is nn.Linear  # tied to the embedding; callers read its weight
     assert packed.pack_linears(fast) == 0  # idempotent
 
-    def greedy(model: nn.Module) -> list[int]:
+    def greedy(model: nn.Module) -> tuple[list[int], torch.Tensor]:
         state, out = KVState(), []
         logits = forward(model, state, list(range(5, 30)))
+        steps = [logits[-1]]
         for _ in range(20):
             out.append(int(logits[-1].argmax()))
             logits = forward(model, state, [out[-1]])
-        return out
+            steps.append(logits[-1])
+        return out, torch.stack(steps)
 
-    assert greedy(fast) == greedy(plain)
+    # Packed and BLAS kernels differ only in float32 rounding, by an amount that depends on the
+    # CPU: compare the logits along one token path (the plain model's), not two free-running ones.
+    tokens, expected = greedy(plain)
+    state = KVState()
+    got = [forward(fast, state, list(range(5, 30)))[-1]] + [forward(fast, state, [t])[-1] for t in tokens]
+    torch.testing.assert_close(torch.stack(got), expected, atol=1e-3, rtol=1e-3)
+    assert [int(x.argmax()) for x in got[:-1]] == tokens
 
 
 def test_loader_packs_float32_cpu_models_only(tiny_dir: Path) -> None:

@@ -4,7 +4,7 @@ Scenarios: ``foundation`` (model load cold/warm; TTFT and decode speed of our
 loop against ``model.generate()``), ``prefix`` (TTFT with and without the
 prefix cache: a long shared system prompt, and a 10-turn chat), ``speculative``
 (each draft source on grounded and open prompts), ``quant`` (each quantization
-mode's speed and agreement), ``all``.  Variants are compared side by side in
+mode's speed and agreement), ``answer-cache`` (hit and miss times, false hits), ``all``.  Variants are compared side by side in
 one run; we report medians.  Each scenario lives in a module of its own.
 """
 
@@ -22,6 +22,7 @@ SCENARIOS: dict[str, str] = {
     "prefix": "engine.bench.prefix",
     "speculative": "engine.bench.speculative",
     "quant": "engine.bench.quant",
+    "answer-cache": "engine.bench.answer_cache",
 }
 
 

@@ -4,8 +4,9 @@ Scenarios: ``foundation`` (model load cold/warm; TTFT and decode speed of our
 loop against ``model.generate()``), ``prefix`` (TTFT with and without the
 prefix cache: a long shared system prompt, and a 10-turn chat), ``speculative``
 (each draft source on grounded and open prompts), ``quant`` (each quantization
-mode's speed and agreement), ``answer-cache`` (hit and miss times, false hits), ``all``.  Variants are compared side by side in
-one run; we report medians.  Each scenario lives in a module of its own.
+mode's speed and agreement), ``answer-cache`` (hit and miss times, false
+hits), ``all``.  Variants are compared side by side in one run; we report
+medians.  Each scenario lives in a module of its own.
 """
 
 from __future__ import annotations

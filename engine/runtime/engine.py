@@ -8,7 +8,13 @@ loads and ``Started``/``PrefillProgress``/``Token``/``Done``/``Error`` for
 requests.  Every request ends with exactly one ``Done`` or ``Error``, whatever
 raises while it is served (an ``Error`` carries the text streamed so far), and
 the thread goes on to the next one.  A request that arrives before a model is
-loaded, or with invalid values, gets an ``Error`` at once.
+loaded, or with invalid values, gets an ``Error`` at once, before any prefill.
+A prompt cache that cannot be saved or read costs speed, not the reply or the
+load: a ``Warning("cache", ...)``.  A load switches to the new model only once
+all of it is built (on ``LoadFailed`` the old one stays).  ``call(fn)`` runs
+``fn(engine)`` in turn with requests (``set_prefix_budget``,
+``remember_answer``); one that raises is reported as ``Warning("engine", ...)``.
+The decoding itself is ``engine.runtime.decode``.
 """
 
 from __future__ import annotations

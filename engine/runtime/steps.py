@@ -21,7 +21,7 @@ events or metrics.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ def generate_steps(
     controller: Controller,
     drafters: Sequence[Drafter] = (),
     context: int | None = None,
-) -> Iterator[Prefilled | Step]:
+) -> Generator[Prefilled | Step, None, None]:
     """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full."""
     start = len(state)
     assert start < len(prompt) and state.tokens == prompt[:start], "state must hold a strict prefix of the prompt"

@@ -1,6 +1,6 @@
 """Console entry point ``brisk``: the window by default, headless commands by name.
 
-``brisk [--model M]`` opens the window; ``brisk ask|chat|doctor|bench`` run
+``brisk [--model M]`` opens the window; ``brisk ask|chat|compare|doctor|bench`` run
 without Qt (see ``engine.cli``).
 """
 

@@ -81,6 +81,28 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ToolSettings:
+    """The tools a backend may offer; each request enables some of them by name (``Request.tools``)."""
+
+    granted_dirs: tuple[str, ...] = ()  # folders the ``files`` tool may read
+    fetch_allow_private: bool = False  # ``fetch`` may reach loopback/private addresses
+    mcp_servers: tuple[str, ...] = ()  # MCP servers: a command line (stdio) or an http(s) URL each
+    max_rounds: int = 4  # model -> tools -> model rounds per reply
+
+
+@dataclass(frozen=True)
+class AnswerCacheSettings:
+    """How the answer cache answers repeated questions (see engine.answer_cache)."""
+
+    enabled: bool = True
+    semantic: bool = True
+    threshold: float = 0.86  # cosine similarity a paraphrase needs
+    ttl_s: float = 30 * 24 * 3600.0
+    max_entries: int = 5000
+    allow_sampled: bool = False  # also answer requests that sample (temperature > 0)
+
+
+@dataclass(frozen=True)
 class Request:
     """One reply to produce.
 
@@ -98,6 +120,7 @@ class Request:
     tools: tuple[str, ...] = ()  # names of the tools the user enabled for this request
     parallel_tools: bool = True  # run independent tool calls concurrently (False: one after another)
     answer_cache: bool = True  # may be answered from the answer cache (deterministic sampling only)
+    fresh: bool = False  # "regenerate fresh": never answer from the answer cache (a new answer replaces the old)
     submitted_at: float = 0.0  # perf_counter() at submission; set by the engine if 0
 
 

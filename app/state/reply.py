@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.state.config import ReplyConfig
 from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token
 
 SEP = " \u00b7 "  # " · "
@@ -41,6 +42,7 @@ class ReplyState:
     tokens_at_first: int = 0
     metrics: Metrics | None = None  # the engine's final numbers, from Done
     error: str = ""
+    config: ReplyConfig | None = None  # the switches it ran with (saved as metrics["config"])
 
     @property
     def text(self) -> str:
@@ -134,6 +136,8 @@ class ReplyState:
             saved["truncated"] = True
         if self.error:
             saved["error"] = self.error
+        if self.config is not None:
+            saved["config"] = self.config.to_dict()
         return saved
 
     def status_line(self) -> str:

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QSplitter, QVBo
 from app.bridge import EngineBridge
 from app.dialogs.about import AboutDialog
 from app.dialogs.settings import SettingsDialog, needs_reload
+from app.panels.controller import LatencyController
 from app.state.answer_seed import answer_pairs
 from app.state.session import ChatSession, model_spec
 from app.views.banner import Banner
@@ -73,6 +74,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.session.on_store_error = self._store_error
         self._banners: dict[str, Banner] = {}
         self._build()
+        self.latency = LatencyController(self)  # the latency panel's dock, switches and compare
+        if hasattr(self.chat_view, "compare_requested"):  # the chat view's "Compare…" on a user message
+            self.chat_view.compare_requested.connect(self.latency.compare_message)
         bridge.event.connect(self._on_event)
         if store_warning:
             self.show_banner("store-fallback", "warning", store_warning)
@@ -185,6 +189,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.bridge.load(model_spec(self.settings, self._model_override))
 
     def _on_event(self, event: object) -> None:
+        self.latency.on_event(event)
         if isinstance(event, LoadProgress):
             self.status_area.loading(event.fraction, event.message)
         elif isinstance(event, Loaded):
@@ -263,6 +268,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
                 self._store_error(exc)
         if new.prefix_cache_mb != old.prefix_cache_mb:
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
+        self.latency.settings_changed()
         if needs_reload(old, new):
             if new.model != old.model:
                 self._model_override = None

@@ -42,6 +42,7 @@ class TurnActions:
     _messages: Any
     show_banner: Any
     banner: Any
+    latency: Any
 
     def _on_reply_event(self, event: object) -> None:
         reply = self.session.apply(event)
@@ -49,7 +50,7 @@ class TurnActions:
             return
         shown = reply.conversation_id == self.session.conversation_id
         if reply.streaming:
-            if shown:
+            if shown and (reply.config is None or reply.config.stream):  # streaming off: shown at the end
                 self.chat_view.reply_updated(reply)
             return
         if shown:
@@ -142,7 +143,7 @@ class TurnActions:
     def _start(self, turn: Turn) -> None:
         self.chat_view.start_reply(turn.reply)
         self._set_busy(True)
-        self.bridge.submit(turn.request)
+        self.bridge.submit(self.latency.begin(turn))  # the panel's switches, recorded on the reply
 
     def _set_busy(self, busy: bool) -> None:
         self.composer.set_busy(busy)

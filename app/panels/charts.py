@@ -1,0 +1,177 @@
+"""The latency panel's plots, drawn with pyqtgraph: waterfall, tokens against time, history.
+
+Each chart is a ``pyqtgraph.PlotWidget`` with one ``update(...)`` method that
+replaces its data (cheap: a few items are reset, nothing is re-created), so
+the panel can call it from its throttled timer.
+
+* :class:`WaterfallChart` – one horizontal bar per :class:`~engine.api.Span`
+  (queue, prompt, cache lookup, prefill, first token, decode, tool:NAME), top
+  to bottom in order, on a time axis in seconds since submission.
+* :class:`TokensChart` – tokens so far against time for the current reply; a
+  token that came from an accepted draft is marked with an orange dot.
+* :class:`HistoryChart` – TTFT (top) and tokens/s (bottom) per reply, each
+  point's symbol and colour saying which configuration was on (legend).
+* :class:`BarsChart` – labelled vertical bars (the compare dialog's TTFT and
+  tokens/s per configuration).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import QSizePolicy
+
+from app.panels.trace import TokenPoint
+from app.state.config import HistoryPoint
+from engine.api import Span
+
+pg.setConfigOptions(antialias=True)
+
+BACKGROUND = "#ffffff"
+AXIS = "#5f6368"
+DRAFT = "#f29900"
+LINE = "#1a73e8"
+SPAN_COLOURS = {
+    "queue": "#bdc1c6",
+    "prompt": "#a142f4",
+    "cache lookup": "#12b5cb",
+    "prefill": "#e8710a",
+    "first token": "#f9ab00",
+    "decode": "#1a73e8",
+}
+TOOL_COLOUR = "#1e8e3e"
+PALETTE = ("#1a73e8", "#e8710a", "#1e8e3e", "#d93025", "#a142f4", "#12b5cb", "#f9ab00", "#5f6368")
+SYMBOLS = ("o", "s", "t", "d", "star", "p", "h", "+")
+
+
+def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
+    """Bar colours for ``BarGraphItem.setOpts`` (an empty list needs single ones: pyqtgraph 0.14 fails on [])."""
+    if not colours:
+        return {"brushes": None, "pens": None, "brush": BACKGROUND, "pen": None}
+    pens = [pg.mkPen(c) for c in colours] if outline else [pg.mkPen(None) for _ in colours]
+    return {"brushes": [pg.mkBrush(c) for c in colours], "pens": pens}
+
+
+def _style(plot: pg.PlotWidget, title: str, height: int, grid_y: bool = False) -> None:
+    plot.setTitle(title, color=AXIS, size="9pt")
+    plot.setMenuEnabled(False)
+    plot.setMouseEnabled(x=False, y=False)
+    plot.hideButtons()
+    plot.setMinimumHeight(height)
+    plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+    for name in ("left", "bottom"):
+        axis = plot.getAxis(name)
+        axis.setPen(AXIS)
+        axis.setTextPen(AXIS)
+    plot.showGrid(x=True, y=grid_y, alpha=0.15)
+
+
+class WaterfallChart(pg.PlotWidget):
+    def __init__(self) -> None:
+        super().__init__(background=BACKGROUND)
+        _style(self, "Waterfall (s since send)", 140)
+        self.getPlotItem().invertY(True)
+        self.bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, **_colours([]))
+        self.addItem(self.bars)
+        self.spans: tuple[Span, ...] = ()
+
+    def update_spans(self, spans: Sequence[Span]) -> None:
+        self.spans = tuple(s for s in spans if s.end_s >= s.start_s)
+        colours = [
+            TOOL_COLOUR if s.name.startswith("tool:") else SPAN_COLOURS.get(s.name, "#80868b") for s in self.spans
+        ]
+        # a zero-length bar is still drawn as a thin mark, so every step is visible
+        end = max((s.end_s for s in self.spans), default=0.0)
+        least = end / 200 if end else 0.0
+        self.bars.setOpts(
+            x0=[s.start_s for s in self.spans],
+            y=list(range(len(self.spans))),
+            width=[max(s.seconds, least) for s in self.spans],
+            **_colours(colours),
+        )
+        self.getAxis("left").setTicks([[(i, s.name) for i, s in enumerate(self.spans)]])
+        if self.spans:
+            self.setXRange(0, end * 1.05 or 1.0, padding=0)
+            self.setYRange(-0.5, len(self.spans) - 0.5, padding=0.02)
+
+
+class TokensChart(pg.PlotWidget):
+    def __init__(self) -> None:
+        super().__init__(background=BACKGROUND)
+        _style(self, "Tokens against time (orange: drafted)", 130, grid_y=True)
+        self.curve = self.plot([], [], pen=pg.mkPen(LINE, width=2), stepMode=None)
+        self.drafts = pg.ScatterPlotItem(size=6, brush=pg.mkBrush(DRAFT), pen=pg.mkPen(None))
+        self.addItem(self.drafts)
+        self.points = 0
+
+    def update_points(self, points: Sequence[TokenPoint]) -> None:
+        self.points = len(points)
+        self.curve.setData([p.t for p in points], [p.count for p in points])
+        drafted = [p for p in points if p.draft]
+        self.drafts.setData([p.t for p in drafted], [p.count for p in drafted])
+
+
+class HistoryChart(pg.GraphicsLayoutWidget):
+    def __init__(self) -> None:
+        super().__init__()
+        self.setBackground(BACKGROUND)
+        self.setMinimumHeight(200)
+        self.ttft = self.addPlot(row=0, col=0, title="TTFT per reply (s)")
+        self.speed = self.addPlot(row=1, col=0, title="Tokens/s per reply")
+        self.speed.setXLink(self.ttft)
+        for plot in (self.ttft, self.speed):
+            plot.setMenuEnabled(False)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.hideButtons()
+            plot.titleLabel.setText(plot.titleLabel.text, color=AXIS, size="9pt")
+            plot.showGrid(x=False, y=True, alpha=0.15)
+            for name in ("left", "bottom"):
+                plot.getAxis(name).setPen(AXIS)
+                plot.getAxis(name).setTextPen(AXIS)
+        self.legend = self.ttft.addLegend(offset=(-4, 4), labelTextColor=AXIS, labelTextSize="8pt")
+        self.series: dict[str, tuple[pg.ScatterPlotItem, pg.ScatterPlotItem]] = {}
+        self.count = 0
+
+    def update_history(self, points: Sequence[HistoryPoint]) -> None:
+        self.count = len(points)
+        by_label: dict[str, list[tuple[int, HistoryPoint]]] = {}
+        for i, point in enumerate(points, start=1):
+            by_label.setdefault(point.config.short(), []).append((i, point))
+        for label, items in by_label.items():
+            if label not in self.series:
+                n = len(self.series)
+                colour, symbol = PALETTE[n % len(PALETTE)], SYMBOLS[n % len(SYMBOLS)]
+                style = {"symbol": symbol, "size": 8, "brush": pg.mkBrush(colour), "pen": pg.mkPen(colour)}
+                top = pg.ScatterPlotItem(name=label, **style)
+                bottom = pg.ScatterPlotItem(**style)
+                self.ttft.addItem(top)
+                self.speed.addItem(bottom)
+                self.series[label] = (top, bottom)
+            top, bottom = self.series[label]
+            top.setData(
+                [i for i, p in items if p.ttft_s is not None], [p.ttft_s for _, p in items if p.ttft_s is not None]
+            )
+            bottom.setData(
+                [i for i, p in items if p.tokens_per_s is not None],
+                [p.tokens_per_s for _, p in items if p.tokens_per_s is not None],
+            )
+        self.ttft.setXRange(0.5, max(len(points), 1) + 0.5, padding=0)
+
+
+class BarsChart(pg.PlotWidget):
+    def __init__(self, title: str) -> None:
+        super().__init__(background=BACKGROUND)
+        _style(self, title, 150, grid_y=True)
+        self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, **_colours([]))
+        self.addItem(self.bars)
+
+    def update_bars(self, labels: Sequence[str], values: Sequence[float | None]) -> None:
+        shown = [(i, v or 0.0) for i, v in enumerate(values)]
+        self.bars.setOpts(
+            x=[i for i, _ in shown],
+            height=[v for _, v in shown],
+            **_colours([PALETTE[i % len(PALETTE)] for i, _ in shown], outline=False),
+        )
+        self.getAxis("bottom").setTicks([[(i, label) for i, label in enumerate(labels)]])
+        self.setXRange(-0.6, max(len(labels), 1) - 0.4, padding=0)

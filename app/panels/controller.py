@@ -1,0 +1,128 @@
+"""Wires the latency panel into the main window: switches, events, per-reply configuration, compare.
+
+``LatencyController(window)`` builds a :class:`~app.panels.latency.LatencyPanel`
+in a dock (``window.add_panel``) and is what the window calls:
+
+* :meth:`begin(turn) <LatencyController.begin>` before a request goes out: it
+  records the configuration on the reply (``turn.reply.config``), puts the
+  reply in view and returns the request with the switches applied;
+* :meth:`on_event` for every bridge event (the panel follows only the reply in
+  view; ``Loaded``/``LoadProgress`` show the model and a reload's progress);
+* :meth:`settings_changed` after the Settings dialog changed something;
+* :meth:`compare_message(message_id) <LatencyController.compare_message>`: the
+  A/B compare dialog for a user message (the last one when ``None``); the chat
+  view's "Compare…" action calls this.
+
+Switches that are :class:`~engine.storage.Settings` fields (prefix cache,
+speculative source, quantization, answer cache) go through
+``window.apply_settings`` (saved; a quantization change reloads the model
+through the usual path, whose progress the panel shows).  Streaming and
+parallel tools have no Settings field yet and live here for the session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt
+
+from app.dialogs.compare import CompareDialog, replay_messages
+from app.panels.latency import LatencyPanel
+from app.panels.trace import ReplyTrace
+from app.state.config import ReplyConfig
+from app.state.session import Turn, model_spec
+from engine.api import Done, Error, Loaded, LoadFailed, LoadProgress, Request
+from engine.storage import StoreError
+
+NO_MESSAGE = "Send a message first; compare replays one of your messages."
+
+
+class LatencyController(QObject):
+    def __init__(self, window: Any) -> None:
+        super().__init__(window)
+        self.window = window
+        self.stream = True
+        self.parallel_tools = True
+        self.trace: ReplyTrace | None = None
+        self.reloading: str | None = None
+        self.dialog: CompareDialog | None = None
+        self.panel = LatencyPanel(self.config())
+        self.dock = window.add_panel("Latency", self.panel)
+        self.panel.switches.changed.connect(self.apply_switches)
+        self.panel.compare_button.clicked.connect(lambda: self.compare_message(None))
+
+    def config(self) -> ReplyConfig:
+        return ReplyConfig.current(self.window.settings, stream=self.stream, parallel_tools=self.parallel_tools)
+
+    # -- switches ---------------------------------------------------------------------------
+    def apply_switches(self, config: ReplyConfig) -> None:
+        self.stream, self.parallel_tools = config.stream, config.parallel_tools
+        old = self.window.settings
+        new = dataclasses.replace(
+            old,
+            prefix_cache=config.prefix_cache,
+            speculative=config.speculative,
+            quant=config.quant,
+            answer_cache=config.answer_cache,
+        )
+        if new != old:
+            if new.quant != old.quant:
+                self.reloading = new.quant
+                self.panel.show_reload(0.0, f"Reloading the model with {new.quant}\u2026")
+            self.window.apply_settings(new)
+
+    def settings_changed(self) -> None:
+        self.panel.switches.set_config(self.config())
+
+    # -- replies ----------------------------------------------------------------------------
+    def begin(self, turn: Turn) -> Request:
+        config = self.config()
+        turn.reply.config = config
+        self.trace = ReplyTrace(turn.request.id)
+        self.panel.start(self.trace, config)
+        return config.request(turn.request)
+
+    def on_event(self, event: object) -> None:
+        if isinstance(event, LoadProgress):
+            if self.reloading:
+                self.panel.show_reload(event.fraction, f"Reloading with {self.reloading}: {event.message}")
+        elif isinstance(event, Loaded):
+            self.reloading = None
+            self.panel.show_reload(None)
+            self.panel.numbers.show_model(event)
+            self.settings_changed()
+        elif isinstance(event, LoadFailed):
+            self.reloading = None
+            self.panel.show_reload(None)
+            self.panel.numbers.show_model(None)
+        elif self.trace is not None and self.trace.apply(event):
+            if isinstance(event, Done | Error) and self.panel.config is not None:
+                self.panel.add_history(self.trace, self.panel.config)
+            else:
+                self.panel.changed()
+
+    # -- compare ----------------------------------------------------------------------------
+    def compare_message(self, message_id: int | None = None) -> CompareDialog | None:
+        """Open the compare dialog for user message ``message_id`` (None: the last one)."""
+        window = self.window
+        conversation = window.session.conversation_id
+        try:
+            messages = window.session.messages()
+            if message_id is None:
+                users = [m.id for m in messages if m.role == "user"]
+                if conversation is None or not users:
+                    window.composer.show_hint(NO_MESSAGE)
+                    return None
+                message_id = users[-1]
+            replayed = replay_messages(window.store, conversation, message_id)
+        except (StoreError, ValueError) as exc:
+            window.show_banner("compare", "error", f"Cannot compare that message: {exc}")
+            return None
+        if self.dialog is not None:
+            self.dialog.close()
+        spec = model_spec(window.settings, getattr(window, "_model_override", None))
+        self.dialog = CompareDialog(window.bridge, spec, replayed, self.config(), window)
+        self.dialog.setWindowModality(Qt.WindowModality.WindowModal)  # no new turn while it replays
+        self.dialog.show()
+        return self.dialog

@@ -2,9 +2,13 @@
 
 Both check every value before the model loads (a problem exits with
 ``EXIT_REQUEST`` and a message naming the flag), stream each reply's events
-(``--json``: one object per line), and end with a non-zero exit when a request
-failed or a line of input was not UTF-8; a bad line ends the conversation
-there, after the replies to the lines before it.
+(``--json``: one object per line; tool calls as ``{"type": "tool", ...}``
+events), and end with a non-zero exit when a request failed or a line of input
+was not UTF-8; a bad line ends the conversation there, after the replies to
+the lines before it.  A failed reply's partial text (kept in the JSON error
+event's ``partial_text``) stays in the conversation's history.  The backend
+(the local engine or a server at ``--base-url``) is chosen in
+``engine.cli.backend``.
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ import uuid
 from collections.abc import Iterator
 
 from engine.api import Done, Error, Request
+from engine.cli.backend import load_client, mcp_problems, tool_names
 from engine.cli.common import (
     EXIT_MODEL,
     EXIT_REQUEST,
     InputError,
     fail,
     fail_problems,
-    load_client,
+    model_spec,
     print_event,
+    print_warnings,
     request_problems,
     sampling_from,
     stdin_lines,
@@ -40,10 +46,14 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
         system = system_text(args.system)
     except InputError as exc:
         return fail(str(exc), args.json, EXIT_REQUEST)
+    problems = mcp_problems(args)
+    if problems:
+        return fail_problems(problems, args.json)
     try:
-        session = load_client(args, settings)
+        session = load_client(args, settings, model_spec(args))
     except LoadError as exc:
         return fail(str(exc), args.json, EXIT_MODEL)
+    print_warnings(session.warnings, args.json)
     try:
         messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         conversation = uuid.uuid4().hex
@@ -62,14 +72,21 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
                     conversation_id=conversation,
                     prefix_cache=not args.no_prefix_cache,
                     speculative=args.speculative,
+                    tools=tool_names(args),
+                    parallel_tools=not args.sequential_tools,
+                    answer_cache=not args.no_answer_cache,
+                    fresh=args.fresh,
                 )
                 reply = ""
+                seen = len(session.warnings)
                 for event in session.stream(request):
                     print_event(event, args.json)
                     if isinstance(event, Done):
                         reply = event.text
                     elif isinstance(event, Error):
+                        reply = event.partial_text  # the history keeps what the user saw
                         status = EXIT_REQUEST
+                print_warnings(session.warnings[seen:], args.json)
                 messages.append({"role": "assistant", "content": reply})
         except InputError as exc:
             return fail(str(exc), args.json, EXIT_REQUEST)

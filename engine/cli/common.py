@@ -19,8 +19,22 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Done, Error, Event, ModelSpec, Sampling, Token
-from engine.client import Client, LoadError, local_backend
+from engine.api import (
+    DEVICES,
+    DTYPES,
+    QUANT_MODES,
+    SOURCES,
+    Done,
+    Error,
+    Event,
+    Metrics,
+    ModelSpec,
+    Sampling,
+    Token,
+    ToolCall,
+    Warning,
+)
+from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems
 from engine.storage import Settings
 
 EXIT_MODEL = 2
@@ -63,6 +77,9 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
     parser.add_argument("--draft-quant", default=None, help="the draft model's quantization (as --quant)")
+    add_server_args(parser)
+    add_tool_args(parser)
+    add_cache_args(parser)
     parser.add_argument("--json", action="store_true", help="one JSON event per line")
 
 
@@ -76,19 +93,6 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         draft_quant=getattr(args, "draft_quant", None) or "none",
         quant=getattr(args, "quant", None) or "none",
     )
-
-
-def load_client(args: argparse.Namespace, settings: Settings, spec: ModelSpec | None = None) -> Client:
-    """A client with the model loaded; a load that fails, or a draft model that cannot be used, raises LoadError."""
-    client = Client(local_backend(prefix_cache_bytes=settings.prefix_cache_mb << 20))
-    try:
-        client.load(spec or model_spec(args))
-        if client.warnings:
-            raise LoadError(client.warnings[0].message)
-    except BaseException:
-        client.close()
-        raise
-    return client
 
 
 def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
@@ -134,7 +138,7 @@ def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
             problems.extend(p for p in [utf8_problem(f"The {name} argument", value)] if p)
     for i, stop in enumerate(getattr(args, "stop", None) or ()):
         problems.extend(p for p in [utf8_problem(f"--stop value {i + 1}", stop)] if p)
-    return problems
+    return problems + backend_problems(args)
 
 
 def utf8_problem(what: str, text: str) -> str | None:
@@ -208,18 +212,47 @@ def print_event(event: Event, as_json: bool) -> None:
     elif isinstance(event, Token):
         sys.stdout.write(event.text)
         sys.stdout.flush()
+    elif isinstance(event, ToolCall):
+        args = json.dumps(dict(event.arguments), ensure_ascii=False)
+        outcome = event.result if event.ok else f"failed: {event.result}"
+        print(f"[tool {event.name} {args} -> {outcome} ({event.end - event.start:.3f} s)]", file=sys.stderr)
     elif isinstance(event, Done):
-        m = event.metrics
         sys.stdout.write("\n")
-        parts = [f"TTFT {m.ttft_s:.3f} s" if m.ttft_s is not None else ""]
-        if m.tokens_per_s:
-            parts.append(f"{m.tokens_per_s:.1f} tok/s")
-        parts.append(f"{m.completion_tokens} tokens")
-        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
-        if m.drafted:
-            parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
-        if m.speedup:
-            parts.append(f"{m.speedup:.2f}x plain decode")
-        print(" · ".join(p for p in parts if p), file=sys.stderr)
+        print(" · ".join(summary(event.metrics)), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)
+
+
+def summary(m: Metrics) -> list[str]:
+    """The done line's parts: where the reply came from and how fast it was."""
+    parts = []
+    if m.answer_cache == "exact":
+        parts.append("from the answer cache (same question)")
+    elif m.answer_cache:
+        similarity = f"{m.similarity:.2f}" if m.similarity is not None else "?"
+        parts.append(f"from the answer cache (similar question, {similarity}: {m.cached_question!r})")
+    if m.ttft_s is not None:
+        parts.append(f"TTFT {m.ttft_s:.3f} s")
+    if m.tokens_per_s:
+        parts.append(f"{m.tokens_per_s:.1f} tok/s")
+    parts.append(f"{m.completion_tokens} tokens")
+    parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
+    if m.drafted:
+        parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
+    if m.speedup:
+        parts.append(f"{m.speedup:.2f}x plain decode")
+    if m.tools_wall_s is not None:
+        sequential = f", {m.tools_sequential_s:.3f} s one after another" if m.tools_sequential_s is not None else ""
+        parts.append(f"tools {m.tools_wall_s:.3f} s{sequential}")
+    if m.saved_s:
+        parts.append(f"saved {m.saved_s:.3f} s")
+    return parts
+
+
+def print_warnings(warnings: list[Warning], as_json: bool) -> None:
+    """Things the user should know that did not stop the run (an MCP server that failed to start)."""
+    for warning in warnings:
+        if as_json:
+            emit_json({"type": "warning", "t": 0.0, "kind": warning.kind, "message": warning.message})
+        else:
+            print(f"warning: {warning.message}", file=sys.stderr)

@@ -7,7 +7,8 @@ standard error).  Keys: ``prefix_cache`` on/off, ``speculative`` a source,
 ``quant`` a mode (a change reloads the model), ``stream`` on/off; a key a
 ``--config`` leaves out takes the default (``--quant`` for ``quant``).  Every
 value is checked before the model loads; a bad one exits with ``EXIT_REQUEST``
-and the choices.
+and the choices.  With ``--base-url`` the replies come from a server and only
+``stream`` can be switched (the rest are the server's own settings).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from engine.cli.backend import add_server_args, is_remote, load_client
 from engine.cli.common import (
     EXIT_MODEL,
     EXIT_REQUEST,
@@ -25,7 +27,6 @@ from engine.cli.common import (
     emit_json,
     fail,
     fail_problems,
-    load_client,
     model_spec,
     request_problems,
     system_text,
@@ -44,6 +45,7 @@ def add_compare_parser(sub: Any) -> None:
     )
     parser.add_argument("prompt")
     add_model_args(parser)
+    add_server_args(parser)
     parser.add_argument("--system", default=None, help="system prompt TEXT, or @FILE to read it from a file")
     parser.add_argument(
         "--config",
@@ -62,6 +64,9 @@ def add_compare_parser(sub: Any) -> None:
     parser.set_defaults(func=cmd_compare)
 
 
+BASE = Config().to_dict()
+
+
 def configs_from(args: argparse.Namespace) -> tuple[list[Config], list[str]]:
     """The configurations asked for, and the problems with them."""
     base = Config(quant=args.quant or "none")
@@ -75,6 +80,15 @@ def configs_from(args: argparse.Namespace) -> tuple[list[Config], list[str]]:
             problems.append(str(exc))
     if any(c.speculative == "draft" for c in configs) and not args.draft_model:
         problems.append("speculative=draft needs a draft model: add --draft-model PATH")
+    if is_remote(args):
+        local = sorted({k for c in configs for k, v in c.to_dict().items() if k != "stream" and v != BASE[k]})
+        if local:
+            problems.append(
+                f"with --base-url only stream=on/off can be compared: {', '.join(local)} are the server's own "
+                "settings (its caches, decoding and quantization), so drop them from --config"
+            )
+        if args.cold:
+            problems.append("--cold needs the local engine (a server's prompt cache cannot be emptied from here)")
     return configs, problems
 
 

@@ -104,7 +104,7 @@ def fails_then_serves(
     end = terminals[0]
     if isinstance(end, Error):
         assert end.partial_text == streamed(mine), "an Error carries exactly the text streamed so far"
-        assert "try again" in end.message
+        assert "Try again" in end.message
     follow = of(more, normal)
     assert isinstance(follow[-1], Done), f"the engine did not recover: {follow[-1]!r}"
     assert token_ids(follow) == baseline
@@ -301,6 +301,16 @@ def test_a_failing_event_callback_does_not_stop_the_engine(tiny_dir: Path, basel
         assert isinstance(second[-1], Done) and token_ids(second) == baseline
     finally:
         engine.shutdown()
+
+
+def test_a_bad_prefix_budget_is_refused_at_once(runner: EngineRunner) -> None:
+    from engine.runtime.engine import EngineOptions
+
+    for bad in ("512", -1, 1.5, None):
+        with pytest.raises(ValueError, match="whole number of bytes"):
+            runner.engine.set_prefix_budget(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="whole number of bytes"):
+            EngineOptions(prefix_cache_bytes=bad)  # type: ignore[arg-type]
 
 
 def test_unreadable_saved_prompt_caches_mean_a_cold_start(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

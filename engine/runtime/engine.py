@@ -78,6 +78,15 @@ class EngineOptions:
     prefix_cache_bytes: int = 512 << 20
     persist_prefixes: bool = True  # save system-prompt KV for a warm first message after restart
 
+    def __post_init__(self) -> None:
+        check_budget(self.prefix_cache_bytes)
+
+
+def check_budget(budget_bytes: object) -> None:
+    """Raise ``ValueError`` (saying what to change) unless ``budget_bytes`` is a whole number of 0 or more."""
+    if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
+        raise ValueError(f"The prompt cache size must be a whole number of bytes, 0 or more, not {budget_bytes!r}.")
+
 
 class Engine:
     def __init__(self, on_event: Callable[[object], None], options: EngineOptions | None = None) -> None:
@@ -218,7 +227,8 @@ class Engine:
         return drafters
 
     def set_prefix_budget(self, budget_bytes: int) -> None:
-        """Change the prefix cache's byte budget now (evicting if needed)."""
+        """Change the prefix cache's byte budget now (evicting if needed); a bad value raises ``ValueError`` here."""
+        check_budget(budget_bytes)
 
         def apply(engine: Engine) -> None:
             engine.options.prefix_cache_bytes = budget_bytes
@@ -264,8 +274,8 @@ class Engine:
             if self.draft is not None:
                 self.draft.state = KVState()  # a step that failed half-way may have left its KV uneven
             reply.fail(
-                f"The reply failed ({type(exc).__name__}: {exc}). The text so far is kept; "
-                "try again, and if it keeps failing, reload the model or pick another in Settings."
+                f"The reply failed ({type(exc).__name__}: {exc}). Try again; if it keeps failing, "
+                "reload the model or pick another in Settings."
             )
         finally:
             with self._lock:

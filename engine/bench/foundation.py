@@ -84,7 +84,7 @@ def bench_loop_vs_generate(runner: Runner, runs: int, max_tokens: int = 64) -> l
             ids = build_prompt(tok, messages, runner.model.context_length, max_tokens).ids
             # the same prompt, the same length, alternating so drift hits both
             done = runner.ask(messages, max_tokens=max_tokens, prefix_cache=False)
-            results["brisk loop"]["ttft"].append(done.metrics.ttft_s)
+            results["brisk loop"]["ttft"].append(float("nan") if done.metrics.ttft_s is None else done.metrics.ttft_s)
             if done.metrics.tokens_per_s:
                 results["brisk loop"]["tps"].append(done.metrics.tokens_per_s)
             ttft, tps, _ = generate_timed(runner.model.model, ids, max_tokens)

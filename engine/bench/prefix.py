@@ -64,8 +64,8 @@ def shared_system_prompt(runner: Runner, runs: int) -> tuple[list[dict[str, Any]
             messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
             c = runner.ask(messages, max_tokens=4, prefix_cache=False)
             w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{round_}")
-            cold.append(c.metrics.ttft_s)
-            warm.append(w.metrics.ttft_s)
+            cold.append(_seconds(c.metrics.ttft_s))
+            warm.append(_seconds(w.metrics.ttft_s))
             reused.append(w.metrics.cached_tokens)
             prompt_tokens = w.metrics.prompt_tokens
     rows = [
@@ -110,11 +110,16 @@ def ten_turns(runner: Runner, cache: bool) -> list[dict[str, Any]]:
                 "turn": i,
                 "prompt": m.prompt_tokens,
                 "computed": m.computed_tokens,
-                "ttft_ms": 1000 * m.ttft_s,
-                "prefill_ms": 1000 * m.prefill_s,
+                "ttft_ms": 1000 * _seconds(m.ttft_s),
+                "prefill_ms": 1000 * _seconds(m.prefill_s),
             }
         )
     return rows
+
+
+def _seconds(value: float | None) -> float:
+    """A measured time, or NaN where the reply had none (no token), so medians stay honest."""
+    return float("nan") if value is None else value
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -341,7 +341,7 @@ class LoadFailed:
 class Warning:  # noqa: A001 - the event's name; the builtin is not used here
     """Something went wrong that did not stop the load or the reply; ``kind`` says what."""
 
-    kind: str  # "draft": the draft model could not be used
+    kind: str  # "draft" (the draft model is not used), "cache" (a prompt cache was not read or saved), "engine", "tools"
     message: str
 
 

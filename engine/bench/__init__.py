@@ -7,6 +7,14 @@ prefix cache: a long shared system prompt, and a 10-turn chat), ``speculative``
 mode's speed and agreement), ``answer-cache`` (hit and miss times, false
 hits), ``all``.  Variants are compared side by side in one run; we report
 medians.  Each scenario lives in a module of its own.
+
+``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
+default the first it lists; ``--api-key`` or ``BRISK_API_KEY``) adds a table
+with the server as a column beside the local engine, for the scenarios where
+the same measure means the same thing on both (``PEER_SCENARIOS``: TTFT cold
+and warm and decode tok/s, with a short system prompt for ``foundation`` and a
+long shared one for ``prefix``); other scenarios say the peer is not used.
+The peer is connected before the local runs start, so a bad URL fails fast.
 """
 
 from __future__ import annotations
@@ -14,9 +22,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from engine.api import ModelSpec
+from engine.bench.common import latency_profile, peer_rows, table
+from engine.client import Client, LoadError, RequestError
 
 SCENARIOS: dict[str, str] = {
     "foundation": "engine.bench.foundation",
@@ -27,8 +41,50 @@ SCENARIOS: dict[str, str] = {
 }
 
 
+PEER_SCENARIOS: dict[str, str] = {
+    "foundation": "You are a helpful assistant.",
+    "prefix": " ".join(
+        f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
+        f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
+        for i in range(40)
+    ),  # about 1,200 tokens of shared system prompt, as in the prefix scenario
+}
+
+
 def run_scenario(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return importlib.import_module(SCENARIOS[name]).run(args)  # type: ignore[no-any-return]
+
+
+def connect_peer(args: argparse.Namespace) -> Client:
+    """A client on the ``--peer`` server with its model chosen; LoadError says why not."""
+    from engine.remote import RemoteError, remote_backend
+
+    key = getattr(args, "api_key", None) or os.environ.get("BRISK_API_KEY") or None
+    try:
+        client = Client(remote_backend(args.peer, getattr(args, "peer_model", None) or None, key))
+    except RemoteError as exc:
+        raise LoadError(str(exc)) from None
+    try:
+        client.load(ModelSpec(source=getattr(args, "peer_model", None) or ""))
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def peer_comparison(name: str, args: argparse.Namespace, peer: Client) -> dict[str, Any]:
+    """The local engine and the peer measured the same way; prints the table and returns its data."""
+    spec = ModelSpec(source=args.model or "", dtype=args.dtype or "auto", quant=args.quant or "none")
+    runs = max(1, args.runs // 2)
+    with Client() as local:
+        local.load(spec)
+        mine = latency_profile(local, PEER_SCENARIOS[name], runs)
+    theirs = latency_profile(peer, PEER_SCENARIOS[name], runs)
+    assert peer.loaded is not None
+    label = f"peer ({peer.loaded.model_name} at {args.peer})"
+    rows = peer_rows(mine, theirs, label)
+    print(table(f"Local engine and peer, the same requests (greedy, 64 new tokens, {name} system prompt)", rows))
+    return {"url": args.peer, "model": peer.loaded.model_name, "local": mine, "peer": theirs}
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -39,11 +95,30 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     from engine.doctor import report
 
-    for name in names:
-        started = time.time()
-        data = {"scenario": name, "machine": report(), "started": started, "results": run_scenario(name, args)}
-        out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2, default=str))
-        print(f"\nwrote {out}")
+    peer: Client | None = None
+    if getattr(args, "peer", None):
+        try:
+            peer = connect_peer(args)
+        except LoadError as exc:
+            print(f"error: cannot use the peer: {exc}", file=sys.stderr)
+            return 2
+    try:
+        for name in names:
+            started = time.time()
+            data = {"scenario": name, "machine": report(), "started": started, "results": run_scenario(name, args)}
+            if peer is not None and name in PEER_SCENARIOS:
+                try:
+                    data["peer"] = peer_comparison(name, args, peer)
+                except RequestError as exc:
+                    print(f"error: the peer failed: {exc}", file=sys.stderr)
+                    return 3
+            elif peer is not None:
+                print(f"\n--peer is not used by the {name} scenario (it measures what only the local engine has)")
+            out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(data, indent=2, default=str))
+            print(f"\nwrote {out}")
+    finally:
+        if peer is not None:
+            peer.close()
     return 0

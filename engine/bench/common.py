@@ -1,4 +1,13 @@
-"""What the benchmarks share: Markdown tables, medians, a fresh data folder, one synchronous engine."""
+"""What the benchmarks share: Markdown tables, medians, a fresh data folder, one synchronous engine, the peer.
+
+The peer (``brisk bench SCENARIO --peer URL``): an OpenAI-compatible server
+measured beside the local engine by the same code, through the same
+:class:`Client` (:func:`latency_profile`): TTFT cold (the prompt begins with
+a new nonce, so no cache holds it beyond the chat template's first tokens),
+TTFT warm (the same prompt again at once, so a prompt cache can reuse it) and
+decode tokens/s, all measured at the client from submission (the answer cache
+is off for these requests).  Only the numbers both sides can give are compared.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,7 @@ import contextlib
 import os
 import statistics
 import tempfile
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,3 +73,49 @@ def fresh_data_dir() -> Iterator[str]:
                 os.environ.pop("BRISK_DATA_DIR", None)
             else:
                 os.environ["BRISK_DATA_DIR"] = previous
+
+
+PEER_PROMPTS = [
+    "Explain in two sentences why the sky is blue.",
+    "Write a short poem about a lighthouse.",
+    "List three tips for learning a new language.",
+]
+
+
+def latency_profile(client: Client, system: str, runs: int, max_tokens: int = 64) -> dict[str, Any]:
+    """TTFT cold and warm (ms) and decode tok/s, medians over ``runs`` rounds of ``PEER_PROMPTS``."""
+    cold: list[float] = []
+    warm: list[float] = []
+    speed: list[float] = []
+    sampling = Sampling(max_tokens=max_tokens)
+    for _ in range(runs):
+        for prompt in PEER_PROMPTS:
+            nonce = uuid.uuid4().hex[:12]
+            messages = [
+                {"role": "system", "content": f"[session {nonce}] {system}"},
+                {"role": "user", "content": prompt},
+            ]
+            conversation = uuid.uuid4().hex
+            for times in (cold, warm):
+                done = client.ask(messages, sampling, conversation_id=conversation, answer_cache=False)
+                if done.metrics.ttft_s is not None:
+                    times.append(1000 * done.metrics.ttft_s)
+                if done.metrics.tokens_per_s:
+                    speed.append(done.metrics.tokens_per_s)
+    return {
+        "ttft_cold_ms": median(cold),
+        "ttft_warm_ms": median(warm),
+        "decode_tok_s": median(speed),
+        "samples": len(cold),
+    }
+
+
+def peer_rows(local: dict[str, Any], peer: dict[str, Any], peer_label: str) -> list[dict[str, Any]]:
+    """The comparison as table rows: one per measure, the local engine and the peer as columns."""
+    measures = [
+        ("TTFT cold, ms (median)", "ttft_cold_ms"),
+        ("TTFT warm, ms (median)", "ttft_warm_ms"),
+        ("decode tok/s (median)", "decode_tok_s"),
+        ("samples", "samples"),
+    ]
+    return [{"measure": name, "brisk (local)": local[key], peer_label: peer[key]} for name, key in measures]

@@ -6,10 +6,17 @@ they share.  The JSON contract (``--json``, one object per line) is stable:
 every event has ``type`` and ``t`` (seconds since the request,
 ``time.perf_counter()``); token events are ``{"type": "token", "t", "text",
 "ids", "draft"}``; each reply ends with ``{"type": "done", "t", "text",
-"finish_reason", "metrics"}``; failures are ``{"type": "error", "message"}``
-and a non-zero exit code (2: the model could not be loaded, 3: the request or
-its input was refused or failed).  ``brisk compare --json`` prints one
-``{"type": "compare", ...}`` object per configuration (see ``engine.compare``).
+"finish_reason", "metrics"}``; failures are ``{"type": "error", "t", "message",
+"partial_text"}`` (what the reply had written, "" if nothing) and a non-zero exit code (2:
+the model or server could not be loaded or reached, 3: the request or its input
+was refused or failed).  Tool calls are ``{"type": "tool", "t", "name",
+"arguments", "start", "end", "ok", "result"}`` (sent when each call ends);
+``done.metrics`` carries ``tools_wall_s``/``tools_sequential_s`` and, for a
+reply from the answer cache, ``answer_cache`` (``"exact"``/``"semantic"``),
+``similarity`` and ``cached_question``.  ``--base-url`` runs ``ask``, ``chat``
+and ``compare`` against an OpenAI-compatible server (``engine.cli.backend``).
+``brisk compare --json`` prints one ``{"type": "compare", ...}`` object per
+configuration (see ``engine.compare``).
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
     bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
     bench.add_argument("--only", default="", help="speculative: only the prompts whose name contains this")
+    bench.add_argument(
+        "--peer", default=None, metavar="URL", help="also measure this OpenAI-compatible server (foundation, prefix)"
+    )
+    bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")
+    bench.add_argument("--api-key", default=None, help="the peer's API key (or set BRISK_API_KEY)")
     add_model_args(bench)
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -192,7 +192,7 @@ def emit_json(payload: dict) -> None:
 
 def fail(message: str, as_json: bool, code: int) -> int:
     if as_json:
-        emit_json({"type": "error", "t": 0.0, "message": message})
+        emit_json({"type": "error", "t": 0.0, "message": message, "partial_text": ""})
     else:
         print(f"error: {message}", file=sys.stderr)
     return code

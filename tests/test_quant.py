@@ -26,7 +26,7 @@ CPU_MODES = [m for m in quant.MODES if m != "none"]
 # model, for every x86 CPU: the int and bnb kernels compute in bfloat16 and torch and
 # bitsandbytes pick different code per instruction set (AVX2, AVX-512, AMX); on an AVX-512
 # Xeon int4-cpu answered "L'Étoile, la Mar" to the question that it answers "Paris" on AVX2
-# (issue 12).  Measured on an AVX2 AMD EPYC (torch 2.13, bitsandbytes 0.49): fp16-cpu 0.994,
+# (issue 12).  Measured on an AVX2 AMD EPYC (torch 2.13, bitsandbytes 0.50): fp16-cpu 0.994,
 # int8-cpu 0.949, int4-cpu 0.964, bnb-int8 0.906, bnb-nf4 0.725, bnb-fp4 0.627; the floors
 # are set well below, to leave room for any kernel while still catching a broken one
 # (random weights agree about 0.00).

@@ -17,6 +17,7 @@ the panel can call it from its throttled timer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import pyqtgraph as pg
@@ -45,6 +46,15 @@ PALETTE = ("#1a73e8", "#e8710a", "#1e8e3e", "#d93025", "#a142f4", "#12b5cb", "#f
 SYMBOLS = ("o", "s", "t", "d", "star", "p", "h", "+")
 
 
+def nice_ceiling(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above ``value``: an axis range that moves in
+    steps, so a growing chart rebuilds its axes a few times per reply instead of on every redraw."""
+    if value <= 0:
+        return 1.0
+    scale = 10 ** math.floor(math.log10(value))
+    return next(m * scale for m in (1, 2, 2.5, 5, 10) if m * scale >= value * (1 - 1e-9))
+
+
 def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
     """Bar colours for ``BarGraphItem.setOpts`` (an empty list needs single ones: pyqtgraph 0.14 fails on [])."""
     if not colours:
@@ -53,7 +63,7 @@ def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
     return {"brushes": [pg.mkBrush(c) for c in colours], "pens": pens}
 
 
-def _style(plot: pg.PlotWidget, title: str, height: int, grid_y: bool = False) -> None:
+def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> None:
     plot.setTitle(title, color=AXIS, size="9pt")
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
@@ -64,7 +74,8 @@ def _style(plot: pg.PlotWidget, title: str, height: int, grid_y: bool = False) -
         axis = plot.getAxis(name)
         axis.setPen(AXIS)
         axis.setTextPen(AXIS)
-    plot.showGrid(x=True, y=grid_y, alpha=0.15)
+    if grid:  # grid lines are redrawn with the axes: left off the charts that move while a reply streams
+        plot.showGrid(x=False, y=True, alpha=0.15)
 
 
 class WaterfallChart(pg.PlotWidget):
@@ -75,6 +86,7 @@ class WaterfallChart(pg.PlotWidget):
         self.bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, **_colours([]))
         self.addItem(self.bars)
         self.spans: tuple[Span, ...] = ()
+        self._names: list[tuple[int, str]] = []
 
     def update_spans(self, spans: Sequence[Span]) -> None:
         self.spans = tuple(s for s in spans if s.end_s >= s.start_s)
@@ -90,26 +102,43 @@ class WaterfallChart(pg.PlotWidget):
             width=[max(s.seconds, least) for s in self.spans],
             **_colours(colours),
         )
-        self.getAxis("left").setTicks([[(i, s.name) for i, s in enumerate(self.spans)]])
+        names = [(i, s.name) for i, s in enumerate(self.spans)]
+        if names != self._names:
+            self._names = names
+            self.getAxis("left").setTicks([names])
         if self.spans:
-            self.setXRange(0, end * 1.05 or 1.0, padding=0)
+            self.setXRange(0, nice_ceiling(end), padding=0)
             self.setYRange(-0.5, len(self.spans) - 0.5, padding=0.02)
 
 
 class TokensChart(pg.PlotWidget):
     def __init__(self) -> None:
         super().__init__(background=BACKGROUND)
-        _style(self, "Tokens against time (orange: drafted)", 130, grid_y=True)
-        self.curve = self.plot([], [], pen=pg.mkPen(LINE, width=2), stepMode=None)
+        _style(self, "Tokens against time (orange: drafted)", 130)
+        self.curve = self.plot([], [], pen=pg.mkPen(LINE, width=2), antialias=False)
+        self.curve.setDownsampling(auto=True, method="peak")
+        self.curve.setClipToView(True)
         self.drafts = pg.ScatterPlotItem(size=6, brush=pg.mkBrush(DRAFT), pen=pg.mkPen(None))
         self.addItem(self.drafts)
         self.points = 0
+        self.drafted = 0
+        self.disableAutoRange()
+        self._range = (0.0, 0.0)
 
-    def update_points(self, points: Sequence[TokenPoint]) -> None:
+    def update_points(self, points: Sequence[TokenPoint], new_reply: bool = False) -> None:
+        if new_reply:
+            self.drafted = -1
         self.points = len(points)
         self.curve.setData([p.t for p in points], [p.count for p in points])
         drafted = [p for p in points if p.draft]
-        self.drafts.setData([p.t for p in drafted], [p.count for p in drafted])
+        if len(drafted) != self.drafted:
+            self.drafted = len(drafted)
+            self.drafts.setData([p.t for p in drafted], [p.count for p in drafted])
+        last = points[-1] if points else None
+        shown = (nice_ceiling(last.t), nice_ceiling(last.count)) if last else (1.0, 1.0)
+        if shown != self._range:
+            self._range = shown
+            self.setRange(xRange=(0, shown[0]), yRange=(0, shown[1]), padding=0)
 
 
 class HistoryChart(pg.GraphicsLayoutWidget):
@@ -162,7 +191,7 @@ class HistoryChart(pg.GraphicsLayoutWidget):
 class BarsChart(pg.PlotWidget):
     def __init__(self, title: str) -> None:
         super().__init__(background=BACKGROUND)
-        _style(self, title, 150, grid_y=True)
+        _style(self, title, 150, grid=True)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, **_colours([]))
         self.addItem(self.bars)
 

@@ -66,6 +66,7 @@ class LatencyPanel(QScrollArea):
         self.redraws = 0
         self._drawn: tuple[int, int, int] = (-1, -1, -1)
         self._trace_serial = 0
+        self._tokens_drawn = -1
 
         body = QWidget()
         body.setObjectName("latencyBody")
@@ -150,9 +151,15 @@ class LatencyPanel(QScrollArea):
             config = self.config.short() if self.config else ""
             self.status.setText(f"{words} \u00b7 {config}" if config else words)
             self.numbers.show_numbers(trace.numbers())
-            self.waterfall.update_spans(trace.spans())
-            self.tokens.update_points(trace.points)
-        self.history_chart.update_history(self.history.points)
+            spans = trace.spans()
+            if spans != self.waterfall.spans:
+                self.waterfall.update_spans(spans)
+            if (self._tokens_drawn, self.tokens.points) != (self._trace_serial, len(trace.points)):
+                new_reply = self._tokens_drawn != self._trace_serial
+                self._tokens_drawn = self._trace_serial
+                self.tokens.update_points(trace.points, new_reply)
+        if self.history_chart.count != len(self.history.points):
+            self.history_chart.update_history(self.history.points)
         self._drawn = (self._trace_serial, trace.version if trace else -1, len(self.history.points))
 
     def flush(self) -> None:

@@ -85,7 +85,7 @@ def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
     if prompt is not None:
         if cached is not None:
             computed = _num(numbers, "computed_tokens")
-            computed = prompt - cached if computed is None else computed
+            computed = computed or prompt - cached  # 0 is also Metrics' default when not measured
             out["prompt"] = f"{int(computed)} computed \u00b7 {int(cached)} reused of {int(prompt)}"
         else:
             out["prompt"] = f"{int(prompt)}"
@@ -145,6 +145,7 @@ class NumbersView(QWidget):
         grid.addWidget(self.prefill_bar, len(ROWS), 1)
         grid.setColumnStretch(1, 1)
         self.remote = False
+        self._greyed: tuple[bool, tuple[str, ...]] | None = None
 
     def text(self, key: str) -> str:
         return self.values[key].text()
@@ -168,7 +169,11 @@ class NumbersView(QWidget):
         self._grey(())
 
     def show_numbers(self, numbers: Mapping[str, Any]) -> None:
+        reported = numbers.get("server_reported")
+        self._grey(tuple(reported) if isinstance(reported, tuple | list) else ())
         for key, text in row_texts(numbers).items():
+            if self._greyed_out(key):
+                continue
             if self.values[key].text() != text:
                 self.values[key].setText(text)
         cache = _num(numbers, "cache_bytes")
@@ -180,10 +185,11 @@ class NumbersView(QWidget):
         self.prefill_bar.setVisible(bool(streaming_prefill))
         if streaming_prefill:
             self.prefill_bar.setValue(int(100 * progress[0] / progress[1]))
-        reported = numbers.get("server_reported")
-        self._grey(tuple(reported) if isinstance(reported, tuple | list) else ())
 
     def _grey(self, reported: tuple[str, ...]) -> None:
+        if self._greyed == (self.remote, reported):
+            return  # styling every label again on every redraw would cost a restyle of the panel
+        self._greyed = (self.remote, reported)
         for key, (_, remote_fields) in ROWS.items():
             off = self.remote and remote_fields is not None and not set(remote_fields) & set(reported)
             colour = MUTED if not off else "#c8ccd0"
@@ -192,3 +198,6 @@ class NumbersView(QWidget):
             self.values[key].setToolTip(REMOTE_TIP if off else "")
             if off:
                 self.values[key].setText(DASH)
+
+    def _greyed_out(self, key: str) -> bool:
+        return not self.values[key].isEnabled()

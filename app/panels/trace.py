@@ -49,6 +49,8 @@ class ReplyTrace:
     metrics: Metrics | None = None
     last_t: float = 0.0
     version: int = 0
+    _gaps: list[float] = field(default_factory=list, repr=False)
+    _numbers: tuple[int, dict[str, Any]] = (-1, {})
 
     @property
     def tokens(self) -> int:
@@ -65,7 +67,10 @@ class ReplyTrace:
         elif isinstance(event, PrefillProgress):
             self.prefill = (event.done, event.total)
         elif isinstance(event, Token):
-            self.points.append(TokenPoint(event.t, self.tokens + (len(event.ids) or 1), event.draft))
+            count = len(event.ids) or 1
+            if self.points:  # seconds per token since the last event (a drafted burst spreads over its tokens)
+                self._gaps.extend([(event.t - self.points[-1].t) / count] * count)
+            self.points.append(TokenPoint(event.t, self.tokens + count, event.draft))
         elif isinstance(event, ToolCall):
             self.tools.append(event)
         elif isinstance(event, Done):
@@ -82,14 +87,15 @@ class ReplyTrace:
     # -- what the panel shows ---------------------------------------------------------------
     def gaps(self) -> list[float]:
         """Seconds per token between token events after the first (a drafted burst spreads over its tokens)."""
-        out = []
-        for before, after in zip(self.points, self.points[1:], strict=False):
-            n = after.count - before.count
-            out.extend([(after.t - before.t) / n] * n)
-        return out
+        return list(self._gaps)
 
     def numbers(self) -> dict[str, Any]:
-        """Every figure known now; a key is missing when nothing measured it."""
+        """Every figure known now; a key is missing when nothing measured it (computed once per version)."""
+        if self._numbers[0] != self.version:
+            self._numbers = (self.version, self._compute())
+        return self._numbers[1]
+
+    def _compute(self) -> dict[str, Any]:
         live: dict[str, Any] = {}
         if self.prompt_tokens is not None:
             live["prompt_tokens"] = self.prompt_tokens
@@ -103,7 +109,7 @@ class ReplyTrace:
             first = self.points[0]
             live["ttft_s"] = first.t
             live["completion_tokens"] = self.tokens
-            gaps = self.gaps()
+            gaps = self._gaps
             if gaps:
                 live["tpot_s"] = statistics.fmean(gaps)
                 live["tpot_p50_s"] = _quantile(gaps, 0.5)
@@ -111,7 +117,7 @@ class ReplyTrace:
                 span = self.points[-1].t - first.t
                 if span > 0:
                     live["tokens_per_s"] = (self.tokens - first.count) / span
-            drafted = sum(1 for p in self.points if p.draft)
+            drafted = self._drafted()
             if drafted:
                 live["draft_events"] = drafted
         if self.tools:
@@ -122,6 +128,9 @@ class ReplyTrace:
                 final.pop("spans", None)
             live.update(final)
         return live
+
+    def _drafted(self) -> int:
+        return sum(1 for p in self.points if p.draft)
 
     def spans(self) -> tuple[Span, ...]:
         if self.metrics is not None and self.metrics.spans:

@@ -26,36 +26,44 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.answer_cache import ModelIdentity
 from engine.api import (
     SOURCES,
+    AnswerCacheSettings,
     Done,
     Error,
     Event,
     Loaded,
     LoadFailed,
     LoadProgress,
+    Metrics,
     ModelInfo,
     ModelSpec,
     Request,
     Sampling,
     Started,
     Token,
+    ToolSettings,
     Warning,
 )
 from engine.model.kv import KVState
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.paths import cache_dir
+from engine.runtime import answers_bridge, tool_turns
 from engine.runtime.answers import AnswerMemory
+from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.memory import reserve, tune_malloc
-from engine.runtime.prefix_cache import PERSISTED, PrefixCache
-from engine.runtime.prompt import build_prompt
+from engine.runtime.prefix_cache import PERSISTED, PrefixCache, kv_layout
+from engine.runtime.prompt import Prompt, build_prompt
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
+from engine.runtime.tool_turns import Rounds, ToolBox
+from engine.tools import Call, TurnResult, tool_schemas
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
 
@@ -77,9 +85,14 @@ __all__ = ["Engine", "EngineOptions", "ModelSpec"]
 class EngineOptions:
     prefix_cache_bytes: int = 512 << 20
     persist_prefixes: bool = True  # save system-prompt KV for a warm first message after restart
+    tools: ToolSettings = field(default_factory=ToolSettings)  # what requests may enable (Request.tools)
+    answer_cache: AnswerCacheSettings = field(default_factory=AnswerCacheSettings)
 
     def __post_init__(self) -> None:
         check_budget(self.prefix_cache_bytes)
+        problems = tool_turns.settings_problems(self.tools) + answers_bridge.settings_problems(self.answer_cache)
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
 
 
 def check_budget(budget_bytes: object) -> None:
@@ -94,36 +107,43 @@ class Engine:
         self.on_event = on_event
         self.options = options or EngineOptions()
         self.loaded: LoadedModel | None = None
+        self.identity: ModelIdentity | None = None  # the loaded model, as the answer cache knows it
         self.decoder: Decoder | None = None
         self.prefix_cache: PrefixCache | None = None
         self.draft: DraftModel | None = None
-        self.answers = AnswerMemory()
+        self.answers = AnswerMemory()  # drafts seeded by remember_answer (and replies the cache did not keep)
+        self.tools = ToolBox(self.options.tools, on_event)
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
+        self.answer_gate = AnswerGate(
+            self.options.answer_cache, on_event, self._queue.put, lambda r: not request_problems(r)
+        )
         self._thread = threading.Thread(target=self._loop, name="brisk-engine", daemon=True)
         self._thread.start()
 
-    # -- public, thread-safe --------------------------------------------------
+    # -- public, thread-safe: every item passes the answer gate, in order --------
     def load(self, spec: ModelSpec) -> None:
-        self._queue.put(("load", spec))
+        self.answer_gate.put_item("load", spec)
 
     def submit(self, request: Request) -> None:
         if not request.submitted_at:
             object.__setattr__(request, "submitted_at", time.perf_counter())
-        self._queue.put(("request", request))
+        self.answer_gate.put_item("request", request)
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
             self._cancelled.add(request_id)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        self._queue.put(("stop", None))
+        self.answer_gate.put_item("stop", None)
+        self.answer_gate.join(timeout)
         self._thread.join(timeout)
+        self.tools.close()
 
     def call(self, fn: Callable[[Engine], Any]) -> None:
         """Run ``fn(engine)`` on the engine thread, in order with requests."""
-        self._queue.put(("call", fn))
+        self.answer_gate.put_item("call", fn)
 
     # -- engine thread ----------------------------------------------------------
     def _loop(self) -> None:
@@ -134,7 +154,7 @@ class Engine:
                 return
             try:
                 if kind == "load":
-                    self._load_reported(item)
+                    self._load_reported(*item)
                 elif kind == "request":
                     self._serve(item)
                 elif kind == "call":
@@ -150,22 +170,23 @@ class Engine:
             name = getattr(fn, "__name__", "an engine task")
             self.on_event(Warning("engine", f"{name} failed ({type(exc).__name__}: {exc}); the engine goes on."))
 
-    def _load_reported(self, spec: ModelSpec) -> None:
+    def _load_reported(self, spec: ModelSpec, number: int = 0) -> None:
         """Load ``spec``; whatever happens, send ``Loaded`` or ``LoadFailed`` (the old model stays on failure)."""
         try:
-            self._load(spec)
+            self._load(spec, number)
+            return
         except ModelLoadError as exc:
-            self.on_event(LoadFailed(str(exc)))
+            failed = LoadFailed(str(exc))
         except Exception as exc:
             traceback.print_exc()
-            self.on_event(
-                LoadFailed(
-                    f"Unexpected error while loading the model ({type(exc).__name__}: {exc}). "
-                    "Check the model and the data folder, or pick another model in Settings."
-                )
+            failed = LoadFailed(
+                f"Unexpected error while loading the model ({type(exc).__name__}: {exc}). "
+                "Check the model and the data folder, or pick another model in Settings."
             )
+        self.answer_gate.load_failed(number, self.identity)
+        self.on_event(failed)
 
-    def _load(self, spec: ModelSpec) -> None:
+    def _load(self, spec: ModelSpec, number: int = 0) -> None:
         """Build the model and everything that belongs to it, then switch to it all at once."""
 
         def progress(fraction: float, message: str) -> None:
@@ -179,7 +200,14 @@ class Engine:
         prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
         if self.options.persist_prefixes:
             try:
-                loaded.info["warm_prefixes"] = prefix_cache.load(kv_file(loaded.identity))
+                loaded.info["warm_prefixes"] = prefix_cache.load(
+                    kv_file(loaded.identity), layout=kv_layout(loaded.model)
+                )
+                if prefix_cache.load_problems:
+                    problems = "; ".join(prefix_cache.load_problems)
+                    warnings.append(
+                        Warning("cache", f"Some saved prompt caches were not used ({problems}); they start cold.")
+                    )
             except Exception as exc:  # saved prompt caches only save time: start cold
                 traceback.print_exc()
                 prefix_cache = PrefixCache(loaded.identity, self.options.prefix_cache_bytes)
@@ -202,6 +230,12 @@ class Engine:
         info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
         self.loaded, self.decoder, self.prefix_cache, self.draft = loaded, decoder, prefix_cache, draft
         self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
+        self.identity = ModelIdentity(loaded.name, loaded.identity, dtype, loaded.quant)
+        try:  # before Loaded: a request sent on Loaded meets this model's answers
+            self.answer_gate.loaded(spec, number, self.identity)
+        except Exception as exc:  # the answer cache only saves time
+            traceback.print_exc()
+            warnings.append(Warning("cache", f"The answer cache was not updated for this model ({exc})."))
         self.on_event(Loaded(loaded.name, loaded.device.type, dtype, loaded.load_s, info))
         for warning in warnings:
             self.on_event(warning)
@@ -217,7 +251,7 @@ class Engine:
             raise ValueError("Speculative source 'draft' needs a draft model: set one in Settings or --draft-model.")
         drafters: list[Drafter] = []
         if source in ("auto", "answers"):
-            similar = self.answers.similar(request.messages[-1].get("content", ""))
+            similar = self._answer_drafts(str(request.messages[-1].get("content", "")))
             if similar:
                 drafters.append(AnswerDrafts(similar, prompt_length))
         if source in ("auto", "lookup"):
@@ -225,6 +259,19 @@ class Engine:
         if source in ("auto", "draft") and self.draft is not None:
             drafters.append(self.draft)
         return drafters
+
+    def _answer_drafts(self, question: str, limit: int = 3) -> list[list[int]]:
+        """Earlier answers to similar questions: the answer cache's nearest, then seeded ones."""
+        found: list[list[int]] = []
+        if self.identity is not None:
+            try:
+                found = self.answer_gate.drafts(question, self.identity, limit)
+            except Exception:  # drafts only save time
+                traceback.print_exc()
+        for ids in self.answers.similar(question, limit):
+            if ids not in found:
+                found.append(ids)
+        return found[:limit]
 
     def set_prefix_budget(self, budget_bytes: int) -> None:
         """Change the prefix cache's byte budget now (evicting if needed); a bad value raises ``ValueError`` here."""
@@ -238,8 +285,17 @@ class Engine:
 
         self.call(apply)
 
+    def clear_prefix_cache(self) -> None:
+        """Forget every prompt's KV in memory (in turn with requests), so the next reply starts cold."""
+
+        def clear_prefix_cache(engine: Engine) -> None:
+            if engine.prefix_cache is not None:
+                engine.prefix_cache.entries.clear()
+
+        self.call(clear_prefix_cache)
+
     def remember_answer(self, question: str, answer: str) -> None:
-        """Seed the answer memory (thread-safe: runs on the engine thread)."""
+        """Seed the speculative answer drafts (thread-safe: runs on the engine thread); never served as a reply."""
 
         def add(engine: Engine) -> None:
             if engine.loaded is not None:
@@ -290,26 +346,104 @@ class Engine:
         if problems:
             reply.fail("Cannot send this request: " + "; ".join(problems) + ".")
             return
+        view = self.tools.view(request.tools)
+        schemas = (tool_schemas(view) or None) if view is not None else None
+        messages: list[dict[str, Any]] = list(request.messages)
         try:
-            prompt = build_prompt(
-                self.loaded.tokenizer, list(request.messages), self.loaded.context_length, request.sampling.max_tokens
-            )
+            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             reply.fail(str(exc))
             return
         t_prompt = reply.since()
-        cache = self.prefix_cache
+        rounds = Rounds()
+        started = False
+        kept, calls = tool_turns.slash_calls(messages, view) if view is not None else ("", ())
+        if view is not None and calls:  # the user's own /NAME lines run first; the model sees the results
+            reply.emit(Started(request.id, t_prompt, len(prompt.ids), prompt.truncated, 0))
+            started = True
+            rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit))
+            messages = tool_turns.with_slash_results(messages, kept, rounds.turns[-1])
+            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+            drafters = self._drafters(request, len(prompt.ids))
+        first: Metrics | None = None
+        left, model_turns, as_text = request.sampling.max_tokens, 0, False
+        while True:
+            sampling = dataclasses.replace(request.sampling, max_tokens=left)
+            result, lookup_at = self._decode(request, reply, prompt, sampling, drafters, started)
+            started = True
+            rounds.decodes.append((result.metrics, lookup_at))
+            if first is None:
+                first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
+            left -= result.metrics.completion_tokens
+            finish = result.finish_reason
+            calls = tool_turns.model_calls(result.text) if view is not None else ()
+            if not calls or finish != "stop" or left < 1 or model_turns >= self.options.tools.max_rounds:
+                break
+            assert view is not None
+            model_turns += 1
+            turn = tool_turns.run_turn(calls, view, request, reply.emit)
+            rounds.turns.append(turn)
+            if self._is_cancelled(request.id):
+                finish = "cancelled"
+                break
+            reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
+            messages, prompt, as_text = self._next_prompt(messages, result.text, calls, turn, left, schemas, as_text)
+            drafters = self._drafters(request, len(prompt.ids))
+        assert first is not None
+        metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
+        text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
+        reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+        self._keep_answer(request, result, finish, rounds, metrics)
+
+    def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
+        assert self.loaded is not None
+        return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+
+    def _next_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        reply_text: str,
+        calls: tuple[Call, ...],
+        turn: TurnResult,
+        left: int,
+        schemas: list[dict[str, Any]] | None,
+        as_text: bool,
+    ) -> tuple[list[dict[str, Any]], Prompt, bool]:
+        """The next round's messages and prompt; results as plain text when the template cannot render tool turns."""
+        if not as_text:
+            following = tool_turns.follow_up(messages, reply_text, calls, turn, as_text=False)
+            try:
+                return following, self._prompt(following, left, schemas), False
+            except ValueError:
+                raise
+            except Exception:  # a template without tool turns (a TemplateError): say the same as text
+                traceback.print_exc()
+        following = tool_turns.follow_up(messages, reply_text, calls, turn, as_text=True)
+        return following, self._prompt(following, left, schemas), True
+
+    def _decode(
+        self,
+        request: Request,
+        reply: _ReplyEvents,
+        prompt: Prompt,
+        sampling: Sampling,
+        drafters: list[Drafter],
+        started: bool,
+    ) -> tuple[DecodeResult, float]:
+        """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
+        assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
         conversation = conversation_key(request.conversation_id or request.id)
-        state = cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+        state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
         t_lookup = reply.since()
-        reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
+        if not started:
+            reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
         result = None
         for item in self.decoder.stream(
             request.id,
             prompt.ids,
             state,
-            request.sampling,
+            sampling,
             lambda: self._is_cancelled(request.id),
             request.submitted_at,
             drafters,
@@ -326,10 +460,25 @@ class Engine:
             except Exception as exc:  # a cache that cannot be kept costs speed next time, never the reply
                 traceback.print_exc()
                 self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))
-        if result.finish_reason != "cancelled":
-            self.answers.add(request.messages[-1].get("content", ""), result.ids)
-        metrics = request_metrics(result.metrics, t_taken, t_prompt, t_lookup, cache.nbytes(), prompt.truncated)
-        reply.emit(Done(request.id, reply.since(), result.text, result.finish_reason, metrics))
+        return result, t_lookup
+
+    def _keep_answer(
+        self, request: Request, result: DecodeResult, finish: str, rounds: Rounds, metrics: Metrics
+    ) -> None:
+        """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
+        if finish not in ("stop", "length") or rounds.tools_ran or self.identity is None:
+            if finish != "cancelled" and not rounds.tools_ran:
+                self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+            return
+        generation_s = (metrics.total_s or 0.0) - (metrics.queue_s or 0.0)
+        try:
+            kept = self.answer_gate.put(self.identity, request, result.text, result.ids, generation_s)
+        except Exception as exc:  # the answer cache only saves time
+            traceback.print_exc()
+            self.on_event(Warning("cache", f"The answer could not be kept in the answer cache ({exc})."))
+            kept = False
+        if not kept:
+            self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
 
 
 def request_problems(request: Request) -> list[str]:
@@ -341,6 +490,8 @@ def request_problems(request: Request) -> list[str]:
         problems.append(f"stop must be a list of strings, not {request.sampling.stop!r}")
     if request.speculative not in SOURCES:
         problems.append(f"unknown speculative source {request.speculative!r}; choose one of {', '.join(SOURCES)}")
+    if not isinstance(request.tools, tuple | list) or not all(isinstance(t, str) for t in request.tools):
+        problems.append(f"tools must be a list of tool names, not {request.tools!r}")
     if not request.messages or not all(
         isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
         for m in request.messages

@@ -34,13 +34,23 @@ class Prompt:
     system_tokens: int  # length of the system prompt's own token prefix (0 if none)
 
 
-def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-    """The chat template's token ids for ``messages``, with their contents tokenised as text."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+def render(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The chat template's token ids for ``messages``, with their contents tokenised as text.
+
+    ``tools`` (JSON schemas, ``engine.tools.tool_schemas``) go to the template's ``tools``
+    argument; without them the template is called exactly as before.
+    """
+    extra = {"tools": tools} if tools else {}
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra)
     specials = special_strings(tokenizer)
     if not any(s in str(m.get("content", "")) for m in messages for s in specials):
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return _render_guarded(tokenizer, messages, add_generation_prompt, specials)
+    return _render_guarded(tokenizer, messages, add_generation_prompt, specials, extra)
 
 
 def content_ids(tokenizer: Any, text: str) -> list[int]:
@@ -58,7 +68,11 @@ def special_strings(tokenizer: Any) -> tuple[str, ...]:
 
 
 def _render_guarded(
-    tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, specials: tuple[str, ...]
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool,
+    specials: tuple[str, ...],
+    extra: dict[str, Any],
 ) -> list[int]:
     """Render with placeholders for the contents; control tokens only from the template's own text."""
     texts = [str(m.get("content", "")) for m in messages]
@@ -67,7 +81,9 @@ def _render_guarded(
         mark += "\ue000"
     holders = [f"{mark}{i}\ue001" for i in range(len(messages))]
     placeheld = [{**m, "content": h} for m, h in zip(messages, holders, strict=True)]
-    template = tokenizer.apply_chat_template(placeheld, add_generation_prompt=add_generation_prompt, tokenize=False)
+    template = tokenizer.apply_chat_template(
+        placeheld, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
+    )
     holder = re.compile(re.escape(mark) + r"(\d+)\ue001")
     control = re.compile("|".join(re.escape(s) for s in specials))
     ids: list[int] = []
@@ -107,19 +123,26 @@ def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: li
     return common_prefix(sys_ids, ids)
 
 
-def build_prompt(tokenizer: Any, messages: list[dict[str, str]], context: int, max_tokens: int) -> Prompt:
+def build_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    context: int,
+    max_tokens: int,
+    tools: list[dict[str, Any]] | None = None,
+) -> Prompt:
+    """``messages`` rendered (with ``tools`` for the template, if any) and fitted to ``context``."""
     if not messages or not messages[-1].get("content", "").strip():
         raise ValueError("The message is empty. Type something to send.")
     budget = context - min(max_tokens, context // 2)
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]
-    ids = render(tokenizer, messages)
+    ids = render(tokenizer, messages, tools=tools)
     truncated = False
     while len(ids) > budget and len(turns) > 1:
         turns = turns[1:]
         while len(turns) > 1 and turns[0]["role"] != "user":
             turns = turns[1:]
-        ids, truncated = render(tokenizer, system + turns), True
+        ids, truncated = render(tokenizer, system + turns, tools=tools), True
     if len(ids) > budget:
         last = turns[-1]
         last_ids = content_ids(tokenizer, last["content"])
@@ -129,9 +152,9 @@ def build_prompt(tokenizer: Any, messages: list[dict[str, str]], context: int, m
             raise ValueError("The system prompt alone is longer than the model's context. Shorten it in Settings.")
         cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
         turns = turns[:-1] + [cut]
-        ids, truncated = render(tokenizer, system + turns), True
+        ids, truncated = render(tokenizer, system + turns, tools=tools), True
         while len(ids) > budget and keep > 1:  # re-tokenisation can differ slightly at the cut
             keep = max(1, keep - (len(ids) - budget) - 1)
             cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
-            ids = render(tokenizer, system + turns[:-1] + [cut])
+            ids = render(tokenizer, system + turns[:-1] + [cut], tools=tools)
     return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids))

@@ -1,0 +1,262 @@
+"""The engine's answer cache, and the gate that answers cached questions without waiting for the model.
+
+:class:`AnswerGate` owns one :class:`~engine.answer_cache.AnswerCache` on the
+app database (``engine.paths.database_path()``) and one thread.  Everything
+the engine is asked (``load``, ``submit``, ``call``, ``stop``) passes the gate
+in order; the gate forwards each item to the engine's queue at once, except a
+request that the cache answers: that one it serves itself (``Started``, one
+``Token`` with the cached ids, ``Done`` whose metrics say ``answer_cache``), so
+a hit never waits behind a reply in progress or a model that is loading.
+
+Which model a request will meet is known on the gate before the engine gets
+there: the identity of the model loaded last, or, while a load is under way,
+the identity this :class:`~engine.api.ModelSpec` had the last time it loaded
+(kept in ``cache/answer-cache-models.json``, so a hit is served during the
+first load after a restart too).  A spec never loaded before gives no hits
+until its load ends.  A request is looked up only when it may be
+(``request.answer_cache`` and not ``request.fresh``, the cache on, its values
+valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
+once).  The engine calls :meth:`AnswerGate.put` after a complete reply,
+:meth:`AnswerGate.drafts` for speculative drafts and :meth:`AnswerGate.loaded`
+after a load (answers of other models are deleted then).  The cache is used
+from both threads under one lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
+from engine.paths import atomic_write, cache_dir, database_path
+
+IDENTITIES_FILE = "answer-cache-models.json"
+
+
+def cache_config(settings: AnswerCacheSettings) -> Any:
+    """The answer cache's :class:`~engine.answer_cache.CacheConfig` for these settings."""
+    from engine.answer_cache import CacheConfig
+
+    return CacheConfig(
+        enabled=settings.enabled,
+        semantic=settings.semantic,
+        threshold=settings.threshold,
+        ttl_s=settings.ttl_s,
+        max_entries=settings.max_entries,
+        allow_sampled=settings.allow_sampled,
+    )
+
+
+def settings_problems(settings: AnswerCacheSettings) -> list[str]:
+    """What is wrong with ``settings``, each said as what to change (empty: all good)."""
+    try:
+        return [f"answer cache: {p}" for p in cache_config(settings).problems()]
+    except (TypeError, ValueError) as exc:
+        return [f"answer cache: {exc}"]
+
+
+def spec_key(spec: ModelSpec) -> str:
+    return json.dumps(dataclasses.asdict(spec), sort_keys=True)
+
+
+def has_slash_calls(request: Request) -> bool:
+    """The last message holds ``/NAME`` lines that would run tools (their results are never cached)."""
+    from engine.tools import parse_slash_lines
+
+    if not request.tools or not request.messages:
+        return False
+    return bool(parse_slash_lines(str(request.messages[-1].get("content", "")), lambda name: None).calls)
+
+
+class AnswerGate:
+    def __init__(
+        self,
+        settings: AnswerCacheSettings,
+        on_event: Callable[[object], None],
+        forward: Callable[[tuple[str, Any]], None],
+        valid: Callable[[Request], bool],
+    ) -> None:
+        self.settings = settings
+        self.on_event = on_event
+        self.forward = forward  # puts an item on the engine's queue
+        self.valid = valid
+        self.cache: Any = None  # AnswerCache once opened (on the gate thread); None when off or unusable
+        self._lock = threading.RLock()  # the cache is used from the gate and the engine thread
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._known: dict[str, dict[str, str]] = {}  # spec key -> identity fields, from the last load of each
+        self._expected: Any = None  # ModelIdentity the next forwarded request will meet
+        self._loads = 0  # loads forwarded so far; the engine reports which one ended
+        self._warned = False
+        self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
+        self._thread.start()
+
+    # -- any thread -------------------------------------------------------------------------------
+    def put_item(self, kind: str, item: Any) -> None:
+        self._queue.put((kind, item))
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    # -- the gate thread ----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        self._open()
+        while True:
+            kind, item = self._queue.get()
+            try:
+                if kind == "load":
+                    with self._lock:
+                        self._loads += 1
+                        known = self._known.get(spec_key(item))
+                        self._expected = _identity(known) if known else None
+                        item = (item, self._loads)
+                elif kind == "request" and self._answer(item):
+                    continue
+            except Exception:  # a lookup that fails is a miss; the request goes to the model
+                traceback.print_exc()
+            self.forward((kind, item))
+            if kind == "stop":
+                return
+
+    def _open(self) -> None:
+        if not self.settings.enabled:
+            return
+        try:
+            from engine.answer_cache import AnswerCache, Embedder, shared_embedder
+
+            embedder = shared_embedder(start=False) if self.settings.semantic else Embedder()
+            self.cache = AnswerCache(database_path(), cache_config(self.settings), embedder=embedder)
+            self._known = _read_known()
+        except Exception as exc:  # the cache only saves time: replies come from the model
+            traceback.print_exc()
+            self.on_event(Warning("cache", f"The answer cache is off ({exc}); every reply comes from the model."))
+
+    def _answer(self, request: Request) -> bool:
+        """Serve ``request`` from the cache if it has the answer; true when it did."""
+        with self._lock:
+            identity = self._expected
+        if self.cache is None or identity is None or not request.answer_cache or request.fresh:
+            return False
+        if not self.valid(request) or has_slash_calls(request) or request.messages[-1].get("role") != "user":
+            return False
+        from engine.answer_cache import CacheKey
+
+        t_taken = time.perf_counter() - request.submitted_at
+        key = CacheKey.for_request(identity, request)
+        with self._lock:
+            hit = self.cache.lookup(key, quiet=True)
+            error, self.cache.last_error = self.cache.last_error, None
+        if error and not self._warned:
+            self._warned = True
+            self.on_event(
+                Warning("cache", f"The answer cache could not be read ({error}); replies come from the model.")
+            )
+        if hit is None:
+            return False
+        self._serve_hit(request, hit, t_taken)
+        return True
+
+    def _serve_hit(self, request: Request, hit: Any, t_taken: float) -> None:
+        def since() -> float:
+            return time.perf_counter() - request.submitted_at
+
+        t_lookup = since()
+        self.on_event(Started(request.id, t_lookup))
+        t_token = since()
+        self.on_event(Token(request.id, t_token, hit.answer, tuple(hit.token_ids)))
+        total = since()
+        semantic = hit.kind == "semantic"
+        metrics = Metrics(
+            completion_tokens=len(hit.token_ids),
+            queue_s=t_taken,
+            lookup_s=t_lookup - t_taken,
+            ttft_s=t_token,
+            total_s=total,
+            answer_cache=hit.kind,
+            similarity=hit.similarity if semantic else None,
+            cached_question=hit.question if semantic else None,
+            saved_s=max(0.0, hit.generation_s - total),
+            spans=(Span("queue", 0.0, t_taken), Span("answer cache", t_taken, t_lookup)),
+        )
+        self.on_event(Done(request.id, since(), hit.answer, "stop", metrics))
+
+    # -- the engine thread --------------------------------------------------------------------------
+    def loaded(self, spec: ModelSpec, load_number: int, identity: Any) -> None:
+        """A load ended well: remember ``spec``'s identity, expect it, drop other models' answers."""
+        with self._lock:
+            if load_number == self._loads:
+                self._expected = identity
+            if self.cache is None:
+                return
+            fields = dataclasses.asdict(identity)
+            changed = self._known.get(spec_key(spec)) != fields
+            self._known[spec_key(spec)] = fields
+            known = dict(self._known)
+            self.cache.invalidate_model(identity, keep=True)
+        if changed:
+            try:
+                atomic_write(cache_dir() / IDENTITIES_FILE, json.dumps(known))
+            except OSError:  # only costs hits during the next first load
+                traceback.print_exc()
+        if self.settings.semantic:
+            self.cache.embedder.start()  # after the model, so it never slows the first load
+
+    def load_failed(self, load_number: int, identity: Any) -> None:
+        """A load failed: requests meet the model still loaded (``identity``, or None)."""
+        with self._lock:
+            if load_number == self._loads:
+                self._expected = identity
+
+    def put(self, identity: Any, request: Request, text: str, ids: Sequence[int], generation_s: float) -> bool:
+        """Keep a complete reply (the caller checks it finished with "stop" or "length"); true when kept."""
+        if self.cache is None or not request.answer_cache or request.messages[-1].get("role") != "user":
+            return False
+        from engine.answer_cache import CacheKey
+
+        key = CacheKey.for_request(identity, request)
+        with self._lock:
+            return self.cache.put(key, text, list(ids), generation_s) is not None
+
+    def drafts(self, question: str, identity: Any, limit: int = 3) -> list[list[int]]:
+        """Token ids of the earlier answers nearest ``question`` (speculative drafts)."""
+        if self.cache is None:
+            return []
+        with self._lock:
+            return self.cache.nearest_drafts(question, identity, limit)
+
+    def clear(self) -> int:
+        """Delete every cached answer; returns how many went."""
+        if self.cache is None:
+            return 0
+        with self._lock:
+            return int(self.cache.clear())
+
+    def stats(self) -> Any:
+        """The cache's :class:`~engine.answer_cache.CacheStats`, or None when it is off."""
+        if self.cache is None:
+            return None
+        with self._lock:
+            return self.cache.stats()
+
+
+def _identity(fields: dict[str, str]) -> Any:
+    from engine.answer_cache import ModelIdentity
+
+    return ModelIdentity(**fields)
+
+
+def _read_known() -> dict[str, dict[str, str]]:
+    path = cache_dir() / IDENTITIES_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    names = {"name", "weight_hash", "dtype", "quant"}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): {n: str(v[n]) for n in names} for k, v in data.items() if isinstance(v, dict) and names <= v.keys()}

@@ -1,0 +1,184 @@
+"""Tools inside a reply: the engine's tool box, the user's slash lines, the model's calls and their rounds.
+
+:class:`ToolBox` is built from :class:`~engine.api.ToolSettings` when the
+engine starts: the built-in tools (``engine.tools.builtin_tools``) and the MCP
+servers, which start on a thread of their own (one that fails becomes a
+``Warning("tools", ...)``; the engine never waits for them).
+:meth:`ToolBox.view` gives, per request, a registry where exactly the tools
+the request names (``"all"``: every one) are enabled; only those ever run.
+
+:func:`run_slash_lines` runs the ``/NAME ARGS`` lines of the user's last
+message (concurrently unless the request says otherwise) and puts their
+results, as text, in that message, so any chat template and any model sees
+them.  :func:`model_calls` finds the calls in a model's reply (the engine
+runs them with :func:`run_turn`), and :func:`follow_up` gives the messages of
+the next round: the assistant turn with its calls and one ``tool`` message
+per result, or, for a chat template that cannot render those, the same as
+plain text.  :class:`Rounds` adds up the rounds of one reply into its
+:class:`~engine.api.Metrics` (tool wall and sequential time, ``tool:NAME``
+spans, every round's prefill and decode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import Metrics, Request, Span, ToolCall, ToolSettings, Warning
+from engine.tools import (
+    Call,
+    Registry,
+    Tool,
+    TurnResult,
+    assistant_message,
+    builtin_tools,
+    parse_model_output,
+    parse_slash_lines,
+    result_messages,
+    results_as_text,
+    run_calls,
+)
+
+
+def settings_problems(settings: ToolSettings) -> list[str]:
+    rounds = settings.max_rounds
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+        return [f"tools: max_rounds must be a whole number of 0 or more, not {rounds!r}"]
+    return []
+
+
+class ToolBox:
+    """Every tool this engine may offer; requests enable some of them by name."""
+
+    def __init__(self, settings: ToolSettings, on_event: Callable[[object], None]) -> None:
+        self.settings = settings
+        self.builtin: list[Tool] = builtin_tools(
+            settings.granted_dirs, fetch_allow_private=settings.fetch_allow_private
+        )
+        self.extra: list[Tool] = []  # tools added in code (tests, plugins), beside the built-in ones
+        self.hub: Any = None
+        if settings.mcp_servers:
+            threading.Thread(target=self._start_mcp, args=(on_event,), name="brisk-mcp-start", daemon=True).start()
+
+    def _start_mcp(self, on_event: Callable[[object], None]) -> None:
+        from engine.tools.mcp_client import McpHub, ServerSpec
+
+        hub = McpHub()
+        self.hub = hub
+        for target in self.settings.mcp_servers:
+            try:
+                state = hub.add(ServerSpec.parse(target))
+            except Exception as exc:  # a bad server line is reported; the others and the chat go on
+                traceback.print_exc()
+                on_event(Warning("tools", f"The MCP server {target!r} was not started ({exc}); check the command."))
+                continue
+            if state.status != "ready":
+                on_event(Warning("tools", f"The MCP server {target!r} is not available: {state.message}"))
+
+    def add(self, tool: Tool) -> None:
+        """Offer ``tool`` too (replacing one of that name)."""
+        self.extra = [t for t in self.extra if t.name != tool.name] + [tool]
+
+    def view(self, names: tuple[str, ...] | list[str]) -> Registry | None:
+        """A registry with exactly ``names`` enabled, or None when the request enables no tool."""
+        if not names:
+            return None
+        own = {t.name: t for t in self.builtin}
+        own.update({t.name: t for t in self.extra})
+        tools = list(own.values())
+        if self.hub is not None:
+            tools += self.hub.tools(taken=lambda name: name in own)
+        return Registry(tools).only(names)  # names not known enable nothing; calls of them get errors
+
+    def close(self) -> None:
+        if self.hub is not None:
+            self.hub.close(timeout_s=2.0)
+
+
+def run_turn(
+    calls: tuple[Call, ...] | list[Call], view: Registry, request: Request, emit: Callable[[ToolCall], None]
+) -> TurnResult:
+    """Run one turn's calls (concurrently unless ``request.parallel_tools`` is false), each ending in a ``ToolCall``."""
+    return run_calls(
+        calls, view, parallel=request.parallel_tools, t0=request.submitted_at, on_event=emit, request_id=request.id
+    )
+
+
+def slash_calls(messages: list[dict[str, Any]], view: Registry) -> tuple[str, tuple[Call, ...]]:
+    """The user's last message without its ``/NAME`` lines, and those lines as calls."""
+    parsed = parse_slash_lines(str(messages[-1].get("content", "")), view.get)
+    return parsed.text, parsed.calls
+
+
+def with_slash_results(messages: list[dict[str, Any]], kept: str, turn: TurnResult) -> list[dict[str, Any]]:
+    """``messages`` whose last (user) message holds ``kept`` and the results as text."""
+    results = results_as_text(turn)
+    content = f"{kept}\n\n{results}" if kept else results
+    return [*messages[:-1], {**messages[-1], "content": content}]
+
+
+def model_calls(text: str) -> tuple[Call, ...]:
+    """The tool calls in a model's reply (none: the reply is final)."""
+    return parse_model_output(text).calls
+
+
+def follow_up(
+    messages: list[dict[str, Any]], reply: str, calls: tuple[Call, ...], turn: TurnResult, as_text: bool
+) -> list[dict[str, Any]]:
+    """The next round's messages: the reply that asked for ``calls``, and the results."""
+    if as_text:
+        return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": results_as_text(turn)}]
+    results = [{**m, "content": m["content"] or "(no output)"} for m in result_messages(turn)]
+    return [*messages, assistant_message(parse_model_output(reply).text, calls), *results]
+
+
+@dataclass
+class Rounds:
+    """The rounds of one reply: each decode's metrics (with the cache lookup's end) and each tool turn."""
+
+    decodes: list[tuple[Metrics, float]] = field(default_factory=list)
+    turns: list[TurnResult] = field(default_factory=list)
+
+    @property
+    def tools_ran(self) -> bool:
+        return any(t.results for t in self.turns)
+
+    def metrics(self, first: Metrics) -> Metrics:
+        """``first`` (the first decode's metrics with the engine's numbers) with every round added."""
+        if len(self.decodes) <= 1 and not self.turns:
+            return first
+        spans = list(first.spans)
+        for m, lookup_at in self.decodes[1:]:
+            if m.prefill_s is not None:
+                spans.append(Span("prefill", lookup_at, lookup_at + m.prefill_s))
+            if m.ttft_s is not None and m.total_s is not None:
+                spans.append(Span("decode", m.ttft_s, m.total_s))
+        for turn in self.turns:
+            spans.extend(turn.spans())
+        spans.sort(key=lambda s: s.start_s)
+        last = self.decodes[-1][0]
+        drafted = sum(m.drafted for m, _ in self.decodes)
+        accepted = sum(m.accepted for m, _ in self.decodes)
+        tokens = sum(m.completion_tokens for m, _ in self.decodes)
+        decode_s = sum(m.decode_s or 0.0 for m, _ in self.decodes)
+        steps = tokens - len(self.decodes)
+        return dataclasses.replace(
+            first,
+            prompt_tokens=last.prompt_tokens,
+            cached_tokens=last.cached_tokens,
+            computed_tokens=sum(m.computed_tokens for m, _ in self.decodes),
+            completion_tokens=tokens,
+            decode_s=decode_s,
+            tokens_per_s=steps / decode_s if steps > 0 and decode_s else None,
+            total_s=last.total_s,
+            drafted=drafted,
+            accepted=accepted,
+            acceptance=accepted / drafted if drafted else None,
+            tools_wall_s=sum(t.wall_s for t in self.turns) if self.turns else None,
+            tools_sequential_s=sum(t.sequential_s for t in self.turns) if self.turns else None,
+            spans=tuple(spans),
+        )

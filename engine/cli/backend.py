@@ -2,7 +2,8 @@
 
 The local engine (the default) or an OpenAI-compatible server (``--base-url
 URL``, with ``--model NAME`` as the server's model id and ``--api-key KEY`` or
-the ``BRISK_API_KEY`` variable; only http(s), and the key is never printed).
+the ``BRISK_API_KEY`` variable, ``--server-timeout`` for a server that stops
+sending; only http(s), and the key is never printed).
 Tools (``--tools NAME,...|all``, ``--mcp COMMAND``, ``--grant DIR``,
 ``--sequential-tools``, ``--allow-private-fetch``) and the answer cache
 (``--no-answer-cache``, ``--fresh``) shape the local engine's requests.
@@ -53,6 +54,13 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
         help="run against an OpenAI-compatible server (http(s)://HOST:PORT[/v1]); --model is then its model id",
     )
     parser.add_argument("--api-key", default=None, help=f"the server's API key (or set {API_KEY_ENV})")
+    parser.add_argument(
+        "--server-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="give up on a server that sends nothing for this long (default 120)",
+    )
 
 
 def add_tool_args(parser: argparse.ArgumentParser) -> None:
@@ -112,6 +120,9 @@ def backend_problems(args: argparse.Namespace) -> list[str]:
             check_base_url(args.base_url)
         except RemoteError as exc:
             problems.append(f"--base-url: {exc}")
+        timeout = getattr(args, "server_timeout", 120.0)
+        if not timeout > 0:
+            problems.append(f"--server-timeout must be a number of seconds above 0, not {timeout}")
         local = [f for f, (name, unset) in LOCAL_ONLY.items() if getattr(args, name, unset) not in (unset, None, [])]
         if local:
             problems.append(
@@ -180,7 +191,8 @@ def backend_factory(args: argparse.Namespace, settings: Settings) -> BackendFact
     if is_remote(args):
         from engine.remote import remote_backend
 
-        return remote_backend(args.base_url, getattr(args, "model", None) or None, api_key(args))
+        timeout = getattr(args, "server_timeout", 120.0)
+        return remote_backend(args.base_url, getattr(args, "model", None) or None, api_key(args), read_timeout=timeout)
     options: dict[str, Any] = {"prefix_cache_bytes": settings.prefix_cache_mb << 20}
     known = _engine_fields()
     if "tools" in known:

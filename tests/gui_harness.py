@@ -3,7 +3,7 @@
 :class:`Harness` opens :class:`~app.window.MainWindow` s on a store in the
 test's data folder (the ``harness`` fixture in ``conftest.py`` makes one per
 test and closes what it opened); the helpers send a message, wait for or hold
-a reply, and read what the store and the chat view hold.  The fake engine
+a reply, click a message's actions, and read what the store and the chat view hold.  The fake engine
 emits its events from a real background thread, so every test also covers the
 thread hop through the bridge.  Everything waits on signals and conditions,
 never on fixed sleeps.
@@ -15,10 +15,11 @@ from pathlib import Path
 
 from fake_engine import FakeEngine
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
 from app.bridge import EngineBridge
-from app.views.message_widget import MessageWidget
+from app.views.chat_view import MessageHandle
 from app.window import MainWindow
 from engine.api import Done, Loaded, LoadFailed
 from engine.storage import Message, Settings, Store
@@ -111,5 +112,20 @@ def stored(window: MainWindow, conversation_id: str) -> list[Message]:
     return window.store.messages(conversation_id)
 
 
-def last_bubble(window: MainWindow) -> MessageWidget:
+def last_bubble(window: MainWindow) -> MessageHandle:
+    """The last message as the user sees it (text, stats, notice, error, rendered content)."""
     return window.chat_view.bubbles()[-1]
+
+
+def click_action(qtbot: QtBot, window: MainWindow, message_id: int, action: str) -> None:
+    """Click an action drawn on a message ("copy", "regenerate", "edit", "compare"), where it is drawn."""
+    view = window.chat_view
+    view.scrollTo(view.index_of(message_id))
+    rect = view.action_rect(message_id, action)
+    assert not rect.isEmpty(), f"message {message_id} shows no {action!r} action"
+    assert view.viewport().rect().contains(rect.center())
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+
+
+def widget_count(window: QWidget) -> int:
+    return len(window.findChildren(QWidget))

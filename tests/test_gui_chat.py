@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from gui_harness import FULL_REPLY, FULL_STATS, Harness, chat, fake, last_bubble, send_and_hold, stored, type_and_send
+from gui_harness import (
+    FULL_REPLY,
+    FULL_STATS,
+    Harness,
+    chat,
+    click_action,
+    fake,
+    last_bubble,
+    send_and_hold,
+    stored,
+    type_and_send,
+)
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
@@ -146,10 +157,8 @@ def test_regenerate_resubmits_the_same_history(qtbot: QtBot, harness: Harness) -
     conversation_id = chat(qtbot, window, "Hi")
     first = engine.requests[0]
     engine.tokens = ["Another", " answer"]
-    button = last_bubble(window).regenerate_button
-    assert button is not None
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
-        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+        click_action(qtbot, window, last_bubble(window).message_id, "regenerate")
     assert len(engine.requests) == 2
     assert engine.requests[1].messages == first.messages
     assert engine.requests[1].id != first.id
@@ -181,5 +190,5 @@ def test_copy_puts_the_reply_on_the_clipboard(qtbot: QtBot, harness: Harness) ->
     window = harness.open()
     chat(qtbot, window, "Hi")
     QApplication.clipboard().setText("something else")
-    qtbot.mouseClick(last_bubble(window).copy_button, Qt.MouseButton.LeftButton)
+    click_action(qtbot, window, last_bubble(window).message_id, "copy")
     assert QApplication.clipboard().text() == FULL_REPLY

@@ -1,127 +1,206 @@
-"""The conversation pane: a scrolling column of message bubbles.
+"""The conversation pane: a list view over :class:`~app.views.chat_model.ChatModel`,
+painted by :class:`~app.views.chat_delegate.MessageDelegate`.
+
+No widget per message: a conversation of any length is one model row per
+message and only the visible rows are laid out and painted, so 10,000
+messages open as fast as the store reads them (``python -m app.bench_chat_view``).
 
 ``set_messages`` shows a stored conversation; ``add_user_message`` and
 ``start_reply`` append a turn; ``reply_updated`` asks for a repaint of the
 streaming reply, which happens at once if the last one was at least
 ``THROTTLE_MS`` ago and otherwise on a single-shot timer, so a fast stream
-costs at most one Markdown render per 50 ms and the window never freezes;
-``reply_finished`` repaints at once.  The view stays pinned to the bottom while
-content grows unless the user has scrolled up; scrolling back down re-pins it.
+costs at most one Markdown render per 50 ms; ``reply_finished`` repaints at
+once.  The view stays pinned to the bottom while content grows unless the user
+has scrolled up; scrolling back down re-pins it.  The list ends at the last
+message: there is never blank space under it.
 
-Copy puts a message's text on the clipboard; Regenerate and Edit are emitted
-as ``regenerate_requested(message_id)`` / ``edit_requested(message_id)``.
+Actions on a message (drawn in its header, also in its context menu): Copy
+puts its text on the clipboard; Regenerate, Edit and Compare\u2026 are emitted as
+``regenerate_requested(message_id)``, ``edit_requested(message_id)`` and
+``compare_requested(message_id)`` (Compare\u2026 shows on user messages once
+:meth:`ChatView.set_compare_available` turned it on).  Double-click or
+"Select text" opens a read-only text browser over one message to select and
+copy part of it.  A reply's tooltip is set with :meth:`ChatView.set_reply_tooltip`
+or computed on hover by ``tooltip_provider(message_id)``.
+
+:meth:`ChatView.bubble` / :meth:`ChatView.bubbles` return :class:`MessageHandle` s:
+read-only views of a row as the user sees it (text, stats, notice, error).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QApplication, QLabel, QLayout, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QColor,
+    QContextMenuEvent,
+    QFont,
+    QHelpEvent,
+    QMouseEvent,
+    QPainter,
+    QPaintEvent,
+    QResizeEvent,
+)
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QFrame, QListView, QMenu, QToolTip, QWidget
 
-from app.state.reply import ReplyState, stats_line
-from app.views.markdown_render import render_reply, render_user
-from app.views.message_widget import MessageWidget
-from engine.api import Metrics
+from app.state.reply import ReplyState
+from app.views.chat_delegate import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, MARGIN_PX, MessageDelegate, RowLayout
+from app.views.chat_model import TRUNCATED_NOTICE, ChatItem, ChatModel, item_from_message
+from app.views.style import MUTED
 from engine.storage import Message
 
+__all__ = ["EMPTY_TEXT", "THROTTLE_MS", "TRUNCATED_NOTICE", "ChatView", "MessageHandle"]
+
 THROTTLE_MS = 50
-COLUMN_MAX_PX = 860
-MARGIN_PX = 16
 PIN_SLACK_PX = 24
-TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
 EMPTY_TEXT = "Ask anything. Replies stream in as they are generated."
 
 
-class _Page(QWidget):
-    """The scrolled page.  Its height is its layout's height for the viewport's width, nothing more: a
-    word-wrapped label's minimum height, which Qt measures at a narrow width, must not stretch the page
-    (that left hundreds of pixels of blank space under the last message)."""
+class _Part:
+    """One part of a message as shown (stats line, notice, error, content)."""
 
-    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt override)
-        return QSize(0, 0)
+    def __init__(self, read: Callable[[], str]) -> None:
+        self._read = read
+
+    def text(self) -> str:
+        return self._read()
+
+    def isVisible(self) -> bool:  # noqa: N802 (like the QLabel it stands for)
+        return bool(self._read())
+
+    def openExternalLinks(self) -> bool:  # noqa: N802
+        return False  # links open only through the delegate's web-only handler
 
 
-class ChatView(QScrollArea):
+class MessageHandle:
+    """A read-only view of one row: what the user sees of that message now."""
+
+    def __init__(self, view: ChatView, item: ChatItem) -> None:
+        self._view, self._item = view, item
+        self.role, self.message_id = item.role, item.message_id
+        self.stats = _Part(lambda: item.stats)
+        self.notice = _Part(lambda: item.notice)
+        self.error = _Part(lambda: item.error)
+        self.content = _Part(lambda: item.html(view.colour_drafts))
+
+    @property
+    def plain_text(self) -> str:
+        return self._item.text
+
+    @property
+    def tooltip(self) -> str:
+        return self._view.tooltip_for(self.message_id)
+
+
+class ChatView(QListView):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
+    compare_requested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.colour_drafts = True
-        self._bubbles: dict[int, MessageWidget] = {}
+        self.chat_model = ChatModel(self)
+        self.delegate = MessageDelegate(self, self.chat_model)
+        self.setModel(self.chat_model)
+        self.setItemDelegate(self.delegate)
+        self.tooltip_provider: Callable[[int], str] | None = None
         self._reply: ReplyState | None = None
         self._last_render = 0.0
         self._pinned = True
-        self._busy = False
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.timeout.connect(self._render_reply)
 
-        self.setWidgetResizable(True)
-        self.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.setObjectName("chatView")
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.verticalScrollBar().setSingleStep(24)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        page = _Page()
-        page.setObjectName("chatPanel")
-        page.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)  # a QWidget subclass: paint the style
-        # One column straight on the page (no row of stretches around a width-capped widget): then the
-        # page's height follows its width exactly (height-for-width), with no blank space under the last
-        # message.  The column is centred and capped at COLUMN_MAX_PX by the margins (``resizeEvent``).
-        self._column = QVBoxLayout(page)
-        self._column.setContentsMargins(MARGIN_PX, MARGIN_PX, MARGIN_PX, MARGIN_PX)
-        self._column.setSpacing(12)
-        self._column.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
-        self.empty_label = QLabel(EMPTY_TEXT)
-        self.empty_label.setObjectName("hint")
-        self.empty_label.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self._column.addWidget(self.empty_label)
-        self._column.addStretch(1)
-        self.setWidget(page)
-
+        self.setResizeMode(QListView.ResizeMode.Adjust)
+        self.setUniformItemSizes(False)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.DoubleClicked)
+        self.setMouseTracking(True)
+        self.setAutoFillBackground(True)
+        self.delegate.action_triggered.connect(self._on_action)
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
 
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt override)
-        side = max(MARGIN_PX, (self.viewport().width() - COLUMN_MAX_PX) // 2)
-        self._column.setContentsMargins(side, MARGIN_PX, side, MARGIN_PX)
-        super().resizeEvent(event)
+    # -- settings ----------------------------------------------------------------------------------
+    @property
+    def colour_drafts(self) -> bool:
+        return self.delegate.colour_drafts
 
-    # -- content ------------------------------------------------------------------
+    @colour_drafts.setter
+    def colour_drafts(self, on: bool) -> None:
+        if on != self.delegate.colour_drafts:
+            self.delegate.colour_drafts = on
+            self.chat_model.touch_all()
+
+    def set_busy(self, busy: bool) -> None:
+        """While a reply streams, Regenerate, Edit and Compare are greyed out."""
+        self.delegate.busy = busy
+        self.viewport().update()
+
+    def set_compare_available(self, available: bool) -> None:
+        """Show "Compare\u2026" on user messages (for the latency panel, which handles ``compare_requested``)."""
+        self.delegate.compare_available = available
+        self.viewport().update()
+
+    def set_reply_tooltip(self, message_id: int, text: str) -> None:
+        """The tooltip of one message (e.g. the configuration a reply ran with); "" removes it."""
+        item = self.chat_model.item(message_id)
+        if item is not None:
+            item.tooltip = text
+
+    def tooltip_for(self, message_id: int) -> str:
+        item = self.chat_model.item(message_id)
+        if item is None:
+            return ""
+        if item.tooltip or self.tooltip_provider is None:
+            return item.tooltip
+        return self.tooltip_provider(message_id)
+
+    # -- content ------------------------------------------------------------------------------------
     def clear(self) -> None:
         self._timer.stop()
         self._reply = None
-        for bubble in self._bubbles.values():
-            bubble.deleteLater()
-            self._column.removeWidget(bubble)
-        self._bubbles.clear()
-        self.empty_label.show()
+        self.chat_model.reset([])
         self._pinned = True
 
     def set_messages(self, messages: Sequence[Message], active: ReplyState | None = None) -> None:
-        self.clear()
+        self._timer.stop()
+        self._reply = None
+        items: list[ChatItem] = []
         for message in messages:
             if active is not None and message.id == active.message_id:
-                self.start_reply(active)
-            elif message.role == "user":
-                self.add_user_message(message.id, message.content)
-            elif message.role == "assistant":
-                self._add_stored_reply(message)
+                items.append(self._reply_item(active))
+                self._reply = active
+            elif message.role in ("user", "assistant") or message.damaged:
+                items.append(item_from_message(message))
+        self.chat_model.reset(items)
+        self._pinned = True
+        self._measure_tail()
         self.scroll_to_bottom()
 
-    def add_user_message(self, message_id: int, text: str) -> MessageWidget:
-        bubble = self._add(MessageWidget("user", message_id))
-        bubble.set_content(render_user(text), text)
-        return bubble
+    def add_user_message(self, message_id: int, text: str) -> MessageHandle:
+        item = ChatItem(message_id, "user", text)
+        self.chat_model.append(item)
+        return MessageHandle(self, item)
 
-    def start_reply(self, reply: ReplyState) -> MessageWidget:
-        bubble = self._bubbles.get(reply.message_id) or self._add(MessageWidget("assistant", reply.message_id))
+    def start_reply(self, reply: ReplyState) -> MessageHandle:
+        item = self.chat_model.item(reply.message_id)
+        if item is None:
+            item = self._reply_item(reply)
+            self.chat_model.append(item)
+        item.reply = reply
         self._reply = reply
         self._pinned = True
         self._render_reply()
-        return bubble
+        return MessageHandle(self, item)
 
     def reply_updated(self, reply: ReplyState) -> None:
         if reply is not self._reply or self._timer.isActive():
@@ -138,92 +217,137 @@ class ChatView(QScrollArea):
             self._timer.stop()
             self._render_reply()
             self._reply = None
-        elif reply.message_id in self._bubbles:
-            self._paint(self._bubbles[reply.message_id], reply)
+            return
+        item = self.chat_model.item(reply.message_id)
+        if item is not None:
+            item.reply = reply
+            item.refresh_from_reply()
+            self.chat_model.touch(reply.message_id)
 
     def remove_from(self, message_id: int) -> None:
-        """Drop the bubbles of ``message_id`` and every later message."""
-        for mid in [m for m in self._bubbles if m >= message_id]:
-            bubble = self._bubbles.pop(mid)
-            self._column.removeWidget(bubble)
-            bubble.deleteLater()
+        """Drop the rows of ``message_id`` and every later message."""
+        self.chat_model.remove_from(message_id)
         if self._reply is not None and self._reply.message_id >= message_id:
+            self._timer.stop()
             self._reply = None
-        self.empty_label.setVisible(not self._bubbles)
 
-    def set_busy(self, busy: bool) -> None:
-        self._busy = busy
-        for bubble in self._bubbles.values():
-            bubble.set_actions_enabled(not busy)
+    # -- queries ------------------------------------------------------------------------------------
+    def bubble(self, message_id: int) -> MessageHandle | None:
+        item = self.chat_model.item(message_id)
+        return None if item is None else MessageHandle(self, item)
 
-    # -- queries --------------------------------------------------------------------
-    def bubble(self, message_id: int) -> MessageWidget | None:
-        return self._bubbles.get(message_id)
-
-    def bubbles(self) -> list[MessageWidget]:
-        return [self._bubbles[m] for m in sorted(self._bubbles)]
+    def bubbles(self) -> list[MessageHandle]:
+        return [MessageHandle(self, item) for item in self.chat_model.items()]
 
     @property
     def pinned(self) -> bool:
         return self._pinned
 
+    def index_of(self, message_id: int) -> QModelIndex:
+        row = self.chat_model.row_of(message_id)
+        return QModelIndex() if row is None else self.chat_model.index(row)
+
+    def row_layout(self, message_id: int) -> RowLayout | None:
+        """Where the parts of a message are now, in viewport coordinates (None: not in the view)."""
+        index = self.index_of(message_id)
+        if not index.isValid():
+            return None
+        self.executeDelayedItemsLayout()
+        top = self.visualRect(index).top()
+        item = self.chat_model.item_at(index.row())
+        return self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
+
+    def action_rect(self, message_id: int, action: str) -> QRect:
+        """Where an action of a message is drawn (an empty rect if that message has no such action)."""
+        box = self.row_layout(message_id)
+        return next((rect for name, rect in box.actions if name == action), QRect()) if box else QRect()
+
     def copy_message(self, message_id: int) -> None:
-        bubble = self._bubbles.get(message_id)
-        if bubble is not None:
-            QApplication.clipboard().setText(bubble.plain_text)
+        item = self.chat_model.item(message_id)
+        if item is not None:
+            QApplication.clipboard().setText(item.text)
+
+    def select_text(self, message_id: int) -> QWidget | None:
+        """Open the read-only text browser over one message; returns it."""
+        index = self.index_of(message_id)
+        if not index.isValid():
+            return None
+        self.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
+        self.edit(index)
+        return self.indexWidget(index)
 
     def scroll_to_message(self, message_id: int) -> None:
-        bubble = self._bubbles.get(message_id)
-        if bubble is not None:
+        index = self.index_of(message_id)
+        if index.isValid():
             self._pinned = False
-            self.ensureWidgetVisible(bubble, 0, 40)
+            self._measure_rows(max(0, index.row() - 2), index.row() + 8)
+            self.scrollTo(index, QAbstractItemView.ScrollHint.PositionAtTop)
 
     def scroll_to_bottom(self) -> None:
         self._pinned = True
+        self.executeDelayedItemsLayout()
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
 
-    # -- internals --------------------------------------------------------------------
-    def _add(self, bubble: MessageWidget) -> MessageWidget:
-        self._bubbles[bubble.message_id] = bubble
-        self._column.insertWidget(self._column.count() - 1, bubble)
-        self.empty_label.hide()
-        bubble.set_actions_enabled(not self._busy)
-        mid = bubble.message_id
-        bubble.copy_clicked.connect(lambda: self.copy_message(mid))
-        bubble.regenerate_clicked.connect(lambda: self.regenerate_requested.emit(mid))
-        bubble.edit_clicked.connect(lambda: self.edit_requested.emit(mid))
-        return bubble
+    def context_menu(self, message_id: int) -> QMenu:
+        """The menu a right-click on a message opens: its actions, and Select text."""
+        menu = QMenu(self)
+        item = self.chat_model.item(message_id)
+        if item is None:
+            return menu
+        for name in self.delegate.actions(item):
+            action = menu.addAction(ACTION_TEXT[name])
+            action.setToolTip(ACTION_TIPS[name])
+            action.setEnabled(not (self.delegate.busy and name in BUSY_BLOCKED))
+            action.triggered.connect(lambda _=False, n=name: self._on_action(n, message_id))
+        menu.addSeparator()
+        menu.addAction("Select text").triggered.connect(lambda: self.select_text(message_id))
+        return menu
 
-    def _add_stored_reply(self, message: Message) -> None:
-        bubble = self._add(MessageWidget("assistant", message.id))
-        row = message.metrics if isinstance(message.metrics, Mapping) else {}  # a damaged row: no numbers
-        metrics = Metrics.from_dict(row)
-        bubble.set_content(render_reply(message.content, colour_drafts=False), message.content)
-        finish = str(row.get("finish_reason") or ("cancelled" if message.status == "cancelled" else ""))
-        line = stats_line(metrics, finish)
-        if message.status == "streaming":
-            line = (line + " \u00b7 " if line else "") + "unfinished"
-        bubble.set_stats(line)
-        bubble.set_notice(TRUNCATED_NOTICE if metrics.truncated or row.get("truncated") else "")
-        if message.status == "error":
-            bubble.set_error(str(row.get("error") or "This reply ended with an error."))
+    # -- internals ------------------------------------------------------------------------------------
+    def _reply_item(self, reply: ReplyState) -> ChatItem:
+        item = ChatItem(reply.message_id, "assistant", reply=reply)
+        item.refresh_from_reply()
+        return item
+
+    def _on_action(self, action: str, message_id: int) -> None:
+        if action == "copy":
+            self.copy_message(message_id)
+        elif action == "regenerate":
+            self.regenerate_requested.emit(message_id)
+        elif action == "edit":
+            self.edit_requested.emit(message_id)
+        elif action == "compare":
+            self.compare_requested.emit(message_id)
 
     def _render_reply(self) -> None:
         reply = self._reply
         if reply is None:
             return
-        bubble = self._bubbles.get(reply.message_id)
-        if bubble is not None:
-            self._paint(bubble, reply)
+        item = self.chat_model.item(reply.message_id)
+        if item is not None:
+            item.reply = reply
+            item.refresh_from_reply()
+            self.chat_model.touch(reply.message_id)
         self._last_render = time.perf_counter()
 
-    def _paint(self, bubble: MessageWidget, reply: ReplyState) -> None:
-        html = render_reply(reply.segments, colour_drafts=self.colour_drafts, streaming=reply.streaming)
-        bubble.set_content(html, reply.text)
-        bubble.set_stats(reply.status_line())
-        bubble.set_notice(TRUNCATED_NOTICE if reply.truncated else "")
-        bubble.set_error(reply.error)
+    def _measure_rows(self, start: int, stop: int) -> None:
+        width = self.delegate.layout_width()
+        inner = self.delegate.content_width(width)
+        for row in range(max(0, start), min(stop, self.chat_model.rowCount())):
+            self.delegate.content_height(self.chat_model.item_at(row), inner, exact=True)
+
+    def _measure_tail(self) -> None:
+        """Lay out exactly the last rows that fill the viewport, so a reopened chat shows its end at once."""
+        if not self.isVisible():
+            return  # the width is not known yet: painting measures what it shows
+        width = self.delegate.layout_width()
+        inner = self.delegate.content_width(width)
+        need, row = self.viewport().height() * 2, self.chat_model.rowCount() - 1
+        while need > 0 and row >= 0:
+            item = self.chat_model.item_at(row)
+            need -= self.delegate.content_height(item, inner, exact=True)
+            row -= 1
 
     def _on_scrolled(self, value: int) -> None:
         bar = self.verticalScrollBar()
@@ -232,3 +356,77 @@ class ChatView(QScrollArea):
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
         if self._pinned:
             self.verticalScrollBar().setValue(maximum)
+
+    # -- Qt events -------------------------------------------------------------------------------------
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt override)
+        self.delegate.view_resized()
+        super().resizeEvent(event)
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt override)
+        if self.chat_model.rowCount():
+            super().paintEvent(event)
+            return
+        painter = QPainter(self.viewport())
+        font = QFont(self.font())
+        font.setPixelSize(11)
+        painter.setFont(font)
+        painter.setPen(QColor(MUTED))
+        rect = self.viewport().rect().adjusted(MARGIN_PX, MARGIN_PX, -MARGIN_PX, -MARGIN_PX)
+        painter.drawText(rect, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop, EMPTY_TEXT)
+
+    def viewportEvent(self, event: QEvent) -> bool:  # noqa: N802 (Qt override)
+        kind = event.type()
+        if kind == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
+            self._show_tooltip(event)
+            return True
+        if kind == QEvent.Type.MouseMove and isinstance(event, QMouseEvent):
+            self._track_hover(event.position().toPoint())
+        elif kind == QEvent.Type.Leave:
+            self._set_hover(None)
+        return super().viewportEvent(event)
+
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:  # noqa: N802 (Qt override)
+        index = self.indexAt(event.pos())
+        if not index.isValid():
+            return
+        self.context_menu(self.chat_model.item_at(index.row()).message_id).exec(event.globalPos())
+
+    def _hit(self, pos: QPoint) -> tuple[ChatItem, RowLayout] | None:
+        index = self.indexAt(pos)
+        if not index.isValid():
+            return None
+        item = self.chat_model.item_at(index.row())
+        top = self.visualRect(index).top()
+        return item, self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
+
+    def _track_hover(self, pos: QPoint) -> None:
+        hit = self._hit(pos)
+        hover, pointing = None, False
+        if hit is not None:
+            item, box = hit
+            action = box.action_at(pos.x(), pos.y())
+            if action is not None:
+                hover, pointing = (item.message_id, action), True
+            else:
+                pointing = bool(self.delegate.anchor_at(item, box, pos.x(), pos.y()))
+        self._set_hover(hover)
+        cursor = Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor
+        self.viewport().setCursor(cursor)
+
+    def _set_hover(self, hover: tuple[int, str] | None) -> None:
+        if hover != self.delegate.hover:
+            self.delegate.hover = hover
+            self.viewport().update()
+
+    def _show_tooltip(self, event: QHelpEvent) -> None:
+        hit = self._hit(event.pos())
+        text = ""
+        if hit is not None:
+            item, box = hit
+            action = box.action_at(event.pos().x(), event.pos().y())
+            text = ACTION_TIPS[action] if action is not None else self.tooltip_for(item.message_id)
+        if text:
+            QToolTip.showText(event.globalPos(), text, self.viewport())
+        else:
+            QToolTip.hideText()
+            event.ignore()

@@ -1,0 +1,209 @@
+"""The conversation as a Qt list model: one row per shown message, nothing else.
+
+:class:`ChatItem` is the plain-Python state of one row: its message id and
+role, the plain text (what Copy copies), the grey stats line, the notices
+(older turns dropped, damaged row), the error, an optional tooltip, and for a
+reply of this session its :class:`~app.state.reply.ReplyState` (so drafted
+text keeps its colour).  The rendered HTML is made on demand, the first time
+a row is painted or measured, and kept until the row changes; a revision
+counter tells the delegate when its cached layout is stale.
+
+:class:`ChatModel` changes only through ``beginResetModel``/``endResetModel``
+(:meth:`ChatModel.reset`), ``beginInsertRows``/``endInsertRows``
+(:meth:`ChatModel.append`), ``beginRemoveRows``/``endRemoveRows``
+(:meth:`ChatModel.remove_from`) and ``dataChanged`` (:meth:`ChatModel.touch`).
+It holds strings only: opening 10,000 stored messages costs a list of 10,000
+small objects, no widgets and no Markdown.
+
+:func:`item_from_message` turns a stored row into a :class:`ChatItem` (a
+damaged row gets a notice, never an exception).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
+
+from app.state.reply import ReplyState, stats_line
+from app.views.markdown_render import render_reply, render_user
+from engine.storage import Message
+
+TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
+DAMAGED_NOTICE = "This message was damaged in the history file; what could be read is shown."
+ERROR_FALLBACK = "This reply ended with an error."
+SHOWN_ROLES = ("user", "assistant")
+ITEM_ROLE = Qt.ItemDataRole.UserRole + 1
+
+_Index = QModelIndex | QPersistentModelIndex
+
+
+@dataclass(eq=False)
+class ChatItem:
+    message_id: int
+    role: str
+    text: str = ""
+    stats_text: str = ""
+    notice: str = ""
+    error: str = ""
+    tooltip: str = ""
+    damaged: bool = False
+    reply: ReplyState | None = None  # a reply of this session: rendered from its segments
+    stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
+    revision: int = 0
+    html_cache: tuple[int, bool, str] | None = field(default=None, repr=False)  # (revision, colour, html)
+    # the delegate's measurements: (revision, width, colour, height, exact) of the content, and
+    # ((revision, width, colour, first, last), height) of the whole row
+    content_size: tuple[int, int, bool, int, bool] | None = field(default=None, repr=False)
+    row_size: tuple[tuple[int, int, bool, bool, bool], int] | None = field(default=None, repr=False)
+
+    @property
+    def stats(self) -> str:
+        """The grey line under a reply; a stored reply's is formatted the first time it is needed."""
+        if self.stats_source is not None:
+            metrics, finish, unfinished = self.stats_source
+            line = stats_line(metrics, finish)
+            self.stats_text = (line + " \u00b7 " if line else "") + "unfinished" if unfinished else line
+            self.stats_source = None
+        return self.stats_text
+
+    @property
+    def has_stats(self) -> bool:
+        return self.stats_source is not None or bool(self.stats_text)
+
+    def html(self, colour_drafts: bool) -> str:
+        """The rendered content, made once per revision (Markdown for replies, escaped text for users)."""
+        cached = self.html_cache
+        colour = colour_drafts and self.reply is not None
+        if cached is not None and cached[0] == self.revision and cached[1] == colour:
+            return cached[2]
+        if self.role == "user":
+            html = render_user(self.text)
+        elif self.reply is not None:
+            html = render_reply(self.reply.segments, colour_drafts=colour, streaming=self.reply.streaming)
+        else:
+            html = render_reply(self.text, colour_drafts=False)
+        self.html_cache = (self.revision, colour, html)
+        return html
+
+    def refresh_from_reply(self) -> None:
+        """Copy what the reply shows now (text, stats, notice, error) and mark the row changed."""
+        reply = self.reply
+        if reply is None:
+            return
+        self.text = reply.text
+        self.stats_text, self.stats_source = reply.status_line(), None
+        self.notice = TRUNCATED_NOTICE if reply.truncated else ""
+        self.error = reply.error
+        self.revision += 1
+
+    @property
+    def streaming(self) -> bool:
+        return self.reply is not None and self.reply.streaming
+
+
+def item_from_message(message: Message) -> ChatItem:
+    """A stored message as a row; a damaged row shows what could be read and says so."""
+    role = message.role if message.role in SHOWN_ROLES else "assistant"
+    item = ChatItem(message.id, role, message.content)
+    item.damaged = message.damaged
+    notices = [DAMAGED_NOTICE] if message.damaged else []
+    if role == "assistant":
+        # the stored dict as read: stats_line takes only numbers of the right type, so a damaged value is skipped
+        row = message.metrics if isinstance(message.metrics, Mapping) else {}
+        finish = str(row.get("finish_reason") or ("cancelled" if message.status == "cancelled" else ""))
+        item.stats_source = (row, finish, message.status == "streaming")
+        if row.get("truncated") is True:
+            notices.append(TRUNCATED_NOTICE)
+        if message.status == "error":
+            item.error = str(row.get("error") or ERROR_FALLBACK)
+    item.notice = " ".join(notices)
+    return item
+
+
+class ChatModel(QAbstractListModel):
+    """The rows of the open conversation, in message order."""
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.rows: list[ChatItem] = []  # read by the delegate; changed only by the methods below
+        self._rows: dict[int, int] = {}  # message id -> row
+
+    # -- Qt's model interface ---------------------------------------------------------------
+    def rowCount(self, parent: _Index | None = None) -> int:  # noqa: N802 (Qt override)
+        return 0 if parent is not None and parent.isValid() else len(self.rows)
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or not 0 <= index.row() < len(self.rows):
+            return None
+        item = self.rows[index.row()]
+        if role == ITEM_ROLE:
+            return item
+        if role == Qt.ItemDataRole.DisplayRole:
+            return item.text
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return item.tooltip or None
+        return None
+
+    def flags(self, index: _Index) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        # editable: a read-only text browser opens over a message on demand, to select its text
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsEditable
+
+    # -- changes (each through Qt's begin/end calls) ------------------------------------------
+    def reset(self, items: Sequence[ChatItem]) -> None:
+        self.beginResetModel()
+        self.rows = list(items)
+        self._rows = {item.message_id: row for row, item in enumerate(self.rows)}
+        self.endResetModel()
+
+    def append(self, item: ChatItem) -> int:
+        row = len(self.rows)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self.rows.append(item)
+        self._rows[item.message_id] = row
+        self.endInsertRows()
+        return row
+
+    def remove_from(self, message_id: int) -> None:
+        """Drop the row of ``message_id`` and every later one."""
+        first = next((row for row, item in enumerate(self.rows) if item.message_id >= message_id), None)
+        if first is None:
+            return
+        self.beginRemoveRows(QModelIndex(), first, len(self.rows) - 1)
+        for item in self.rows[first:]:
+            self._rows.pop(item.message_id, None)
+        del self.rows[first:]
+        self.endRemoveRows()
+
+    def touch(self, message_id: int) -> None:
+        """Tell the view that a row's content changed (its revision was bumped by the caller)."""
+        row = self._rows.get(message_id)
+        if row is not None:
+            index = self.index(row)
+            self.dataChanged.emit(index, index, [ITEM_ROLE])
+
+    def touch_all(self) -> None:
+        if self.rows:
+            self.dataChanged.emit(self.index(0), self.index(len(self.rows) - 1), [ITEM_ROLE])
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def item(self, message_id: int) -> ChatItem | None:
+        row = self._rows.get(message_id)
+        return None if row is None else self.rows[row]
+
+    def item_at(self, row: int) -> ChatItem:
+        return self.rows[row]
+
+    def row_of(self, message_id: int) -> int | None:
+        return self._rows.get(message_id)
+
+    def items(self) -> list[ChatItem]:
+        return list(self.rows)

@@ -83,6 +83,7 @@ class WaterfallChart(pg.PlotWidget):
         super().__init__(background=BACKGROUND)
         _style(self, "Waterfall (s since send)", 140)
         self.getPlotItem().invertY(True)
+        self.getAxis("left").setWidth(82)  # room for "cache lookup", "first token", "tool:NAME"
         self.bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, **_colours([]))
         self.addItem(self.bars)
         self.spans: tuple[Span, ...] = ()

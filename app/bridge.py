@@ -2,9 +2,11 @@
 
 :class:`EngineBridge` owns a backend (an :class:`engine.api.Backend`: the
 local engine thread or, later, a remote server) and re-emits every event the
-backend sends on its single ``event = Signal(object)``.  The backend calls
-back from its own thread; the signal crosses to the GUI thread as a queued
-connection, so slots always run on the GUI thread.  Widgets never call the
+backend sends on its single ``event = Signal(object)``, always on the GUI
+thread.  The backend calls back from its own thread; the bridge keeps those
+events in a queue and wakes the GUI thread once per batch, which re-emits them
+in order for at most ``SLICE_S`` before yielding to the event loop, so a fast
+token stream never starves timers and repaints.  Widgets never call the
 backend: they call the bridge, whose methods are everything the window needs:
 
 * :meth:`load` (an :class:`engine.api.ModelSpec`), :meth:`submit`, :meth:`cancel`,
@@ -27,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.api import Backend, Error, LoadFailed, LoadProgress, ModelSpec, Request
 from engine.client import BackendFactory, local_backend
@@ -44,8 +48,12 @@ def machine_report() -> Mapping[str, Any]:
     return report()
 
 
+SLICE_S = 0.008  # the longest the GUI thread spends re-emitting queued events before the event loop runs
+
+
 class EngineBridge(QObject):
     event = Signal(object)
+    _wake = Signal()  # backend thread -> GUI thread: events are waiting
 
     def __init__(self, backend_factory: BackendFactory | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -54,15 +62,38 @@ class EngineBridge(QObject):
         self._backend: Backend | None = None
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisk-bridge")
+        self._pending: deque[object] = deque()
+        self._queue_lock = threading.Lock()  # guards _pending and _woken
+        self._woken = False  # a wake-up (or a drain) is on its way
+        self._wake.connect(self._drain)  # queued: emitted from other threads
 
     @property
     def backend(self) -> Backend | None:
         return self._backend
 
     def _on_backend_event(self, event: object) -> None:
-        """Called on the backend's thread: only emit."""
+        """Called on the backend's thread: queue the event and wake the GUI thread once per batch."""
+        with self._queue_lock:
+            self._pending.append(event)
+            if self._woken:
+                return
+            self._woken = True
         with contextlib.suppress(RuntimeError):  # the Qt side is already gone (shutting down)
+            self._wake.emit()
+
+    def _drain(self) -> None:
+        """On the GUI thread: re-emit queued events in order, for at most SLICE_S, then let the loop run."""
+        deadline = time.perf_counter() + SLICE_S
+        while True:
+            with self._queue_lock:
+                if not self._pending:
+                    self._woken = False
+                    return
+                event = self._pending.popleft()
             self.event.emit(event)
+            if time.perf_counter() > deadline:
+                QTimer.singleShot(0, self._drain)  # more later: timers and repaints go first
+                return
 
     # -- the Backend protocol --------------------------------------------------------------
     def load(self, spec: ModelSpec) -> None:

@@ -211,5 +211,5 @@ def test_the_event_loop_keeps_ticking_while_tokens_stream_fast(qtbot: QtBot, har
 
 
 def test_a_burst_of_tokens_is_measured(qtbot: QtBot, harness: Harness) -> None:
-    """3000 tokens with no pause at all: every event is queued at once; the figure is printed, the bound is loose."""
-    assert longest_tick_gap_ms(qtbot, harness, 3000, 0.0) < 2000
+    """3000 tokens with no pause at all: the bridge re-emits queued events in slices, so timers still run."""
+    assert longest_tick_gap_ms(qtbot, harness, 3000, 0.0) < 600

@@ -25,17 +25,30 @@ from tiny import make_tiny_model
 
 import engine.runtime.engine as engine_module
 import engine.runtime.steps as steps_module
-from engine.api import Done, Error, Event, Loaded, ModelSpec, Request, Sampling, Started, Token, Warning
+from engine.api import (
+    AnswerCacheSettings,
+    Done,
+    Error,
+    Event,
+    Loaded,
+    ModelSpec,
+    Request,
+    Sampling,
+    Started,
+    Token,
+    Warning,
+)
 from engine.runtime.detokenize import StreamText
 from engine.runtime.prefix_cache import PrefixCache
 
 QUESTION = [{"role": "user", "content": "Tell me a long story about the sea."}]
 GREEDY = Sampling(max_tokens=24)
+NO_ANSWER_CACHE = AnswerCacheSettings(enabled=False)  # every request here must reach the model
 
 
 @pytest.fixture(scope="module")
 def runner(tiny_dir: Path):
-    r = EngineRunner(str(tiny_dir))
+    r = EngineRunner(str(tiny_dir), answer_cache=NO_ANSWER_CACHE)
     yield r
     r.close()
 
@@ -230,7 +243,7 @@ def short_context(tmp_path_factory: pytest.TempPathFactory):
     config = json.loads((path / "config.json").read_text())
     config["max_position_embeddings"] = 64
     (path / "config.json").write_text(json.dumps(config))
-    r = EngineRunner(str(path))
+    r = EngineRunner(str(path), answer_cache=NO_ANSWER_CACHE)
     assert r.engine.loaded.context_length == 64
     yield r
     r.close()
@@ -272,7 +285,7 @@ def test_a_failing_call_is_reported_and_the_loop_goes_on(runner: EngineRunner, b
 
 
 def test_a_failing_event_callback_does_not_stop_the_engine(tiny_dir: Path, baseline: list[int]) -> None:
-    from engine.runtime.engine import Engine
+    from engine.runtime.engine import Engine, EngineOptions
 
     sink: queue.Queue[object] = queue.Queue()
     raised: list[object] = []
@@ -283,7 +296,7 @@ def test_a_failing_event_callback_does_not_stop_the_engine(tiny_dir: Path, basel
             raise RuntimeError("the window is gone")
         sink.put(event)
 
-    engine = Engine(on_event)
+    engine = Engine(on_event, EngineOptions(answer_cache=NO_ANSWER_CACHE))
     try:
         engine.load(ModelSpec(source=str(tiny_dir), dtype="float32"))
         while not isinstance(sink.get(timeout=120), Loaded):
@@ -315,7 +328,7 @@ def test_a_bad_prefix_budget_is_refused_at_once(runner: EngineRunner) -> None:
 
 def test_unreadable_saved_prompt_caches_mean_a_cold_start(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(PrefixCache, "load", raising(AttributeError("'list' object has no attribute 'items'")))
-    r = EngineRunner(str(tiny_dir))
+    r = EngineRunner(str(tiny_dir), answer_cache=NO_ANSWER_CACHE)
     try:
         assert isinstance(r.load_event, Loaded) and r.load_event.info.warm_prefixes == 0
         assert [w.kind for w in r.client.warnings] == ["cache"]

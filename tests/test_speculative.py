@@ -31,7 +31,10 @@ def tiny_pair(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def run(runner: EngineRunner, messages: list[dict[str, str]], source: str, cache: bool = False, n: int = 48):  # noqa: ANN201
-    return runner.run(messages, sampling=Sampling(max_tokens=n), speculative=source, prefix_cache=cache)
+    # answer_cache=False: the model writes every reply (a repeated greedy question would be a cache hit)
+    return runner.run(
+        messages, sampling=Sampling(max_tokens=n), speculative=source, prefix_cache=cache, answer_cache=False
+    )
 
 
 @pytest.mark.parametrize("cache", [False, True])

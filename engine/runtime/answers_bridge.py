@@ -35,6 +35,7 @@ from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
 from engine.paths import atomic_write, cache_dir, database_path
+from engine.runtime.reply_events import ReplyEvents
 
 IDENTITIES_FILE = "answer-cache-models.json"
 
@@ -162,28 +163,34 @@ class AnswerGate:
         return True
 
     def _serve_hit(self, request: Request, hit: Any, t_taken: float) -> None:
-        def since() -> float:
-            return time.perf_counter() - request.submitted_at
-
-        t_lookup = since()
-        self.on_event(Started(request.id, t_lookup))
-        t_token = since()
-        self.on_event(Token(request.id, t_token, hit.answer, tuple(hit.token_ids)))
-        total = since()
-        semantic = hit.kind == "semantic"
-        metrics = Metrics(
-            completion_tokens=len(hit.token_ids),
-            queue_s=t_taken,
-            lookup_s=t_lookup - t_taken,
-            ttft_s=t_token,
-            total_s=total,
-            answer_cache=hit.kind,
-            similarity=hit.similarity if semantic else None,
-            cached_question=hit.question if semantic else None,
-            saved_s=max(0.0, hit.generation_s - total),
-            spans=(Span("queue", 0.0, t_taken), Span("answer cache", t_taken, t_lookup)),
-        )
-        self.on_event(Done(request.id, since(), hit.answer, "stop", metrics))
+        """Send the cached reply; it ends with one ``Done``, or an ``Error`` if sending fails half-way."""
+        reply = ReplyEvents(request.id, request.submitted_at, self.on_event)
+        try:
+            t_lookup = reply.since()
+            reply.emit(Started(request.id, t_lookup))
+            t_token = reply.since()
+            reply.emit(Token(request.id, t_token, hit.answer, tuple(hit.token_ids)))
+            total = reply.since()
+            semantic = hit.kind == "semantic"
+            metrics = Metrics(
+                completion_tokens=len(hit.token_ids),
+                queue_s=t_taken,
+                lookup_s=t_lookup - t_taken,
+                ttft_s=t_token,
+                total_s=total,
+                answer_cache=hit.kind,
+                similarity=hit.similarity if semantic else None,
+                cached_question=hit.question if semantic else None,
+                saved_s=max(0.0, hit.generation_s - total),
+                spans=(Span("queue", 0.0, t_taken), Span("answer cache", t_taken, t_lookup)),
+            )
+            reply.emit(Done(request.id, reply.since(), hit.answer, "stop", metrics))
+        except Exception as exc:  # a failing event callback: the request still ends with one Error
+            traceback.print_exc()
+            try:
+                reply.fail(f"The cached reply could not be delivered ({type(exc).__name__}: {exc}). Try again.")
+            except Exception:  # nothing left to report it to
+                traceback.print_exc()
 
     # -- the engine thread --------------------------------------------------------------------------
     def loaded(self, spec: ModelSpec, load_number: int, identity: Any) -> None:

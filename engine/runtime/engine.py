@@ -35,8 +35,6 @@ from engine.api import (
     SOURCES,
     AnswerCacheSettings,
     Done,
-    Error,
-    Event,
     Loaded,
     LoadFailed,
     LoadProgress,
@@ -60,10 +58,11 @@ from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.memory import reserve, tune_malloc
 from engine.runtime.prefix_cache import PERSISTED, PrefixCache, kv_layout
 from engine.runtime.prompt import Prompt, build_prompt
+from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 from engine.runtime.tool_turns import Rounds, ToolBox
-from engine.tools import Call, TurnResult, tool_schemas
+from engine.tools import Parsed, TurnResult, tool_schemas
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
 
@@ -322,7 +321,7 @@ class Engine:
             return request_id in self._cancelled
 
     def _serve(self, request: Request) -> None:
-        reply = _ReplyEvents(request.id, request.submitted_at, self.on_event)
+        reply = ReplyEvents(request.id, request.submitted_at, self.on_event)
         try:
             self._serve_checked(request, reply)
         except Exception as exc:  # whatever raised, the request ends with one Error
@@ -337,7 +336,7 @@ class Engine:
             with self._lock:
                 self._cancelled.discard(request.id)
 
-    def _serve_checked(self, request: Request, reply: _ReplyEvents) -> None:
+    def _serve_checked(self, request: Request, reply: ReplyEvents) -> None:
         t_taken = reply.since()
         if self.loaded is None or self.decoder is None or self.prefix_cache is None:
             reply.fail("No model is loaded yet. Wait for loading to finish or pick a model in Settings.")
@@ -367,28 +366,28 @@ class Engine:
             prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
             drafters = self._drafters(request, len(prompt.ids))
         first: Metrics | None = None
-        left, model_turns, as_text = request.sampling.max_tokens, 0, False
-        while True:
-            sampling = dataclasses.replace(request.sampling, max_tokens=left)
-            result, lookup_at = self._decode(request, reply, prompt, sampling, drafters, started)
+        model_turns, as_text = 0, False
+        while True:  # each round may write up to max_tokens; at most max_rounds rounds of tool calls
+            result, lookup_at = self._decode(request, reply, prompt, request.sampling, drafters, started)
             started = True
             rounds.decodes.append((result.metrics, lookup_at))
             if first is None:
                 first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
-            left -= result.metrics.completion_tokens
             finish = result.finish_reason
-            calls = tool_turns.model_calls(result.text) if view is not None else ()
-            if not calls or finish != "stop" or left < 1 or model_turns >= self.options.tools.max_rounds:
+            parsed = tool_turns.model_calls(result.text) if view is not None else Parsed(result.text)
+            if not parsed.calls or finish in ("cancelled", "context") or model_turns >= self.options.tools.max_rounds:
                 break
             assert view is not None
             model_turns += 1
-            turn = tool_turns.run_turn(calls, view, request, reply.emit)
+            turn = tool_turns.run_turn(parsed.calls, view, request, reply.emit)
             rounds.turns.append(turn)
             if self._is_cancelled(request.id):
                 finish = "cancelled"
                 break
             reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
-            messages, prompt, as_text = self._next_prompt(messages, result.text, calls, turn, left, schemas, as_text)
+            messages, prompt, as_text = self._next_prompt(
+                messages, result.text, parsed, turn, request.sampling.max_tokens, schemas, as_text
+            )
             drafters = self._drafters(request, len(prompt.ids))
         assert first is not None
         metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
@@ -404,28 +403,28 @@ class Engine:
         self,
         messages: list[dict[str, Any]],
         reply_text: str,
-        calls: tuple[Call, ...],
+        parsed: Parsed,
         turn: TurnResult,
-        left: int,
+        max_tokens: int,
         schemas: list[dict[str, Any]] | None,
         as_text: bool,
     ) -> tuple[list[dict[str, Any]], Prompt, bool]:
         """The next round's messages and prompt; results as plain text when the template cannot render tool turns."""
         if not as_text:
-            following = tool_turns.follow_up(messages, reply_text, calls, turn, as_text=False)
+            following = tool_turns.follow_up(messages, reply_text, parsed, turn, as_text=False)
             try:
-                return following, self._prompt(following, left, schemas), False
+                return following, self._prompt(following, max_tokens, schemas), False
             except ValueError:
                 raise
             except Exception:  # a template without tool turns (a TemplateError): say the same as text
                 traceback.print_exc()
-        following = tool_turns.follow_up(messages, reply_text, calls, turn, as_text=True)
-        return following, self._prompt(following, left, schemas), True
+        following = tool_turns.follow_up(messages, reply_text, parsed, turn, as_text=True)
+        return following, self._prompt(following, max_tokens, schemas), True
 
     def _decode(
         self,
         request: Request,
-        reply: _ReplyEvents,
+        reply: ReplyEvents,
         prompt: Prompt,
         sampling: Sampling,
         drafters: list[Drafter],
@@ -498,28 +497,3 @@ def request_problems(request: Request) -> list[str]:
     ):
         problems.append("every message needs a text role and content")
     return problems
-
-
-class _ReplyEvents:
-    """Sends one request's events, remembering the text streamed so far and whether it has ended."""
-
-    def __init__(self, request_id: str, t0: float, on_event: Callable[[object], None]) -> None:
-        self.request_id = request_id
-        self.t0 = t0
-        self.on_event = on_event
-        self.text: list[str] = []
-        self.ended = False
-
-    def since(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def emit(self, event: Event) -> None:
-        if self.ended:
-            return
-        if isinstance(event, Token):
-            self.text.append(event.text)
-        self.ended = isinstance(event, Done | Error)
-        self.on_event(event)
-
-    def fail(self, message: str) -> None:
-        self.emit(Error(self.request_id, self.since(), message, "".join(self.text)))

@@ -1,7 +1,9 @@
-"""GUI: notices and errors: truncation, engine errors, load failures, draft warnings, store failures."""
+"""GUI: notices and errors: truncation, engine errors, load failures, draft warnings, store failures,
+damaged history rows."""
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import replace
 
 import pytest
@@ -9,6 +11,7 @@ from gui_harness import FULL_REPLY, Harness, chat, fake, last_bubble, stored, ty
 from pytestqt.qtbot import QtBot
 
 from app.launch import open_store
+from app.views.chat_model import DAMAGED_NOTICE
 from app.views.chat_view import TRUNCATED_NOTICE
 from engine.api import Loaded, ModelSpec, Warning
 from engine.storage import Store, StoreError
@@ -156,3 +159,21 @@ def test_store_error_while_streaming_keeps_the_reply_on_screen(
     banner = window.banner("store-error")
     assert banner is not None and "locked" in banner.text()
     assert window.composer.button.text() == "Send"
+
+
+def test_damaged_rows_are_shown_as_damaged_and_the_rest_reads(qtbot: QtBot, harness: Harness) -> None:
+    store = Store(harness.db_path)
+    conversation_id = store.create_conversation("Damaged")
+    store.add_message(conversation_id, "user", "Fine question")
+    bad = store.add_message(conversation_id, "assistant", "Readable text", metrics={"ttft_s": 0.5})
+    store.add_message(conversation_id, "user", "Next question")
+    store.add_message(conversation_id, "assistant", "Half", status="cancelled", metrics={"completion_tokens": 2})
+    store.close()
+    with sqlite3.connect(harness.db_path) as db:
+        db.execute("UPDATE messages SET metrics = 'not json {' WHERE id = ?", [bad])
+    window = harness.open(load=False)
+    [user, damaged, second, stopped] = window.chat_view.bubbles()
+    assert damaged.plain_text == "Readable text"
+    assert damaged.notice.isVisible() and damaged.notice.text() == DAMAGED_NOTICE
+    assert not user.notice.isVisible() and not second.notice.isVisible()
+    assert stopped.stats.text() == "2 tokens \u00b7 stopped"

@@ -1,18 +1,23 @@
-"""GUI: conversations in the sidebar: restart, order, open, title, rename, delete, search, export."""
+"""GUI: conversations in the sidebar: restart, order, open, title, rename, delete, search, export;
+a 10,000-message conversation opens fast without a widget per message."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
+import time
 from pathlib import Path
 
 import pytest
-from gui_harness import FULL_REPLY, FULL_STATS, Harness, chat, send_and_hold
+from gui_harness import FULL_REPLY, FULL_STATS, Harness, chat, send_and_hold, widget_count
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLineEdit, QMessageBox, QSplitter
 from pytestqt.qtbot import QtBot
 
 from app.state.session import make_title
+from app.window import MainWindow
 from engine.api import Done
-from engine.storage import Conversation, SearchHit
+from engine.storage import Conversation, SearchHit, Store
 
 # -- history --------------------------------------------------------------------------------
 
@@ -191,3 +196,68 @@ def test_sidebar_never_scrolls_sideways_and_elides_long_titles(qtbot: QtBot, har
     qtbot.waitUntil(lambda: results.horizontalScrollBar().maximum() == 0)
     assert not results.horizontalScrollBar().isVisible()
     assert results.visualRect(results.model().index(0, 0)).right() < results.viewport().width()
+
+
+# -- at scale ---------------------------------------------------------------------------------------
+
+
+def _write_long_conversation(db_path: Path, count: int) -> str:
+    """``count`` messages in one conversation of a real history file (one transaction, for speed)."""
+    store = Store(db_path)
+    conversation_id = store.create_conversation("Long")
+    store.close()
+    metrics = json.dumps({"ttft_s": 0.2, "tokens_per_s": 30.0, "completion_tokens": 40})
+    rows = [
+        (conversation_id, "user", f"Question {i}", "done", "{}", float(i))
+        if i % 2 == 0
+        else (conversation_id, "assistant", f"Answer {i}:\n\n```py\nx = {i}\n```\nDone **{i}**.", "done", metrics, i)
+        for i in range(count)
+    ]
+    with sqlite3.connect(db_path) as db:
+        db.executemany(
+            "INSERT INTO messages (conversation_id, role, content, status, metrics, created) VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+    return conversation_id
+
+
+def test_ten_thousand_messages_open_fast_without_a_widget_each(qtbot: QtBot, harness: Harness) -> None:
+    long_id = _write_long_conversation(harness.db_path, 10_000)
+    window = harness.open(load=False)
+    short_id = chat_free_conversation(window)
+    window.open_conversation(short_id)
+    widgets_before = widget_count(window)
+    view = window.chat_view
+    bar = view.verticalScrollBar()
+
+    for attempt in ("open", "reopen"):
+        start = time.perf_counter()
+        window.open_conversation(long_id)
+        view.viewport().repaint()
+        qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+        elapsed = time.perf_counter() - start
+        assert elapsed < 5.0, f"{attempt}: {elapsed:.1f} s for 10,000 messages"
+        assert widget_count(window) < widgets_before + 20, "the chat view builds widgets per message"
+        handles = view.bubbles()
+        assert len(handles) == 10_000
+        assert (handles[-1].role, handles[-1].plain_text) == (
+            "assistant",
+            "Answer 9999:\n\n```py\nx = 9999\n```\nDone **9999**.",
+        )
+        assert "30.0 tok/s" in handles[-1].stats.text()
+        # the last message is on screen, whole, and the list ends right under it
+        last = view.row_layout(handles[-1].message_id)
+        assert last is not None
+        viewport = view.viewport().rect()
+        assert viewport.contains(last.bubble), f"last bubble {last.bubble} not within {viewport}"
+        assert viewport.bottom() - last.bubble.bottom() <= 40
+        window.open_conversation(short_id)
+    assert widget_count(window) < widgets_before + 20
+
+
+def chat_free_conversation(window: MainWindow) -> str:
+    """A small conversation written through the store (no model needed); returns its id."""
+    conversation_id = window.store.create_conversation("Short")
+    window.store.add_message(conversation_id, "user", "Hi")
+    window.store.add_message(conversation_id, "assistant", "Hello.")
+    return conversation_id

@@ -1,15 +1,31 @@
-"""GUI: how replies look and keep up: the stats line, Markdown, draft colours, throttling, scrolling."""
+"""GUI: how replies look and keep up: the stats line, Markdown, draft colours, throttling, scrolling,
+no blank space under the last message, selecting a message's text, the hooks for the latency panel."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from fake_engine import METRICS
-from gui_harness import FULL_REPLY, FULL_STATS, Harness, chat, fake, last_bubble, send_and_hold, stored, type_and_send
+from gui_harness import (
+    FULL_REPLY,
+    FULL_STATS,
+    Harness,
+    chat,
+    click_action,
+    fake,
+    last_bubble,
+    send_and_hold,
+    stored,
+    type_and_send,
+)
+from PySide6.QtCore import QEvent, Qt
+from PySide6.QtGui import QHelpEvent
+from PySide6.QtWidgets import QApplication, QTextBrowser, QToolTip
 from pytestqt.qtbot import QtBot
 
 from app.state.reply import stats_line
 from app.views.markdown_render import CODE_BG, DRAFT_COLOUR, render_reply
+from app.window import MainWindow
 from engine.api import Done
 
 # -- rendering and responsiveness --------------------------------------------------------------------------
@@ -105,3 +121,104 @@ def test_switching_conversations_mid_stream(qtbot: QtBot, harness: Harness) -> N
     assert stored(window, streaming)[1].content == FULL_REPLY
     window.open_conversation(streaming)
     assert [b.plain_text for b in window.chat_view.bubbles()] == ["Streaming chat", FULL_REPLY]
+
+
+# -- the view's geometry, text selection, hooks ---------------------------------------------------------
+
+
+def _blank_under_last(window: MainWindow) -> int:
+    view = window.chat_view
+    box = view.row_layout(last_bubble(window).message_id)
+    assert box is not None
+    return view.viewport().height() - 1 - box.bubble.bottom()
+
+
+def test_no_blank_space_under_the_last_message_long_or_short(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    engine = fake(window)
+    engine.tokens = ["Answer paragraph. "] * 40
+    for n in range(4):
+        chat(qtbot, window, f"Question {n}")
+    view, bar = window.chat_view, window.chat_view.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    qtbot.waitUntil(lambda: 0 <= _blank_under_last(window) <= 24)
+    window.open_conversation(window.session.conversation_id or "")  # reopened: the same
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+
+    engine.hold_after = 3  # and while streaming
+    type_and_send(qtbot, window, "One more")
+    qtbot.waitUntil(engine.held.is_set)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+    assert view.pinned
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.release()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+
+
+def test_a_message_text_can_be_selected_and_copied(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    fake(window).tokens = ["Some **bold** text and `code`."]
+    chat(qtbot, window, "Hi")
+    view = window.chat_view
+    reply = last_bubble(window)
+    box = view.row_layout(reply.message_id)
+    assert box is not None
+    # a double-click as Qt delivers it: press, release, then the double-click event
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=box.content.center())
+    qtbot.mouseDClick(view.viewport(), Qt.MouseButton.LeftButton, pos=box.content.center())
+    browser = view.findChild(QTextBrowser)
+    assert browser is not None and browser.isVisible() and browser.isReadOnly()
+    assert browser.toPlainText() == "Some bold text and code."
+    assert box.content.contains(browser.geometry().center())
+    browser.selectAll()
+    browser.copy()
+    assert QApplication.clipboard().text() == "Some bold text and code."
+
+    user = view.bubbles()[0]
+    opened = view.select_text(user.message_id)  # the same from the context menu's "Select text"
+    assert isinstance(opened, QTextBrowser) and opened.toPlainText() == "Hi"
+    menu = view.context_menu(user.message_id)
+    assert [a.text() for a in menu.actions() if a.text()] == ["Copy", "Edit", "Select text"]
+
+
+def test_actions_wait_while_a_reply_streams(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    engine = fake(window)
+    chat(qtbot, window, "First")
+    first_reply = last_bubble(window).message_id
+    send_and_hold(qtbot, window, "Second")
+    click_action(qtbot, window, first_reply, "regenerate")  # greyed out: nothing happens
+    assert len(engine.requests) == 2
+    assert not next(
+        a for a in window.chat_view.context_menu(first_reply).actions() if a.text() == "Regenerate"
+    ).isEnabled()
+    QApplication.clipboard().setText("")
+    click_action(qtbot, window, first_reply, "copy")  # copying still works
+    assert QApplication.clipboard().text() == FULL_REPLY
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.release()
+
+
+def test_compare_action_and_reply_tooltip_for_the_latency_panel(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    chat(qtbot, window, "Hi")
+    view = window.chat_view
+    user, reply = view.bubbles()
+    assert view.action_rect(user.message_id, "compare").isEmpty()  # hidden until a panel offers it
+    view.set_compare_available(True)
+    with qtbot.waitSignal(view.compare_requested) as asked:
+        click_action(qtbot, window, user.message_id, "compare")
+    assert asked.args == [user.message_id]
+    assert view.action_rect(reply.message_id, "compare").isEmpty()  # only on the user's messages
+
+    view.set_reply_tooltip(reply.message_id, "fp16-cpu \u00b7 speculative: lookup")
+    box = view.row_layout(reply.message_id)
+    assert box is not None
+    pos = box.content.center()
+    QApplication.sendEvent(view.viewport(), QHelpEvent(QEvent.Type.ToolTip, pos, view.viewport().mapToGlobal(pos)))
+    qtbot.waitUntil(lambda: QToolTip.text() == "fp16-cpu \u00b7 speculative: lookup")
+    view.tooltip_provider = lambda message_id: f"ran as #{message_id}"
+    assert reply.tooltip == "fp16-cpu \u00b7 speculative: lookup"  # an explicit text wins
+    view.set_reply_tooltip(reply.message_id, "")
+    assert reply.tooltip == f"ran as #{reply.message_id}"
+    QToolTip.hideText()

@@ -36,6 +36,7 @@ from PySide6.QtCore import (
     QRect,
     QSize,
     Qt,
+    QTimer,
     QUrl,
     Signal,
 )
@@ -115,7 +116,13 @@ class MessageDelegate(QStyledItemDelegate):
         self.compare_available = False
         self.hover: tuple[int, str] | None = None  # (message id, action) under the mouse
         self._layout_width: int | None = None
+        self.editor: QTextBrowser | None = None  # the text browser open over a message, if any
         self._content_width = (-1, 0)
+        self._stale: list[QPersistentModelIndex] = []
+        self._stale_timer = QTimer(self)
+        self._stale_timer.setSingleShot(True)
+        self._stale_timer.setInterval(0)
+        self._stale_timer.timeout.connect(self._emit_stale)
         self._docs: OrderedDict[tuple[int, int, int, bool], QTextDocument] = OrderedDict()
         self._set_font(view.font())
 
@@ -285,7 +292,7 @@ class MessageDelegate(QStyledItemDelegate):
         box = self.layout(item, option.rect.top(), width, index.row() == 0, exact=True)
         last = index.row() == index.model().rowCount() - 1
         if box.bubble.bottom() + 1 + (MARGIN_PX if last else 0) != option.rect.bottom() + 1:
-            self.sizeHintChanged.emit(index)  # the estimate was off: the view lays out again
+            self._relayout_later(index)  # the estimate was off: the view lays out again
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
         bubble = box.bubble.adjusted(0, 0, -1, -1)
@@ -316,6 +323,19 @@ class MessageDelegate(QStyledItemDelegate):
             painter.setPen(QColor(MUTED))
             painter.drawText(box.stats, wrap, item.stats)
         painter.restore()
+
+    def _relayout_later(self, index: _Index) -> None:
+        """Ask for a new layout once this paint is over: a layout (and the scroll that follows it) from
+        inside a paint event would not be painted."""
+        self._stale.append(QPersistentModelIndex(index))
+        if not self._stale_timer.isActive():
+            self._stale_timer.start()
+
+    def _emit_stale(self) -> None:
+        stale, self._stale = self._stale, []
+        for index in stale:
+            if index.isValid():
+                self.sizeHintChanged.emit(QModelIndex(index))
 
     def _paint_actions(self, painter: QPainter, item: ChatItem, box: RowLayout) -> None:
         painter.setFont(self.font)
@@ -387,7 +407,13 @@ class MessageDelegate(QStyledItemDelegate):
         browser.document().setDefaultFont(self.font)
         browser.viewport().setAutoFillBackground(False)
         browser.setStyleSheet("QTextBrowser#messageText { background: transparent; border: none; padding: 0; }")
+        self.editor = browser
         return browser
+
+    def destroyEditor(self, editor: QWidget, index: _Index) -> None:  # noqa: N802 (Qt override)
+        if editor is self.editor:
+            self.editor = None
+        super().destroyEditor(editor, index)
 
     def setEditorData(self, editor: QWidget, index: _Index) -> None:  # noqa: N802 (Qt override)
         item: ChatItem = index.data(ITEM_ROLE)

@@ -43,7 +43,17 @@ from PySide6.QtGui import (
     QPaintEvent,
     QResizeEvent,
 )
-from PySide6.QtWidgets import QAbstractItemView, QApplication, QFrame, QListView, QMenu, QToolTip, QWidget
+from PySide6.QtWidgets import (
+    QAbstractItemDelegate,
+    QAbstractItemView,
+    QApplication,
+    QFrame,
+    QListView,
+    QMenu,
+    QTextBrowser,
+    QToolTip,
+    QWidget,
+)
 
 from app.state.reply import ReplyState
 from app.views.chat_delegate import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, MARGIN_PX, MessageDelegate, RowLayout
@@ -267,14 +277,17 @@ class ChatView(QListView):
         if item is not None:
             QApplication.clipboard().setText(item.text)
 
-    def select_text(self, message_id: int) -> QWidget | None:
-        """Open the read-only text browser over one message; returns it."""
+    def select_text(self, message_id: int) -> QTextBrowser | None:
+        """Open the read-only text browser over one message (closing one open elsewhere); returns it."""
         index = self.index_of(message_id)
         if not index.isValid():
             return None
+        shown = self.delegate.editor
+        if shown is not None and self.state() == QAbstractItemView.State.EditingState:
+            self.closeEditor(shown, QAbstractItemDelegate.EndEditHint.NoHint)
         self.scrollTo(index, QAbstractItemView.ScrollHint.EnsureVisible)
         self.edit(index)
-        return self.indexWidget(index)
+        return self.delegate.editor
 
     def scroll_to_message(self, message_id: int) -> None:
         index = self.index_of(message_id)

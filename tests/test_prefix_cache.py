@@ -14,15 +14,15 @@ from engine.model.kv import KVState
 from engine.runtime.prefix_cache import PrefixCache, checksum, kv_layout
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant who answers in one short paragraph. " * 3}
-GREEDY = Sampling(max_tokens=20)
+GREEDY = Sampling(max_tokens=20)  # asked with answer_cache=False: a repeated question must reach the model
 
 
 def cold(runner: EngineRunner, messages: list[dict[str, str]]) -> list[int]:
-    return token_ids(runner.run(messages, sampling=GREEDY, prefix_cache=False))
+    return token_ids(runner.run(messages, sampling=GREEDY, answer_cache=False, prefix_cache=False))
 
 
 def warm(runner: EngineRunner, messages: list[dict[str, str]], conversation: str):  # noqa: ANN201
-    events = runner.run(messages, sampling=GREEDY, conversation_id=conversation)
+    events = runner.run(messages, sampling=GREEDY, answer_cache=False, conversation_id=conversation)
     return token_ids(events), done(events)
 
 
@@ -46,7 +46,7 @@ def scenario(runner: EngineRunner, tag: str) -> None:
     messages = list(first)
     previous_prompt = 0
     for i, text in enumerate(["Why?", "Say it again, shorter.", "Thanks."]):
-        reply = done(runner.run(messages, sampling=GREEDY, conversation_id=f"{tag}-chat")).text
+        reply = done(runner.run(messages, sampling=GREEDY, answer_cache=False, conversation_id=f"{tag}-chat")).text
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": text}]
         ids, final = warm(runner, messages, f"{tag}-chat")
         assert ids == cold(runner, messages), f"turn {i}"
@@ -80,7 +80,7 @@ def test_cache_hits_equal_cold_on_bundled_model(bundled_engine: EngineRunner) ->
 
 def test_cache_off_computes_everything(tiny_engine: EngineRunner) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Off please."}]
-    final = done(tiny_engine.run(messages, sampling=GREEDY, prefix_cache=False))
+    final = done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, prefix_cache=False))
     assert final.metrics.cached_tokens == 0
     assert final.metrics.computed_tokens == final.metrics.prompt_tokens
 
@@ -256,7 +256,7 @@ def test_restart_is_warm_and_exact(tiny_dir: Path) -> None:
     first = EngineRunner(str(tiny_dir))
     try:
         expected = cold(first, messages)
-        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY)
+        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY, answer_cache=False)
     finally:
         first.close()
     second = EngineRunner(str(tiny_dir))
@@ -275,7 +275,7 @@ def _seeded_kv_file(tiny_dir: Path, data: Path, monkeypatch: pytest.MonkeyPatch)
     first = EngineRunner(str(tiny_dir))
     try:
         expected = cold(first, [SYSTEM, {"role": "user", "content": "After damage?"}])
-        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY)
+        first.run([SYSTEM, {"role": "user", "content": "seed the cache"}], sampling=GREEDY, answer_cache=False)
     finally:
         first.close()
     (path,) = (data / "cache" / "kv").glob("*.safetensors")
@@ -317,36 +317,68 @@ def test_restart_with_a_wrong_shaped_kv_file_still_loads(tiny_dir: Path, tmp_pat
         second.close()
 
 
+def test_a_damaged_kv_file_is_a_cache_warning_and_a_cold_start(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors import safe_open
+
+    path, expected = _seeded_kv_file(tiny_dir, tmp_path, monkeypatch)
+    with safe_open(str(path), "pt") as fh:
+        identity = fh.metadata()["identity"]
+    _write(path, {"x": torch.zeros(2)}, [[1, 2, 3]], identity=identity)  # entries as a JSON list
+    second = EngineRunner(str(tiny_dir))
+    try:
+        assert isinstance(second.load_event, Loaded) and second.load_event.info.warm_prefixes == 0
+        (warning,) = [w for w in second.client.warnings if w.kind == "cache"]
+        assert path.name in warning.message and "damaged" in warning.message
+        ids, _ = warm(second, [SYSTEM, {"role": "user", "content": "After damage?"}], "after-list")
+        assert ids == expected
+    finally:
+        second.close()
+
+
+def test_clear_prefix_cache_makes_the_next_reply_cold(tiny_engine: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": "Clear me."}]
+    done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="clear"))
+    tiny_engine.engine.clear_prefix_cache()
+    final = done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="clear"))
+    assert final.metrics.cached_tokens == 0 and final.metrics.cache_bytes > 0
+
+
 def test_conversation_grows_in_place_and_copies_only_on_branch(tiny_engine: EngineRunner) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Grow in place."}]
-    done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow"))
+    done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow"))
     entry = tiny_engine.engine.prefix_cache.entries["conv:grow"]
     buffer = entry.live.cache.layers[0].buf
     frozen = entry.snapshot[0][0].clone()
-    reply = done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow")).text  # regenerate: a branch
+    reply = done(
+        tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow")
+    ).text  # regenerate: a branch
     after = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
     assert after is not buffer, "regenerating crops below the pinned prefix, so it must copy"
     assert torch.equal(entry.snapshot[0][0], frozen), "the earlier snapshot is untouched"
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And more."}]
-    done(tiny_engine.run(messages, sampling=GREEDY, conversation_id="grow"))
+    done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow"))
     grown = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
     assert grown is after, "a plain next turn extends the same buffer in place"
 
 
 def test_started_event_reports_reuse_before_prefill(tiny_engine: EngineRunner) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Report reuse early."}]
-    tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
-    events = tiny_engine.run(messages, sampling=GREEDY, conversation_id="early")
+    tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="early")
+    events = tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="early")
     assert events[0].cached_tokens == done(events).metrics.cached_tokens == events[0].prompt_tokens - 1
 
 
 def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
     runner = EngineRunner(str(tiny_dir))
     try:
-        runner.run([SYSTEM, {"role": "user", "content": "fill"}], sampling=GREEDY)
+        runner.run([SYSTEM, {"role": "user", "content": "fill"}], sampling=GREEDY, answer_cache=False)
         assert runner.engine.prefix_cache.nbytes() > 0
         runner.engine.set_prefix_budget(1)
-        final = done(runner.run([{"role": "user", "content": "x"}], sampling=GREEDY, prefix_cache=False))
+        final = done(
+            runner.run([{"role": "user", "content": "x"}], sampling=GREEDY, answer_cache=False, prefix_cache=False)
+        )
         assert final.metrics.cache_bytes <= 1 or len(runner.engine.prefix_cache.entries) == 0
     finally:
         runner.close()
@@ -370,11 +402,11 @@ def test_a_branch_of_a_long_prefix_does_not_double_its_memory() -> None:
 def test_a_conversation_prefers_its_own_entry_on_a_tie(tiny_engine: EngineRunner) -> None:
     messages = [SYSTEM, {"role": "user", "content": "Twins ask the same."}]
     for name in ("tie-a", "tie-b"):  # two conversations holding the very same tokens
-        reply = done(tiny_engine.run(messages, sampling=GREEDY, conversation_id=name)).text
+        reply = done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id=name)).text
     own = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live
     assert own is not None
     follow = [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": "Next."}]
-    done(tiny_engine.run(follow, sampling=GREEDY, conversation_id="tie-b"))
+    done(tiny_engine.run(follow, sampling=GREEDY, answer_cache=False, conversation_id="tie-b"))
     after = tiny_engine.engine.prefix_cache.entries["conv:tie-b"].live
     assert after is own, "the conversation's own live state is continued, not a twin's snapshot adopted"
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
+import time
 from pathlib import Path
-from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, ToolSettings
 from engine.client import BackendFactory, Client, LoadError, local_backend
@@ -30,6 +31,7 @@ from engine.storage import Settings
 from engine.tools import BUILTIN_NAMES
 
 API_KEY_ENV = "BRISK_API_KEY"
+MCP_START_S = 30.0  # at most this long per --mcp server before the first reply (the hub's own limit is 20 s)
 # flags that only the local engine honours: name on the command line -> attribute and its "not given" value
 LOCAL_ONLY: dict[str, tuple[str, object]] = {
     "--device": ("device", None),
@@ -177,15 +179,6 @@ def mcp_problems(args: argparse.Namespace) -> list[str]:
     return [_unknown_tools(missing, listed), *failures] if missing else []
 
 
-def _engine_fields() -> set[str]:
-    """The local engine's option names (tools and the answer cache arrive there in a later change)."""
-    from dataclasses import fields
-
-    from engine.runtime.engine import EngineOptions
-
-    return {f.name for f in fields(EngineOptions)}
-
-
 def backend_factory(args: argparse.Namespace, settings: Settings) -> BackendFactory:
     """The backend the command line asks for: a server at ``--base-url``, else the local engine."""
     if is_remote(args):
@@ -193,13 +186,11 @@ def backend_factory(args: argparse.Namespace, settings: Settings) -> BackendFact
 
         timeout = getattr(args, "server_timeout", 120.0)
         return remote_backend(args.base_url, getattr(args, "model", None) or None, api_key(args), read_timeout=timeout)
-    options: dict[str, Any] = {"prefix_cache_bytes": settings.prefix_cache_mb << 20}
-    known = _engine_fields()
-    if "tools" in known:
-        options["tools"] = tool_settings(args)
-    if "answer_cache" in known:
-        options["answer_cache"] = answer_cache_settings(args)
-    return local_backend(**options)
+    return local_backend(
+        prefix_cache_bytes=settings.prefix_cache_mb << 20,
+        tools=tool_settings(args),
+        answer_cache=answer_cache_settings(args),
+    )
 
 
 def load_client(args: argparse.Namespace, settings: Settings, spec: ModelSpec) -> Client:
@@ -214,13 +205,35 @@ def load_client(args: argparse.Namespace, settings: Settings, spec: ModelSpec) -
         spec = ModelSpec(source=getattr(args, "model", None) or "")
     else:
         factory = backend_factory(args, settings)
-    client = Client(factory)
+    try:
+        client = Client(factory)
+    except ValueError as exc:  # options the engine refuses (checked above, so rare); the message says what
+        raise LoadError(str(exc)) from None
     try:
         client.load(spec)
         drafts = [w for w in client.warnings if w.kind == "draft"]
         if drafts:
             raise LoadError(drafts[0].message)
+        if getattr(args, "mcp", None):
+            wait_for_mcp(client, MCP_START_S * len(args.mcp))
     except BaseException:
         client.close()
         raise
     return client
+
+
+def wait_for_mcp(client: Client, timeout_s: float) -> None:
+    """Wait until the local engine has started (or given up on) its MCP servers, so the first reply can use them.
+
+    The engine starts them on a thread of its own and does not wait; a command
+    line run has one reply to give, so it waits here, at most ``timeout_s``.
+    A server that fails arrives as ``Warning("tools", ...)``, printed by the command.
+    """
+    tools = getattr(client.backend, "tools", None)
+    ready = getattr(tools, "ready", None)
+    if isinstance(ready, threading.Event):
+        ready.wait(timeout_s)
+        return
+    deadline = time.monotonic() + timeout_s  # engines without ToolBox.ready: join the thread that starts them
+    for thread in [t for t in threading.enumerate() if t.name == "brisk-mcp-start"]:
+        thread.join(max(0.0, deadline - time.monotonic()))

@@ -133,6 +133,7 @@ class MessageDelegate(QStyledItemDelegate):
         self.small = QFont(font)
         self.small.setPixelSize(11)
         self.fm, self.small_fm = QFontMetrics(self.font), QFontMetrics(self.small)
+        self.bold_fm = QFontMetrics(self.bold)
         self.button_h = self.fm.height() + 8
         self._estimate_metrics = (
             (max(1, self.small_fm.averageCharWidth()), self.small_fm.lineSpacing()),
@@ -179,9 +180,12 @@ class MessageDelegate(QStyledItemDelegate):
             right = inner_x + inner_w + 6  # the buttons' own padding lines their text up with the content
             for name in reversed(self.actions(item)):
                 w = self.fm.horizontalAdvance(ACTION_TEXT[name]) + 12
+                if right - w < inner_x - 6:
+                    break  # narrower than the buttons: the rest stay in the context menu
                 right -= w
                 box.actions.insert(0, (name, QRect(right, y, w, self.button_h)))
                 right -= 2
+            box.role.setRight(min(box.role.right(), right - 4))  # a narrow bubble elides the name, not an action
         y += self.button_h
         if item.notice:
             h = self._wrapped(self.small_fm, item.notice, inner_w, exact)
@@ -306,7 +310,10 @@ class MessageDelegate(QStyledItemDelegate):
         painter.setFont(self.bold)
         painter.setPen(QColor(MUTED))
         align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
-        painter.drawText(box.role, align, ROLE_NAMES.get(item.role, item.role.title()))
+        name = self.bold_fm.elidedText(
+            ROLE_NAMES.get(item.role, item.role.title()), Qt.TextElideMode.ElideRight, box.role.width()
+        )
+        painter.drawText(box.role, align, name)
         self._paint_actions(painter, item, box)
         wrap = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap
         if box.notice is not None:

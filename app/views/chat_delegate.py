@@ -180,7 +180,7 @@ class MessageDelegate(QStyledItemDelegate):
             right = inner_x + inner_w + 6  # the buttons' own padding lines their text up with the content
             for name in reversed(self.actions(item)):
                 w = self.fm.horizontalAdvance(ACTION_TEXT[name]) + 12
-                if right - w < inner_x - 6:
+                if right - w < left + 2:
                     break  # narrower than the buttons: the rest stay in the context menu
                 right -= w
                 box.actions.insert(0, (name, QRect(right, y, w, self.button_h)))

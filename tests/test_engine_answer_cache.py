@@ -135,3 +135,30 @@ def test_a_cached_answer_is_served_while_the_model_loads(
     finally:
         release.set()
         engine.shutdown()
+
+
+def test_a_cached_reply_that_cannot_be_delivered_ends_with_an_error(runner: EngineRunner, tiny_dir: Path) -> None:
+    from engine.api import Error
+    from engine.runtime.engine import Engine, EngineOptions
+
+    question = "Deliver me twice."
+    done(ask(runner, question))
+    sink: queue.Queue[object] = queue.Queue()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Token):
+            raise RuntimeError("the window is gone")
+        sink.put(event)
+
+    engine = Engine(on_event, EngineOptions(answer_cache=SETTINGS))
+    try:
+        engine.load(ModelSpec(source=str(tiny_dir), dtype="float32"))
+        while not isinstance(sink.get(timeout=120), Loaded):
+            pass
+        request = Request(uuid.uuid4().hex, ({"role": "user", "content": question},), GREEDY)
+        engine.submit(request)
+        while not isinstance(last := sink.get(timeout=60), Done | Error):
+            pass
+        assert isinstance(last, Error) and last.request_id == request.id
+    finally:
+        engine.shutdown()

@@ -13,8 +13,17 @@ A prompt cache that cannot be saved or read costs speed, not the reply or the
 load: a ``Warning("cache", ...)``.  A load switches to the new model only once
 all of it is built (on ``LoadFailed`` the old one stays).  ``call(fn)`` runs
 ``fn(engine)`` in turn with requests (``set_prefix_budget``,
-``remember_answer``); one that raises is reported as ``Warning("engine", ...)``.
-The decoding itself is ``engine.runtime.decode``.
+``clear_prefix_cache``, ``remember_answer``); one that raises is reported as
+``Warning("engine", ...)``.  The decoding itself is ``engine.runtime.decode``.
+
+Everything submitted passes the answer gate (``engine.runtime.answers_bridge``)
+in order: a request the answer cache can answer is answered there at once
+(even while a model loads), the rest reach this thread; a complete reply
+without tools is kept in the cache after its ``Done``.  Tools
+(``engine.runtime.tool_turns``): the tools a request names run from the
+user's ``/NAME`` lines first, then from the model's calls, for at most
+``ToolSettings.max_rounds`` rounds of up to ``max_tokens`` each; every call
+is a ``ToolCall`` event and the text of every round is streamed.
 """
 
 from __future__ import annotations

@@ -329,3 +329,20 @@ def test_the_key_is_sent_but_never_logged_or_shown(server: ReplayServer, caplog:
     assert isinstance(error, Error) and KEY[:10] not in error.message
     client.close()
     assert KEY not in caplog.text and KEY[:12] not in caplog.text
+
+
+def test_figures_the_server_reported_are_labelled_as_the_server_s() -> None:
+    from engine.remote.metrics import ReplyStats
+
+    stats = ReplyStats(t0=0.0)
+    stats.times = [0.1, 0.2, 0.3]
+    stats.usage = {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}
+    m = stats.metrics(0.4)
+    assert (m.prompt_tokens, m.cached_tokens, m.computed_tokens) == (40, 32, 8)
+    assert {"prompt_tokens", "cached_tokens", "computed_tokens", "completion_tokens"} <= set(m.server_reported)
+    assert "ttft_s" not in m.server_reported and m.ttft_s == 0.1  # measured here, not reported
+    assert m.server is not None and m.server["usage"]["prompt_tokens"] == 40
+
+    bare = ReplyStats(t0=0.0)
+    bare.times = [0.1]
+    assert bare.metrics(0.2).server_reported == () and bare.metrics(0.2).server is None

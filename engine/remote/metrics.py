@@ -154,6 +154,12 @@ class ReplyStats:
         decode_s = self.times[-1] - self.times[0] if self.times else None
         gaps = sorted(b - a for a, b in zip(self.times, self.times[1:], strict=False))
         steps = completion - 1
+        reported = [name for name, value in (("prompt_tokens", prompt), ("cached_tokens", cached)) if value is not None]
+        reported += [
+            name for name, value in (("computed_tokens", computed), ("prefill_s", prefill_s)) if value is not None
+        ]
+        if _int(usage.get("completion_tokens")) is not None or _int(timings.get("predicted_n")) is not None:
+            reported.append("completion_tokens")
         spans: tuple[Span, ...] = ()
         if ttft is not None and decode_s is not None:
             spans = (Span("first token", 0.0, ttft), Span("decode", ttft, ttft + decode_s))
@@ -171,4 +177,6 @@ class ReplyStats:
             tokens_per_s=steps / decode_s if decode_s and steps > 0 else None,
             total_s=t_end - self.t0,
             spans=spans,
+            server_reported=tuple(reported),
+            server=self.server() or None,
         )

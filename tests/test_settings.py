@@ -39,6 +39,16 @@ BAD_VALUES = [
     ("colour_draft_tokens", None, True),
     ("model", 12, ""),
     ("system_prompt", ["a"], "You are a helpful assistant."),
+    ("answer_cache_threshold", 1.5, 0.86),
+    ("answer_cache_threshold", "0.9", 0.86),
+    ("answer_cache_ttl_days", -1, 30.0),
+    ("stream", "off", True),
+    ("parallel_tools", 0, True),
+    ("tools_enabled", "calculator", []),
+    ("tools_enabled", ["calculator", 3], []),
+    ("granted_dirs", [""], []),
+    ("fetch_allow_private", "no", False),
+    ("mcp_servers", {"a": 1}, []),
 ]
 
 
@@ -108,3 +118,20 @@ def test_save_failure_leaves_the_old_file(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.undo()
     assert Settings.load(path).max_tokens == 7
     assert not path.with_name("settings.json.tmp").exists()
+
+
+def test_tool_and_answer_cache_settings_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    good = Settings(
+        tools_enabled=["calculator", "fetch", "demo__echo"],
+        granted_dirs=[str(tmp_path)],
+        fetch_allow_private=True,
+        mcp_servers=["python -m demo", "https://example.com/mcp"],
+        parallel_tools=False,
+        stream=False,
+        answer_cache_threshold=0.93,
+        answer_cache_ttl_days=2.5,
+    )
+    good.save(path)
+    assert Settings.load_with_problems(path) == (good, [])
+    assert Settings().tools_enabled == [] and Settings().tools_enabled is not Settings().tools_enabled

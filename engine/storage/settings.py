@@ -50,6 +50,14 @@ class Settings:
     draft_quant: str = "none"  # one of engine.api.QUANT_MODES
     colour_draft_tokens: bool = True
     answer_cache: bool = True
+    answer_cache_threshold: float = 0.86  # cosine similarity a paraphrase needs (0.5 to 1)
+    answer_cache_ttl_days: float = 30.0  # cached answers older than this are not used
+    stream: bool = True  # show replies token by token (off: at once when complete)
+    parallel_tools: bool = True  # run independent tool calls concurrently
+    tools_enabled: list[str] = dataclasses.field(default_factory=list)  # tool names sent with each request
+    granted_dirs: list[str] = dataclasses.field(default_factory=list)  # folders the files tool may read
+    fetch_allow_private: bool = False  # fetch may reach loopback/private addresses
+    mcp_servers: list[str] = dataclasses.field(default_factory=list)  # command lines (stdio) or http(s) URLs
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -127,6 +135,24 @@ def _choice(name: str, choices: tuple[str, ...]) -> Callable[[object], str | Non
     return check
 
 
+def _ranged(name: str, low: float, high: float, what: str) -> Callable[[object], str | None]:
+    def check(v: object) -> str | None:
+        if _number(v) and low <= float(v) <= high:  # type: ignore[arg-type]
+            return None
+        return f"{name} must be {what} from {low:g} to {high:g}, not {v!r}"
+
+    return check
+
+
+def _texts(name: str) -> Callable[[object], str | None]:
+    def check(v: object) -> str | None:
+        if isinstance(v, list) and all(isinstance(x, str) and x.strip() for x in v):
+            return None
+        return f"{name} must be a list of non-empty texts, not {v!r}"
+
+    return check
+
+
 def _budget(v: object) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
         return None
@@ -146,4 +172,12 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "draft_quant": _choice("draft_quant", QUANT_MODES),
     "colour_draft_tokens": _flag("colour_draft_tokens"),
     "answer_cache": _flag("answer_cache"),
+    "answer_cache_threshold": _ranged("answer_cache_threshold", 0.5, 1.0, "a similarity"),
+    "answer_cache_ttl_days": _ranged("answer_cache_ttl_days", 0.0, 36500.0, "a number of days"),
+    "stream": _flag("stream"),
+    "parallel_tools": _flag("parallel_tools"),
+    "tools_enabled": _texts("tools_enabled"),
+    "granted_dirs": _texts("granted_dirs"),
+    "fetch_allow_private": _flag("fetch_allow_private"),
+    "mcp_servers": _texts("mcp_servers"),
 }

@@ -12,6 +12,14 @@ thread.  The script is plain attributes set by the test:
   :meth:`release` (or a cancel), so a test can look at a reply mid-way;
 * ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
 * ``truncated``: ``Started(truncated=True)``;
+* ``tool_calls``: ``(name, arguments, seconds, ok, result)`` of calls each reply
+  makes before its first token, run "concurrently" (all start together; each
+  ``ToolCall`` is sent when it ends, after a real wait of its ``seconds``), and
+  the ``Done`` metrics then carry ``tools_wall_s``, ``tools_sequential_s`` and
+  one ``tool:NAME`` span per call;
+* ``cached``: the ``Metrics`` of an answer-cache hit (e.g.
+  ``Metrics(answer_cache="exact", saved_s=1.9)``): a request with
+  ``answer_cache`` on and ``fresh`` off is answered with them instead of ``metrics``;
 * ``load_error``: the next loads end with ``LoadFailed(load_error)``;
 * ``load_info``: the ``Loaded.info`` fields (``ModelInfo``); ``load_steps``: the
   ``LoadProgress`` events of a load; ``draft_error``: like the real
@@ -24,6 +32,7 @@ are ``threading.Event`` waits, so a cancel ends them at once.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -40,8 +49,10 @@ from engine.api import (
     ModelInfo,
     ModelSpec,
     Request,
+    Span,
     Started,
     Token,
+    ToolCall,
     Warning,
 )
 
@@ -73,6 +84,8 @@ class FakeEngine:
         self.draft_error: str | None = None
         self.load_steps: list[tuple[float, str]] = [(0.5, "Loading weights")]
         self.metrics: Metrics = METRICS
+        self.tool_calls: list[tuple[str, dict[str, Any], float, bool, str]] = []
+        self.cached: Metrics | None = None
         self.loads: list[ModelSpec] = []
         self.requests: list[Request] = []
         self.cancelled: list[str] = []
@@ -145,6 +158,11 @@ class FakeEngine:
 
         self._release.clear()
         self.on_event(Started(request.id, since(), prompt_tokens=1200, truncated=self.truncated))
+        metrics = self.metrics
+        if self.cached is not None and request.answer_cache and not request.fresh:
+            metrics = self.cached
+        elif self.tool_calls:
+            metrics = self._run_tools(request, since(), since, metrics)
         text = ""
         for n, delta in enumerate(self.tokens, start=1):
             if self._cancelled(request.id):
@@ -166,4 +184,20 @@ class FakeEngine:
         with self._lock:
             self._cancel.clear()
             self._cancel_id = None
-        self.on_event(Done(request.id, since(), text, reason, self.metrics))
+        self.on_event(Done(request.id, since(), text, reason, metrics))
+
+    def _run_tools(self, request: Request, start: float, since: Callable[[], float], metrics: Metrics) -> Metrics:
+        spans = []
+        for name, arguments, seconds, ok, result in sorted(self.tool_calls, key=lambda c: c[2]):
+            self._cancel.wait(max(0.0, start + seconds - since()))
+            end = since()
+            self.on_event(ToolCall(request.id, end, name, arguments, start, end, ok, result))
+            spans.append(Span(f"tool:{name}", start, end))
+        wall = max(s.end_s for s in spans) - start
+        sequential = sum(s.seconds for s in spans)
+        return dataclasses.replace(
+            metrics,
+            tools_wall_s=wall,
+            tools_sequential_s=sequential,
+            spans=(*metrics.spans, *spans),
+        )

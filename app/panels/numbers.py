@@ -3,7 +3,11 @@
 :class:`NumbersView` is a grid of labels.  :meth:`NumbersView.show_numbers`
 takes :meth:`app.panels.trace.ReplyTrace.numbers` (a dict of what is known
 now) and fills every row; :meth:`NumbersView.show_model` takes the ``Loaded``
-event (model, mode, memory).  With a remote backend (``Loaded.device ==
+event (model, mode, memory); :meth:`NumbersView.show_session` the answer
+cache's hit rate and time saved over this session (the window's
+:class:`~app.state.answer_stats.CacheTally`).  The tools row is the tool
+calls' wall time and the time saved against running them one after another
+(``tools_sequential_s - tools_wall_s``).  With a remote backend (``Loaded.device ==
 "remote"``) the rows a server cannot report (prompt reuse, prefill progress,
 drafts, memory) are greyed out with a tooltip saying why, unless the reply's
 ``Metrics.server_reported`` names one of their fields.  Formatting is plain
@@ -40,7 +44,9 @@ ROWS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "drafts": ("Drafts (accepted/drafted)", ("drafted", "accepted")),
     "answer_cache": ("Answer cache", None),
     "tools": ("Tools (wall · saved)", None),
+    "cache_session": ("Answer cache, this session", None),
 }
+SESSION_ROWS = ("model", "mode", "memory", "cache_session")  # not a reply's numbers
 
 
 def fmt_s(value: float | None) -> str:
@@ -69,7 +75,7 @@ def draft_text(sources: Mapping[str, DraftStats]) -> str:
 
 def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
     """The text of every reply row for these numbers ('—' where nothing is known)."""
-    out = {key: DASH for key in ROWS if key not in ("model", "mode", "memory")}
+    out = {key: DASH for key in ROWS if key not in SESSION_ROWS}
     out["ttft"] = fmt_s(_num(numbers, "ttft_s"))
     tpot = [_num(numbers, k) for k in ("tpot_s", "tpot_p50_s", "tpot_p95_s")]
     if tpot[0] is not None:
@@ -167,6 +173,10 @@ class NumbersView(QWidget):
             memory.append(f"KV {size_text(info.kv_reserved_bytes)}")
         self.values["memory"].setText(" \u00b7 ".join(memory) or DASH)
         self._grey(())
+
+    def show_session(self, text: str) -> None:
+        """The session's answer-cache line, e.g. ``1 of 3 replies (33 %) · saved 1.93 s``."""
+        self.values["cache_session"].setText(text)
 
     def show_numbers(self, numbers: Mapping[str, Any]) -> None:
         reported = numbers.get("server_reported")

@@ -3,6 +3,7 @@
 :class:`ReplyState` accepts the events of its own request (``Started``,
 ``PrefillProgress``, ``Token``, ``Done``, ``Error``) through :meth:`apply` and
 keeps everything a view needs: the text as segments flagged draft / not draft,
+the tool calls (``ToolCall`` events, saved as ``metrics["tool_calls"]``),
 the live timings taken from the events' ``t`` (TTFT, running tok/s), the final
 metrics, and the status (``streaming``, ``done``, ``cancelled`` or ``error``,
 the same words the store uses).
@@ -19,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.state.config import ReplyConfig
-from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token
+from app.state.tools import call_record
+from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token, ToolCall
 
 SEP = " \u00b7 "  # " · "
 
@@ -43,6 +45,7 @@ class ReplyState:
     metrics: Metrics | None = None  # the engine's final numbers, from Done
     error: str = ""
     config: ReplyConfig | None = None  # the switches it ran with (saved as metrics["config"])
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record of each call
 
     @property
     def text(self) -> str:
@@ -79,6 +82,8 @@ class ReplyState:
             self.last_token_t = event.t
             self.tokens += count
             self.append(event.text, event.draft)
+        elif isinstance(event, ToolCall):
+            self.tool_calls.append(call_record(event))
         elif isinstance(event, Done):
             if event.text and event.text != self.text:
                 self.segments = [(event.text, False)]
@@ -138,6 +143,8 @@ class ReplyState:
             saved["error"] = self.error
         if self.config is not None:
             saved["config"] = self.config.to_dict()
+        if self.tool_calls:
+            saved["tool_calls"] = list(self.tool_calls)
         return saved
 
     def status_line(self) -> str:

@@ -5,7 +5,9 @@ streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
 ``"streaming"`` assistant message to the store and return the engine
 :class:`~engine.api.Request` (system prompt + history) together with the
 :class:`~app.state.reply.ReplyState` that will collect the reply; the caller submits
-the request.  ``apply(event)`` folds engine events into that state and saves
+the request, which carries the enabled tools (``Settings.tools_enabled``) and
+the parallel-tools choice; ``regenerate(message_id, fresh=True)`` asks with
+``Request.fresh`` (never from the answer cache).  ``apply(event)`` folds engine events into that state and saves
 the text through a :class:`~engine.storage.StreamSaver`; the final status is
 ``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
 the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.state.reply import ReplyState
+from app.state.tools import enabled_tools
 from engine.api import Done, Error, ModelSpec, Request, Sampling, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver
 
@@ -110,15 +113,15 @@ class ChatSession:
         turn.user_message_id, turn.new_conversation = user_id, new
         return turn
 
-    def regenerate(self, message_id: int) -> Turn:
-        """Ask again for the assistant reply ``message_id`` (it and all after it go)."""
+    def regenerate(self, message_id: int, fresh: bool = False) -> Turn:
+        """Ask again for the assistant reply ``message_id`` (it and all after it go); ``fresh``: not from the cache."""
         self._require_idle()
         conversation_id = self._current()
         target = self._find(message_id)
         if target.role != "assistant":
             raise ValueError("Only an assistant reply can be regenerated.")
         self.store.delete_messages_from(conversation_id, message_id)
-        return self._begin(conversation_id)
+        return self._begin(conversation_id, fresh=fresh)
 
     def edit(self, message_id: int, text: str) -> Turn:
         """Replace user message ``message_id`` with ``text``, drop what followed, ask again."""
@@ -132,7 +135,7 @@ class ChatSession:
         turn.user_message_id = user_id
         return turn
 
-    def _begin(self, conversation_id: str) -> Turn:
+    def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
         conversation = self.store.get_conversation(conversation_id)
         history = self.store.messages(conversation_id)
         messages: list[dict[str, str]] = []
@@ -149,6 +152,10 @@ class ChatSession:
             conversation_id=conversation_id,
             prefix_cache=self.settings.prefix_cache,
             speculative=self.settings.speculative,
+            tools=enabled_tools(self.settings),
+            parallel_tools=self.settings.parallel_tools,
+            answer_cache=self.settings.answer_cache,
+            fresh=fresh,
         )
         self.active = ReplyState(request.id, reply_id, conversation_id)
         self._saver = StreamSaver(self.store, reply_id)

@@ -14,8 +14,15 @@ these into one pass).  Exact heights are kept per message (a few bytes each);
 laid-out documents are kept for the most recently painted rows only
 (``DOC_CACHE`` of them), so memory does not grow with the conversation.
 
+A reply from the answer cache shows its badge (accent colour) over the
+content, and its actions are Copy and "Regenerate fresh" (a plain Regenerate
+would be answered from the cache again).  A reply's tool calls are a section
+over its content: a header line (``▸ 2 tool calls · 0.40 s``) and one line per
+call; clicking the header opens or closes the results.
+
 Clicks on an action emit ``action_triggered(name, message_id)`` (``copy``,
-``regenerate``, ``edit``, ``compare``); a click on a web link opens it (only
+``regenerate``, ``fresh``, ``edit``, ``compare``, and ``tools`` for the tool
+section's header); a click on a web link opens it (only
 ``http(s)``, see :func:`~app.views.markdown_render.safe_url`).  The editor is
 a read-only ``QTextBrowser`` over the content, opened on demand (double-click
 or "Select text"), so any message's text can be selected and copied.
@@ -76,14 +83,23 @@ USER_BG, ASSISTANT_BG, BORDER = QColor("#eef4ff"), QColor("#ffffff"), QColor("#e
 HOVER_BG, HOVER_FG, DISABLED_FG = QColor("#f3f4f6"), QColor("#111827"), QColor("#c7cbd1")
 TEXT_FG = QColor("#111827")
 
-ACTION_TEXT = {"copy": "Copy", "regenerate": "Regenerate", "edit": "Edit", "compare": "Compare\u2026"}
+ACTION_TEXT = {
+    "copy": "Copy",
+    "regenerate": "Regenerate",
+    "fresh": "Regenerate fresh",
+    "edit": "Edit",
+    "compare": "Compare\u2026",
+}
 ACTION_TIPS = {
     "copy": "Copy this message to the clipboard",
     "regenerate": "Ask again for this reply with the same history",
+    "fresh": "This reply came from the answer cache: generate a new one with the model (it replaces the cached one)",
+    "tools": "Show or hide the tool results",
     "edit": "Edit this message; the replies after it are replaced",
     "compare": "Run this message again under other settings and compare",
 }
-BUSY_BLOCKED = ("regenerate", "edit", "compare")  # not while a reply streams
+BUSY_BLOCKED = ("regenerate", "fresh", "edit", "compare")  # not while a reply streams
+BADGE_FG, TOOLS_FG = QColor("#1d6fd8"), QColor("#4b5563")
 
 _Index = QModelIndex | QPersistentModelIndex
 
@@ -96,11 +112,16 @@ class RowLayout:
     role: QRect
     actions: list[tuple[str, QRect]] = field(default_factory=list)
     notice: QRect | None = None
+    badge: QRect | None = None
+    tools_header: QRect | None = None
+    tools: QRect | None = None
     content: QRect = field(default_factory=QRect)
     error: QRect | None = None
     stats: QRect | None = None
 
     def action_at(self, x: int, y: int) -> str | None:
+        if self.tools_header is not None and self.tools_header.contains(x, y):
+            return "tools"
         return next((name for name, rect in self.actions if rect.contains(x, y)), None)
 
 
@@ -158,7 +179,7 @@ class MessageDelegate(QStyledItemDelegate):
     def actions(self, item: ChatItem) -> list[str]:
         if item.role == "user":
             return ["copy", "edit", "compare"] if self.compare_available else ["copy", "edit"]
-        return ["copy", "regenerate"]
+        return ["copy", "fresh"] if item.cached else ["copy", "regenerate"]
 
     def _wrapped(self, fm: QFontMetrics, text: str, width: int, exact: bool) -> int:
         if not text:
@@ -191,6 +212,19 @@ class MessageDelegate(QStyledItemDelegate):
             h = self._wrapped(self.small_fm, item.notice, inner_w, exact)
             box.notice = QRect(inner_x, y + PART_GAP, inner_w, h)
             y += PART_GAP + h
+        if item.badge:
+            h = self._wrapped(self.small_fm, item.badge, inner_w, exact)
+            box.badge = QRect(inner_x, y + PART_GAP, inner_w, h)
+            y += PART_GAP + h
+        if item.tool_calls:
+            header = item.tools_header
+            w = min(inner_w, self.small_fm.horizontalAdvance(header) + 8) if exact else inner_w
+            h = self.small_fm.height() + 4
+            box.tools_header = QRect(inner_x, y + PART_GAP, w, h)
+            y += PART_GAP + h
+            h = self._wrapped(self.small_fm, item.tools_text, inner_w - 12, exact)
+            box.tools = QRect(inner_x + 12, y, inner_w - 12, h)
+            y += h
         h = self.content_height(item, inner_w, exact)
         box.content = QRect(inner_x, y + PART_GAP, inner_w, h)
         y += PART_GAP + h
@@ -214,9 +248,13 @@ class MessageDelegate(QStyledItemDelegate):
         inner = self.content_width(width)
         small, normal = self._estimate_metrics
         height = (MARGIN_PX if first else ROW_GAP_PX) + 2 * PAD_Y + self.button_h + (MARGIN_PX if last else 0)
-        for text, (avg, line) in ((item.notice, small), (item.error, normal)):
+        for text, (avg, line) in ((item.notice, small), (item.error, normal), (item.badge, small)):
             if text:
                 height += PART_GAP + (1 + len(text) * avg // inner) * line
+        if item.tool_calls:
+            text = item.tools_text
+            height += PART_GAP + self.small_fm.height() + 4
+            height += (1 + text.count("\n") + len(text) * small[0] // max(1, inner - 12)) * small[1]
         if item.has_stats:  # one line, most often; formatting it waits until the row is painted
             height += PART_GAP + (1 + len(item.stats_text) * small[0] // inner) * small[1]
         return height + PART_GAP + self.content_height(item, inner, exact=False)
@@ -320,6 +358,12 @@ class MessageDelegate(QStyledItemDelegate):
             painter.setFont(self.small)
             painter.setPen(QColor(WARNING))
             painter.drawText(box.notice, wrap, item.notice)
+        if box.badge is not None:
+            painter.setFont(self.small)
+            painter.setPen(BADGE_FG)
+            painter.drawText(box.badge, wrap, item.badge)
+        if box.tools_header is not None and box.tools is not None:
+            self._paint_tools(painter, item, box.tools_header, box.tools, wrap)
         self._paint_content(painter, item, box.content)
         if box.error is not None:
             painter.setFont(self.font)
@@ -355,6 +399,21 @@ class MessageDelegate(QStyledItemDelegate):
                 painter.drawRoundedRect(rect, 6, 6)
             painter.setPen(HOVER_FG if hovered else QColor(MUTED) if enabled else DISABLED_FG)
             painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, ACTION_TEXT[name])
+
+    def _paint_tools(
+        self, painter: QPainter, item: ChatItem, header: QRect, body: QRect, wrap: Qt.AlignmentFlag
+    ) -> None:
+        painter.setFont(self.small)
+        if self.hover == (item.message_id, "tools"):
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(HOVER_BG)
+            painter.drawRoundedRect(header, 4, 4)
+        painter.setPen(TOOLS_FG)
+        painter.drawText(
+            header.adjusted(2, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, item.tools_header
+        )
+        painter.setPen(QColor(MUTED))
+        painter.drawText(body, wrap, item.tools_text)
 
     def _paint_content(self, painter: QPainter, item: ChatItem, rect: QRect) -> None:
         doc = self.document(item, rect.width())

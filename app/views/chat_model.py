@@ -2,7 +2,10 @@
 
 :class:`ChatItem` is the plain-Python state of one row: its message id and
 role, the plain text (what Copy copies), the grey stats line, the notices
-(older turns dropped, damaged row), the error, an optional tooltip, and for a
+(older turns dropped, damaged row), the error, an optional tooltip, the
+answer-cache badge (``From cache, exact · …``, :func:`~app.state.answer_stats.cache_badge`),
+the reply's tool calls (saved as ``metrics["tool_calls"]``; shown as a section
+that opens and closes, ``tools_open``), and for a
 reply of this session its :class:`~app.state.reply.ReplyState` (so drafted
 text keeps its colour).  The rendered HTML is made on demand, the first time
 a row is painted or measured, and kept until the row changes; a revision
@@ -27,7 +30,9 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
+from app.state.answer_stats import cache_badge
 from app.state.reply import ReplyState, stats_line
+from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
 from engine.storage import Message
 
@@ -50,6 +55,9 @@ class ChatItem:
     error: str = ""
     tooltip: str = ""
     damaged: bool = False
+    badge: str = ""  # the answer-cache hit this reply came from ("" for a generated reply)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record dicts
+    tools_open: bool = False  # the tool section shows each result, not only the calls
     reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
     revision: int = 0
@@ -68,6 +76,18 @@ class ChatItem:
             self.stats_text = (line + " \u00b7 " if line else "") + "unfinished" if unfinished else line
             self.stats_source = None
         return self.stats_text
+
+    @property
+    def cached(self) -> bool:
+        return bool(self.badge)
+
+    @property
+    def tools_header(self) -> str:
+        return tools_header(self.tool_calls, self.tools_open)
+
+    @property
+    def tools_text(self) -> str:
+        return tools_text(self.tool_calls, self.tools_open)
 
     @property
     def has_stats(self) -> bool:
@@ -97,6 +117,8 @@ class ChatItem:
         self.stats_text, self.stats_source = reply.status_line(), None
         self.notice = TRUNCATED_NOTICE if reply.truncated else ""
         self.error = reply.error
+        self.badge = cache_badge(reply.metrics)
+        self.tool_calls = list(reply.tool_calls)
         self.revision += 1
 
     @property
@@ -119,6 +141,8 @@ def item_from_message(message: Message) -> ChatItem:
             notices.append(TRUNCATED_NOTICE)
         if message.status == "error":
             item.error = str(row.get("error") or ERROR_FALLBACK)
+        item.badge = cache_badge(row)
+        item.tool_calls = calls_from_metrics(row)
     item.notice = " ".join(notices)
     return item
 

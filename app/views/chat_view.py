@@ -17,14 +17,18 @@ message: there is never blank space under it.
 Actions on a message (drawn in its header, also in its context menu): Copy
 puts its text on the clipboard; Regenerate, Edit and Compare\u2026 are emitted as
 ``regenerate_requested(message_id)``, ``edit_requested(message_id)`` and
-``compare_requested(message_id)`` (Compare\u2026 shows on user messages once
+``compare_requested(message_id)``; a reply from the answer cache offers
+"Regenerate fresh" instead of Regenerate, emitted as ``fresh_requested(message_id)``
+(Compare\u2026 shows on user messages once
 :meth:`ChatView.set_compare_available` turned it on).  Double-click or
 "Select text" opens a read-only text browser over one message to select and
 copy part of it.  A reply's tooltip is set with :meth:`ChatView.set_reply_tooltip`
 or computed on hover by ``tooltip_provider(message_id)``.
 
 :meth:`ChatView.bubble` / :meth:`ChatView.bubbles` return :class:`MessageHandle` s:
-read-only views of a row as the user sees it (text, stats, notice, error).
+read-only views of a row as the user sees it (text, stats, notice, error,
+cache badge, tool section).  :meth:`ChatView.toggle_tools` opens or closes a
+reply's tool results (also a click on the section's header).
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ class MessageHandle:
         self.stats = _Part(lambda: item.stats)
         self.notice = _Part(lambda: item.notice)
         self.error = _Part(lambda: item.error)
+        self.badge = _Part(lambda: item.badge)
+        self.tools = _Part(lambda: item.tools_header + "\n" + item.tools_text if item.tool_calls else "")
         self.content = _Part(lambda: item.html(view.colour_drafts))
 
     @property
@@ -108,6 +114,7 @@ class ChatView(QListView):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
     compare_requested = Signal(int)
+    fresh_requested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -332,6 +339,20 @@ class ChatView(QListView):
             self.edit_requested.emit(message_id)
         elif action == "compare":
             self.compare_requested.emit(message_id)
+        elif action == "fresh":
+            self.fresh_requested.emit(message_id)
+        elif action == "tools":
+            self.toggle_tools(message_id)
+
+    def toggle_tools(self, message_id: int) -> bool:
+        """Open or close a reply's tool results; returns whether they are open now."""
+        item = self.chat_model.item(message_id)
+        if item is None or not item.tool_calls:
+            return False
+        item.tools_open = not item.tools_open
+        item.revision += 1
+        self.chat_model.touch(message_id)
+        return item.tools_open
 
     def _render_reply(self) -> None:
         reply = self._reply

@@ -135,3 +135,51 @@ def test_tool_and_answer_cache_settings_round_trip(tmp_path: Path) -> None:
     good.save(path)
     assert Settings.load_with_problems(path) == (good, [])
     assert Settings().tools_enabled == [] and Settings().tools_enabled is not Settings().tools_enabled
+
+
+SERVER = {"name": "gpu box", "base_url": "http://gpu-box:8000/v1", "model": "meta-llama/Llama-3.3-70B-Instruct"}
+
+
+def test_saved_servers_and_the_engine_choice_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    other = {"name": "laptop", "base_url": "https://127.0.0.1:8080", "model": ""}
+    Settings(engine="gpu box", servers=[SERVER, other]).save(path)
+    loaded, problems = Settings.load_with_problems(path)
+    assert problems == []
+    assert loaded.engine == "gpu box" and loaded.servers == [SERVER, other]
+    assert Settings().engine == "local" and Settings().servers == []
+    assert "key" not in path.read_text().lower()  # a server's API key is never a settings field
+
+
+@pytest.mark.parametrize(
+    "servers",
+    [
+        "http://gpu-box:8000",
+        [{"name": "a", "base_url": "ftp://gpu-box", "model": ""}],
+        [{"name": "a", "base_url": "http://", "model": ""}],
+        [{"name": "a", "base_url": "http://user:sk-secret@gpu-box", "model": ""}],
+        [{"name": "local", "base_url": "http://gpu-box", "model": ""}],
+        [{"name": "", "base_url": "http://gpu-box", "model": ""}],
+        [SERVER, SERVER],
+        [{"name": "a", "base_url": "http://gpu-box", "model": 3}],
+        [{"name": "a", "base_url": "http://gpu-box", "model": "", "api_key": "sk-x"}],
+    ],
+)
+def test_bad_servers_fall_back_and_the_engine_goes_local(tmp_path: Path, servers: object) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": "a", "servers": servers}))
+    loaded, problems = Settings.load_with_problems(path)
+    assert loaded.servers == [] and loaded.engine == "local"
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("settings.json: ") and "server" in problems[0] and "sk-" not in problems[0]
+    assert "engine must be 'local' or the name of a saved server, not 'a'" in problems[1]
+
+
+def test_an_engine_naming_no_saved_server_is_local(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"engine": "gone", "servers": [SERVER]}))
+    loaded, problems = Settings.load_with_problems(path)
+    assert loaded.engine == "local" and loaded.servers == [SERVER]
+    assert problems == [
+        "settings.json: engine must be 'local' or the name of a saved server, not 'gone'; using \"local\""
+    ]

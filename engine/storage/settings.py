@@ -23,10 +23,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Sampling
 from engine.paths import atomic_write, settings_path
 
+LOCAL = "local"  # Settings.engine for the model on this machine
+SERVER_FIELDS = ("name", "base_url", "model")  # one saved server; its API key lives in the keyring, never here
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
 
 
@@ -58,6 +61,8 @@ class Settings:
     granted_dirs: list[str] = dataclasses.field(default_factory=list)  # folders the files tool may read
     fetch_allow_private: bool = False  # fetch may reach loopback/private addresses
     mcp_servers: list[str] = dataclasses.field(default_factory=list)  # command lines (stdio) or http(s) URLs
+    engine: str = LOCAL  # "local" (the model on this machine) or the name of one of ``servers``
+    servers: list[dict[str, str]] = dataclasses.field(default_factory=list)  # {name, base_url, model}; no keys
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -110,6 +115,12 @@ class Settings:
             else:
                 fixed[f.name] = fallback
                 problems.append(f"{problem}; using {json.dumps(fallback)}")
+        names = [server["name"] for server in fixed["servers"]]
+        if fixed["engine"] != LOCAL and fixed["engine"] not in names:
+            problems.append(
+                f'engine must be {LOCAL!r} or the name of a saved server, not {fixed["engine"]!r}; using "local"'
+            )
+            fixed["engine"] = LOCAL
         return dataclasses.replace(self, **fixed), problems
 
     def save(self, path: Path | None = None) -> None:
@@ -153,6 +164,34 @@ def _texts(name: str) -> Callable[[object], str | None]:
     return check
 
 
+def _servers(v: object) -> str | None:
+    """A list of {name, base_url, model} texts: names unique and not "local", URLs http(s) with a host."""
+    if not isinstance(v, list):
+        return f"servers must be a list of {{name, base_url, model}} objects, not {v!r}"
+    names: set[str] = set()
+    for server in v:
+        # never quote a whole entry back: a hand-edited one may hold a key
+        if not isinstance(server, dict) or set(server) != set(SERVER_FIELDS):
+            keys = sorted(server) if isinstance(server, dict) else type(server).__name__
+            return f"each of servers must be an object with exactly {', '.join(SERVER_FIELDS)}, not {keys}"
+        if not all(isinstance(server[k], str) for k in SERVER_FIELDS):
+            return f"server {server['name']!r}: name, base_url and model must be text"
+        name = server["name"]
+        if not name.strip() or name == LOCAL or name in names:
+            return f"server names must be non-empty, unique and not {LOCAL!r}, not {name!r}"
+        names.add(name)
+        try:
+            url = urlsplit(server["base_url"].strip())
+            ok = url.scheme in ("http", "https") and bool(url.hostname)
+        except ValueError:  # an unbalanced [
+            ok = False
+        if ok and (url.username or url.password):
+            return f"server {name!r}: put its API key in Settings (kept in the keyring), not in base_url"
+        if not ok:
+            return f"server {name!r} needs an http:// or https:// base_url with a host, not {server['base_url']!r}"
+    return None
+
+
 def _budget(v: object) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
         return None
@@ -180,4 +219,6 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "granted_dirs": _texts("granted_dirs"),
     "fetch_allow_private": _flag("fetch_allow_private"),
     "mcp_servers": _texts("mcp_servers"),
+    "engine": lambda v: None if isinstance(v, str) and v else f"engine must be {LOCAL!r} or a server's name, not {v!r}",
+    "servers": _servers,
 }

@@ -18,19 +18,22 @@ until its load ends.  A request is looked up only when it may be
 valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
 once).  The engine calls :meth:`AnswerGate.put` after a complete reply,
 :meth:`AnswerGate.drafts` for speculative drafts and :meth:`AnswerGate.loaded`
-after a load (answers of other models are deleted then).  The cache is used
-from both threads under one lock.
+after a load (answers of other models are deleted then); while the engine
+sends a ``Done`` and keeps that reply (:meth:`AnswerGate.storing`), a lookup
+waits for it (at most ``STORE_WAIT_S``), so a question asked again right after
+its answer finds it.  The cache is used from both threads under one lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
@@ -38,6 +41,7 @@ from engine.paths import atomic_write, cache_dir, database_path
 from engine.runtime.reply_events import ReplyEvents
 
 IDENTITIES_FILE = "answer-cache-models.json"
+STORE_WAIT_S = 2.0  # longest a lookup waits for the engine to keep the reply it has just sent
 
 
 def cache_config(settings: AnswerCacheSettings) -> Any:
@@ -94,6 +98,8 @@ class AnswerGate:
         self._expected: Any = None  # ModelIdentity the next forwarded request will meet
         self._loads = 0  # loads forwarded so far; the engine reports which one ended
         self._warned = False
+        self._settled = threading.Event()  # clear while the engine keeps a reply it has just sent
+        self._settled.set()
         self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
         self._thread.start()
 
@@ -103,6 +109,15 @@ class AnswerGate:
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
+
+    @contextlib.contextmanager
+    def storing(self) -> Iterator[None]:
+        """Around sending a reply's ``Done`` and keeping it: lookups wait (briefly) until it is kept."""
+        self._settled.clear()
+        try:
+            yield
+        finally:
+            self._settled.set()
 
     # -- the gate thread ----------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -148,6 +163,7 @@ class AnswerGate:
         from engine.answer_cache import CacheKey
 
         t_taken = time.perf_counter() - request.submitted_at
+        self._settled.wait(STORE_WAIT_S)  # the reply just sent may be this very question's answer
         key = CacheKey.for_request(identity, request)
         with self._lock:
             hit = self.cache.lookup(key, quiet=True)

@@ -35,14 +35,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.answer_cache import ModelIdentity
 from engine.api import (
     SOURCES,
-    AnswerCacheSettings,
     Done,
     Loaded,
     LoadFailed,
@@ -54,24 +52,24 @@ from engine.api import (
     Sampling,
     Started,
     Token,
-    ToolSettings,
     Warning,
 )
 from engine.model.kv import KVState
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.paths import cache_dir
-from engine.runtime import answers_bridge, tool_turns
+from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.memory import reserve, tune_malloc
+from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PERSISTED, PrefixCache, kv_layout
 from engine.runtime.prompt import Prompt, build_prompt
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
 from engine.runtime.tool_turns import Rounds, ToolBox
-from engine.tools import Parsed, TurnResult, tool_schemas
+from engine.tools import Parsed, tool_schemas
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
 
@@ -86,27 +84,7 @@ def conversation_key(conversation_id: str) -> str:
     return f"conv:{conversation_id}"
 
 
-__all__ = ["Engine", "EngineOptions", "ModelSpec"]
-
-
-@dataclass
-class EngineOptions:
-    prefix_cache_bytes: int = 512 << 20
-    persist_prefixes: bool = True  # save system-prompt KV for a warm first message after restart
-    tools: ToolSettings = field(default_factory=ToolSettings)  # what requests may enable (Request.tools)
-    answer_cache: AnswerCacheSettings = field(default_factory=AnswerCacheSettings)
-
-    def __post_init__(self) -> None:
-        check_budget(self.prefix_cache_bytes)
-        problems = tool_turns.settings_problems(self.tools) + answers_bridge.settings_problems(self.answer_cache)
-        if problems:
-            raise ValueError("; ".join(problems) + ".")
-
-
-def check_budget(budget_bytes: object) -> None:
-    """Raise ``ValueError`` (saying what to change) unless ``budget_bytes`` is a whole number of 0 or more."""
-    if not isinstance(budget_bytes, int) or isinstance(budget_bytes, bool) or budget_bytes < 0:
-        raise ValueError(f"The prompt cache size must be a whole number of bytes, 0 or more, not {budget_bytes!r}.")
+__all__ = ["Engine", "EngineOptions", "ModelSpec", "check_budget", "request_problems"]
 
 
 class Engine:
@@ -394,41 +372,25 @@ class Engine:
                 finish = "cancelled"
                 break
             reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
-            messages, prompt, as_text = self._next_prompt(
-                messages, result.text, parsed, turn, request.sampling.max_tokens, schemas, as_text
+            messages, prompt, as_text = tool_turns.next_prompt(
+                lambda m: self._prompt(m, request.sampling.max_tokens, schemas),
+                messages,
+                result.text,
+                parsed,
+                turn,
+                as_text,
             )
             drafters = self._drafters(request, len(prompt.ids))
         assert first is not None
         metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
-        reply.emit(Done(request.id, reply.since(), text, finish, metrics))
-        self._keep_answer(request, result, finish, rounds, metrics)
+        with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
+            reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+            self._keep_answer(request, result, finish, rounds, metrics)
 
     def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
         assert self.loaded is not None
         return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
-
-    def _next_prompt(
-        self,
-        messages: list[dict[str, Any]],
-        reply_text: str,
-        parsed: Parsed,
-        turn: TurnResult,
-        max_tokens: int,
-        schemas: list[dict[str, Any]] | None,
-        as_text: bool,
-    ) -> tuple[list[dict[str, Any]], Prompt, bool]:
-        """The next round's messages and prompt; results as plain text when the template cannot render tool turns."""
-        if not as_text:
-            following = tool_turns.follow_up(messages, reply_text, parsed, turn, as_text=False)
-            try:
-                return following, self._prompt(following, max_tokens, schemas), False
-            except ValueError:
-                raise
-            except Exception:  # a template without tool turns (a TemplateError): say the same as text
-                traceback.print_exc()
-        following = tool_turns.follow_up(messages, reply_text, parsed, turn, as_text=True)
-        return following, self._prompt(following, max_tokens, schemas), True
 
     def _decode(
         self,
@@ -487,22 +449,3 @@ class Engine:
             kept = False
         if not kept:
             self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
-
-
-def request_problems(request: Request) -> list[str]:
-    """What is wrong with a request's values, each said as what to change."""
-    if not isinstance(request.sampling, Sampling):
-        return [f"sampling must be an engine.api.Sampling, not {type(request.sampling).__name__}"]
-    problems = request.sampling.problems()
-    if not isinstance(request.sampling.stop, tuple | list):
-        problems.append(f"stop must be a list of strings, not {request.sampling.stop!r}")
-    if request.speculative not in SOURCES:
-        problems.append(f"unknown speculative source {request.speculative!r}; choose one of {', '.join(SOURCES)}")
-    if not isinstance(request.tools, tuple | list) or not all(isinstance(t, str) for t in request.tools):
-        problems.append(f"tools must be a list of tool names, not {request.tools!r}")
-    if not request.messages or not all(
-        isinstance(m, dict) and isinstance(m.get("content"), str) and isinstance(m.get("role"), str)
-        for m in request.messages
-    ):
-        problems.append("every message needs a text role and content")
-    return problems

@@ -26,11 +26,12 @@ import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.api import Metrics, Request, Span, ToolCall, ToolSettings, Warning
 from engine.tools import (
     Call,
+    Parsed,
     Registry,
     Tool,
     TurnResult,
@@ -42,6 +43,8 @@ from engine.tools import (
     results_as_text,
     run_calls,
 )
+
+P = TypeVar("P")
 
 
 def settings_problems(settings: ToolSettings) -> list[str]:
@@ -121,19 +124,41 @@ def with_slash_results(messages: list[dict[str, Any]], kept: str, turn: TurnResu
     return [*messages[:-1], {**messages[-1], "content": content}]
 
 
-def model_calls(text: str) -> tuple[Call, ...]:
-    """The tool calls in a model's reply (none: the reply is final)."""
-    return parse_model_output(text).calls
+def model_calls(text: str) -> Parsed:
+    """A model's reply split into its prose and its tool calls (no calls: the reply is final)."""
+    return parse_model_output(text)
 
 
 def follow_up(
-    messages: list[dict[str, Any]], reply: str, calls: tuple[Call, ...], turn: TurnResult, as_text: bool
+    messages: list[dict[str, Any]], reply: str, parsed: Parsed, turn: TurnResult, as_text: bool
 ) -> list[dict[str, Any]]:
-    """The next round's messages: the reply that asked for ``calls``, and the results."""
+    """The next round's messages: the ``reply`` that asked for ``parsed.calls``, and the results."""
     if as_text:
         return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": results_as_text(turn)}]
     results = [{**m, "content": m["content"] or "(no output)"} for m in result_messages(turn)]
-    return [*messages, assistant_message(parse_model_output(reply).text, calls), *results]
+    return [*messages, assistant_message(parsed.text, parsed.calls), *results]
+
+
+def next_prompt(
+    build: Callable[[list[dict[str, Any]]], P],
+    messages: list[dict[str, Any]],
+    reply: str,
+    parsed: Parsed,
+    turn: TurnResult,
+    as_text: bool,
+) -> tuple[list[dict[str, Any]], P, bool]:
+    """The next round's messages and ``build(messages)``; results as plain text (and ``True``) when the chat
+    template cannot render tool turns (a ``ValueError`` from ``build`` is the prompt's own and is raised)."""
+    if not as_text:
+        following = follow_up(messages, reply, parsed, turn, as_text=False)
+        try:
+            return following, build(following), False
+        except ValueError:
+            raise
+        except Exception:  # a template without tool turns (a TemplateError): say the same as text
+            traceback.print_exc()
+    following = follow_up(messages, reply, parsed, turn, as_text=True)
+    return following, build(following), True
 
 
 @dataclass

@@ -42,8 +42,15 @@ def open_store(path: Path) -> tuple[Store, str | None]:
 
 
 def backend_factory_for(settings: Settings) -> BackendFactory:
-    """The local engine with the prefix-cache budget from ``settings`` (torch is imported only when it starts)."""
-    return local_backend(prefix_cache_bytes=settings.prefix_cache_mb << 20)
+    """The local engine with the prefix-cache budget, tools (granted folders, fetch, MCP servers) and
+    answer-cache threshold and TTL from ``settings`` (torch is imported only when it starts)."""
+    from app.state.tools import answer_cache_settings, tool_settings
+
+    return local_backend(
+        prefix_cache_bytes=settings.prefix_cache_mb << 20,
+        tools=tool_settings(settings),
+        answer_cache=answer_cache_settings(settings),
+    )
 
 
 def app_icon() -> QIcon:

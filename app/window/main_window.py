@@ -17,23 +17,33 @@ usable.  A ``Warning(kind="draft")`` (only the draft model failed) is a
 warning banner: the model stays loaded and Send stays enabled.  After each
 ``Loaded`` the engine's answer memory is seeded from the saved history
 (:mod:`app.state.answer_seed`, through the bridge).  F1 (or the Settings
-dialog) opens "About this machine".
+dialog) opens "About this machine".  Ctrl+T (or the "Tools" button in the
+status bar) opens the Tools dialog (:meth:`MainWindow.open_tools`); enabled tools
+apply from the next message, folder/fetch/MCP changes through
+``bridge.set_tool_settings`` when the bridge offers it, else at the next start
+(a notice says so).  A ``Warning(kind="tools")`` (an MCP server that failed in
+the engine) is a warning banner.  The streaming and parallel-tools switches
+are saved in Settings.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QSplitter, QToolButton, QVBoxLayout, QWidget
 
 from app.bridge import EngineBridge
 from app.dialogs.about import AboutDialog
 from app.dialogs.settings import SettingsDialog, needs_reload
+from app.dialogs.tools import ToolsDialog
 from app.panels.controller import LatencyController
 from app.state.answer_seed import answer_pairs
+from app.state.answer_stats import CacheTally
 from app.state.session import ChatSession, model_spec
+from app.state.tools import backend_changes, enabled_tools, tool_settings
 from app.views.banner import Banner
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
@@ -74,7 +84,12 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.session.on_store_error = self._store_error
         self._banners: dict[str, Banner] = {}
         self._build()
+        self.cache_tally = CacheTally()  # answer-cache hits of this session, for the panel
+        self.tools_dialog: ToolsDialog | None = None
         self.latency = LatencyController(self)  # the latency panel's dock, switches and compare
+        self.latency.stream, self.latency.parallel_tools = settings.stream, settings.parallel_tools
+        self.latency.settings_changed()
+        self.latency.panel.switches.changed.connect(self._save_switches)
         if hasattr(self.chat_view, "compare_requested"):  # the chat view's "Compare…" on a user message
             self.chat_view.compare_requested.connect(self.latency.compare_message)
         bridge.event.connect(self._on_event)
@@ -113,6 +128,13 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.setCentralWidget(splitter)
         self.status_area = StatusArea()
         self.statusBar().addWidget(self.status_area, 1)
+        self.tools_button = QToolButton()
+        self.tools_button.setObjectName("toolsButton")
+        self.tools_button.setAutoRaise(True)
+        self.tools_button.setToolTip("Tools replies may use, granted folders, MCP servers (Ctrl+T)")
+        self.tools_button.clicked.connect(self.open_tools)
+        self.statusBar().addPermanentWidget(self.tools_button)
+        self._show_tools_count()
 
         self.sidebar.new_chat_requested.connect(self.new_chat)
         self.sidebar.conversation_selected.connect(self.open_conversation)
@@ -124,6 +146,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.sidebar.settings_requested.connect(self.open_settings)
         self.chat_view.regenerate_requested.connect(self.regenerate)
         self.chat_view.edit_requested.connect(self.edit_message)
+        self.chat_view.fresh_requested.connect(lambda message_id: self.regenerate(message_id, fresh=True))
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
 
@@ -132,6 +155,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self._action("New chat", QKeySequence.StandardKey.New, self.new_chat)
         self._action("Search", QKeySequence.StandardKey.Find, self.sidebar.search_box.setFocus)
         self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
+        self._action("Tools", QKeySequence("Ctrl+T"), self.open_tools)
         self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
 
     def _action(self, text: str, shortcut: QKeySequence | QKeySequence.StandardKey, slot: object) -> QAction:
@@ -209,6 +233,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
                 "Open Settings\u2026",
                 self.open_settings,
             )
+        elif isinstance(event, Warning) and event.kind == "tools":
+            self.show_banner("tools", "warning", event.message, "Tools\u2026", self.open_tools)
         elif isinstance(event, LoadFailed):
             self.model_ready = False
             self.loaded = None
@@ -252,11 +278,45 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.apply_settings(dialog.result_settings())
 
+    def open_tools(self) -> ToolsDialog:
+        """Open the Tools dialog (window-modal, not blocking); Save applies it through :meth:`apply_tools`."""
+        if self.tools_dialog is not None:
+            self.tools_dialog.close()
+        dialog = ToolsDialog(self.settings, self)
+        dialog.accepted.connect(lambda: self.apply_tools(dialog.result_settings()))
+        self.tools_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def apply_tools(self, new: Settings) -> None:
+        """Save tool settings; the engine gets folder/fetch/server changes now if it can, else at the next start."""
+        changed = backend_changes(self.settings, new)
+        self.apply_settings(new)
+        apply = getattr(self.bridge, "set_tool_settings", None)
+        if changed and not (callable(apply) and apply(tool_settings(new))):
+            self.show_banner(
+                "tools-restart",
+                "info",
+                "Folder, fetch and MCP server changes apply when Brisk next starts; "
+                "the tools you enabled apply from the next message.",
+            )
+
+    def _show_tools_count(self) -> None:
+        count = len(enabled_tools(self.settings))
+        self.tools_button.setText(f"Tools: {count} on" if count else "Tools: off")
+
+    def _save_switches(self, config: object) -> None:
+        """Keep the panel's streaming and parallel-tools switches in Settings (the others already are)."""
+        stream, parallel = getattr(config, "stream", True), getattr(config, "parallel_tools", True)
+        if (stream, parallel) != (self.settings.stream, self.settings.parallel_tools):
+            self.apply_settings(dataclasses.replace(self.settings, stream=stream, parallel_tools=parallel))
+
     def apply_settings(self, new: Settings) -> None:
         old = self.settings
         self.settings = new
         self.session.settings = new
         self.chat_view.colour_drafts = new.colour_draft_tokens
+        self._show_tools_count()
         try:
             new.save(self._settings_path)
         except OSError as exc:

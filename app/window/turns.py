@@ -6,6 +6,9 @@
 shown in the chat view, and its request goes out through the bridge; the
 reply's events come back through ``_on_reply_event``.  A reply that is still
 streaming blocks a new turn with a hint; so does a model that is not loaded.
+``regenerate(message_id, fresh=True)`` asks with ``Request.fresh`` (a cached
+reply's "Regenerate fresh").  Each finished reply is counted in the window's
+answer-cache tally, shown on the latency panel.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class TurnActions:
     show_banner: Any
     banner: Any
     latency: Any
+    cache_tally: Any
 
     def _on_reply_event(self, event: object) -> None:
         reply = self.session.apply(event)
@@ -55,6 +59,9 @@ class TurnActions:
             return
         if shown:
             self.chat_view.reply_finished(reply)
+        if reply.status == "done":
+            self.cache_tally.add(reply.metrics)
+            self.latency.panel.numbers.show_session(self.cache_tally.text())
         self._set_busy(self.session.active is not None)
         self._refresh_entry(reply.conversation_id)
 
@@ -90,7 +97,7 @@ class TurnActions:
         self._set_busy(False)
         self._refresh_entry(reply.conversation_id)
 
-    def regenerate(self, message_id: int | None = None) -> bool:
+    def regenerate(self, message_id: int | None = None, fresh: bool = False) -> bool:
         if not self._can_start():
             return False
         if message_id is None:
@@ -99,7 +106,7 @@ class TurnActions:
                 return False
             message_id = replies[-1]
         try:
-            turn = self.session.regenerate(message_id)
+            turn = self.session.regenerate(message_id, fresh=fresh)
         except (StoreError, ValueError) as exc:
             self.show_banner("store-error", "error", str(exc))
             return False

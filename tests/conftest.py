@@ -29,9 +29,12 @@ class EngineRunner:
     def __init__(
         self, source: str, draft: str = "", draft_quant: str = "none", quant: str = "none", **options: object
     ) -> None:
-        from engine.api import Loaded, LoadFailed, ModelSpec
+        from engine.api import AnswerCacheSettings, Loaded, LoadFailed, ModelSpec
         from engine.client import Client, LoadError, local_backend
 
+        # Engine tests compare replies of the model itself: the answer cache (and its embedding
+        # model) stays off unless a test asks for it.
+        options.setdefault("answer_cache", AnswerCacheSettings(enabled=False))
         self.client = Client(local_backend(**options), timeout=300)
         self.engine = self.client.backend
         spec = ModelSpec(source=source, dtype="float32", quant=quant, draft=draft, draft_quant=draft_quant)

@@ -1,7 +1,7 @@
 """The one door between the GUI and the engine.
 
 :class:`EngineBridge` owns a backend (an :class:`engine.api.Backend`: the
-local engine thread or, later, a remote server) and re-emits every event the
+local engine thread or a remote server, :mod:`app.engines`) and re-emits every event the
 backend sends on its single ``event = Signal(object)``, always on the GUI
 thread.  The backend calls back from its own thread; the bridge keeps those
 events in a queue and wakes the GUI thread once per batch, which re-emits them
@@ -11,6 +11,12 @@ backend: they call the bridge, whose methods are everything the window needs:
 
 * :meth:`load` (an :class:`engine.api.ModelSpec`), :meth:`submit`, :meth:`cancel`,
   :meth:`shutdown`: the ``Backend`` protocol;
+* :meth:`use_engine(key, factory) <EngineBridge.use_engine>`: which backend the
+  next :meth:`load` runs on (``factory=None``: the local one given to the
+  constructor).  When ``key`` differs from the current backend's, that load
+  first shuts the old backend down (on the worker thread; a reply still
+  streaming there ends with it) and builds the new one; :attr:`engine_key`
+  is the key last asked for;
 * :meth:`seed_answers`: hand earlier (question, answer) pairs to the engine's
   answer memory; :meth:`set_prefix_budget`: a new prefix-cache byte budget.
   Both answer how much was taken (0 / False when the backend cannot);
@@ -20,7 +26,8 @@ backend: they call the bridge, whose methods are everything the window needs:
 ``engine.client.local_backend()``, which imports torch only when called).  It
 is called on the bridge's worker thread at the first :meth:`load`, so the
 window appears before the heavy import finishes; if the import or
-construction fails the bridge emits ``LoadFailed`` with the reason.
+construction fails the bridge emits ``LoadFailed`` with the reason (an
+``engine`` exception's message as it is: those are written for the user).
 :attr:`backend` is ``None`` until then (tests read it); a request submitted
 before the backend exists gets an ``Error`` event at once.
 """
@@ -48,6 +55,14 @@ def machine_report() -> Mapping[str, Any]:
     return report()
 
 
+def _reason(exc: Exception) -> str:
+    """An engine exception's message is for the user; anything else also says what kind of failure it was."""
+    if type(exc).__module__.startswith("engine."):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+LOCAL_KEY = "local"
 SLICE_S = 0.008  # the longest the GUI thread spends re-emitting queued events before the event loop runs
 
 
@@ -57,7 +72,10 @@ class EngineBridge(QObject):
 
     def __init__(self, backend_factory: BackendFactory | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._factory = backend_factory or local_backend()
+        self._local_factory = backend_factory or local_backend()
+        self._factory = self._local_factory
+        self.engine_key = LOCAL_KEY  # the engine the next load runs on (see use_engine)
+        self._backend_key = LOCAL_KEY  # the engine _backend was built for
         self._lock = threading.Lock()
         self._backend: Backend | None = None
         self._closed = False
@@ -95,6 +113,12 @@ class EngineBridge(QObject):
                 QTimer.singleShot(0, self._drain)  # more later: timers and repaints go first
                 return
 
+    def use_engine(self, key: str, factory: BackendFactory | None = None) -> None:
+        """Run the next :meth:`load` on the backend ``factory`` builds (None: the local one), known as ``key``."""
+        with self._lock:
+            self.engine_key = key
+            self._factory = factory or self._local_factory
+
     # -- the Backend protocol --------------------------------------------------------------
     def load(self, spec: ModelSpec) -> None:
         """Start loading a model; returns at once.  Events: LoadProgress..., Loaded | LoadFailed."""
@@ -108,12 +132,22 @@ class EngineBridge(QObject):
             with self._lock:
                 if self._closed:
                     return
+                old = self._backend if self._backend_key != self.engine_key else None
+                key, factory = self.engine_key, self._factory
+            if old is not None:  # another engine: the old one goes first (outside the lock: it may take a while)
+                with self._lock:
+                    self._backend = None
+                old.shutdown()
+            with self._lock:
+                if self._closed:
+                    return
                 if self._backend is None:
-                    self._backend = self._factory(self._on_backend_event)
+                    self._backend_key = key
+                    self._backend = factory(self._on_backend_event)
                 backend = self._backend
             backend.load(spec)
         except Exception as exc:  # an import or constructor failure: tell the user
-            self._on_backend_event(LoadFailed(f"Could not start the engine: {type(exc).__name__}: {exc}"))
+            self._on_backend_event(LoadFailed(f"Could not start the engine: {_reason(exc)}"))
 
     def submit(self, request: Request) -> None:
         backend = self._backend

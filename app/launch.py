@@ -7,7 +7,8 @@ background.  The event loop is qasync's, so ``async`` code can share it.
 
 If the chat database cannot be opened (:class:`~engine.storage.StoreError`), the
 app runs on an in-memory store and says so in a banner; the damaged file is
-never touched.
+never touched.  Settings values that could not be used (``Settings.load_with_problems``) are
+said once, in a warning banner (:func:`show_settings_problems`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
@@ -53,6 +55,14 @@ def backend_factory_for(settings: Settings) -> BackendFactory:
     )
 
 
+def show_settings_problems(window: Any, problems: list[str]) -> None:
+    """Say once, in a banner, which saved settings could not be used (each took its default)."""
+    if problems:
+        said = " ".join(problem.rstrip(".") + "." for problem in problems)
+        text = f"Some saved settings could not be used, so their defaults apply. {said}"
+        window.show_banner("settings-problems", "warning", text, "Open Settings\u2026", window.open_settings)
+
+
 def app_icon() -> QIcon:
     return QIcon(str(ICON_PATH)) if ICON_PATH.exists() else QIcon.fromTheme("brisk")
 
@@ -72,10 +82,11 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    settings = Settings.load()
+    settings, problems = Settings.load_with_problems()
     store, warning = open_store(db_path or database_path())
     bridge = EngineBridge(backend_factory_for(settings))
     window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model)
+    show_settings_problems(window, problems)
     window.show()
     QTimer.singleShot(0, window.load_model)
 

@@ -15,7 +15,7 @@ are cached per device for the session, and checks run one at a time.  When
 the child fails (no ``engine.quant``, no torch, a probe that breaks) only
 ``none`` is offered, with the reason.  :func:`quant_descriptions` gives, from the same
 check, what each mode does (``engine.quant.descriptions``: one line for a tooltip, with a
-caveat such as int4-cpu's where a mode has one).
+caveat such as int4-cpu's where a mode has one); :func:`quant_check` gives both at once.
 """
 
 from __future__ import annotations
@@ -64,9 +64,14 @@ def quant_descriptions(device_name: str) -> dict[str, str]:
     """mode -> one line saying what it does, with its caveat (``engine.quant.descriptions``), for a
     tooltip; from the same check as :func:`quant_choices` (run now unless it already ran); empty
     when the check failed or the module describes nothing."""
-    quant_choices(device_name)
+    return quant_check(device_name)[1]
+
+
+def quant_check(device_name: str) -> tuple[Choices, dict[str, str]]:
+    """:func:`quant_choices` and :func:`quant_descriptions` from one check (a failed check is not run twice)."""
+    choices = quant_choices(device_name)
     with _lock:
-        return dict(_descriptions.get(QUANT_MODULE, {}))
+        return choices, dict(_descriptions.get(QUANT_MODULE, {}))
 
 
 def _probe(device_name: str) -> tuple[Choices, bool]:

@@ -4,7 +4,8 @@
 :meth:`result_settings` gives the new :class:`~engine.storage.Settings`
 (fields the dialog does not show are carried over unchanged).  Saving and
 reloading are the caller's job; :func:`needs_reload` says whether a change
-means the model must be loaded again.  The "Speed" group is
+means the model must be loaded again.  The "Engine" group (the local model or
+a saved server) is :class:`~app.dialogs.engines.EngineSection`.  The "Speed" group is
 :class:`~app.dialogs.speed.SpeedSection`; "About this machine\u2026" opens
 :class:`~app.dialogs.about.AboutDialog` with ``loaded`` (the last ``Loaded``
 event, if any) and ``report`` (the machine facts; default: the bridge's).
@@ -37,6 +38,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.dialogs.about import AboutDialog, Report
+from app.dialogs.engines import EngineSection
 from app.dialogs.speed import SpeedSection, browse_model
 from engine.api import DEVICES, DTYPES, Loaded
 from engine.storage import Settings
@@ -93,6 +95,9 @@ class SettingsDialog(QDialog):
         layout.setContentsMargins(0, 0, 0, 0)
         scroll.setWidget(page)
         outer.addWidget(scroll, 1)
+
+        self.engines = EngineSection(settings)  # the local model or a saved server (keys in the keyring)
+        layout.addWidget(self.engines)
 
         model_box = QGroupBox("Model")
         model_form = QFormLayout(model_box)
@@ -176,7 +181,13 @@ class SettingsDialog(QDialog):
             seed=int(seed_text) if seed_text else None,
             max_tokens=self.max_tokens.value(),
             **self.speed.values(),
+            **self.engines.values(),
         )
+
+    def accept(self) -> None:
+        """Save only servers that check out (their keys go to the keyring here, never to the settings file)."""
+        if self.engines.commit():
+            super().accept()
 
     def show_about(self) -> AboutDialog:
         """Open (or raise) the "About this machine" window."""

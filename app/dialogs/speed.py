@@ -14,7 +14,9 @@ until it answers the list holds only the current choice, and ``quant_ready``
 turns True when the full list is in.  Modes that cannot run on the chosen
 device are greyed out with the reason as their tooltip; if the module cannot
 be imported only "none" is offered, its tooltip saying why.  ``set_device``
-checks again when the device choice changes.
+checks again when the device choice changes.  A usable mode's tooltip says what
+it does, in ``engine.quant.descriptions()``'s words (with its caveat), from
+the same check (:func:`app.quant_probe.quant_check`).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ DRAFT_QUANT_TIP = (
     "The draft model's quantization: a faster draft is cheaper to run; greedy replies stay the same "
     "(the main model checks every drafted token). Changing it reloads the models."
 )
-# Each mode's tooltip where it can run (where it cannot, the tooltip is the reason).
+# Each mode's tooltip where it can run (where it cannot, the tooltip is the reason) comes from
+# engine.quant.descriptions() through app.quant_probe.quant_check; these are used only for a mode the
+# quantization module does not describe (an older engine.quant, or a stand-in).
 # What each does to speed on this machine: `brisk bench quant` (docs/PERFORMANCE.md).
 QUANT_HELP = {
     "none": "Weights as loaded, in the dtype chosen above",
@@ -93,6 +97,7 @@ class SpeedSection(QGroupBox):
 
         self.quant = QComboBox()
         self.quant_ready = False
+        self.descriptions: dict[str, str] = dict(QUANT_HELP)  # mode -> what it does, until the check answers
         self._device = settings.device
         self._quant_wanted = settings.quant
         self._draft_quant_wanted = settings.draft_quant
@@ -157,7 +162,7 @@ class SpeedSection(QGroupBox):
         self.draft_quant.setToolTip(QUANT_CHECKING)
         in_background(
             self,
-            lambda: quant_probe.quant_choices(device_name),
+            lambda: quant_probe.quant_check(device_name),
             lambda section, found: section._quant_checked(device_name, found),
         )
 
@@ -165,9 +170,10 @@ class SpeedSection(QGroupBox):
         if device_name != self._device:  # an answer for a device choice already changed again
             return
         if isinstance(found, Exception):
-            found = [("none", f"{QUANT_UNAVAILABLE}: the check failed ({type(found).__name__}: {found}).")]
-        assert isinstance(found, list)
-        choices: list[tuple[str, str | None]] = found
+            found = ([("none", f"{QUANT_UNAVAILABLE}: the check failed ({type(found).__name__}: {found}).")], {})
+        assert isinstance(found, tuple)
+        choices: list[tuple[str, str | None]] = found[0]
+        self.descriptions = {**QUANT_HELP, **found[1]}  # what each mode does, as engine.quant says it
         self._quant_wanted = self.quant.currentData()
         self._draft_quant_wanted = self.draft_quant.currentData()
         lists = []
@@ -180,8 +186,8 @@ class SpeedSection(QGroupBox):
         self.quant_ready = True
 
     def _fill_quant(self, choices: list[tuple[str, str | None]], draft: list[tuple[str, str | None]]) -> None:
-        _fill_modes(self.quant, choices, self._quant_wanted)
-        _fill_modes(self.draft_quant, draft, self._draft_quant_wanted)
+        _fill_modes(self.quant, choices, self._quant_wanted, self.descriptions)
+        _fill_modes(self.draft_quant, draft, self._draft_quant_wanted, self.descriptions)
 
     def _update_hint(self) -> None:
         wants_draft = self.speculative.currentData() == "draft"
@@ -213,14 +219,16 @@ def browse_model(parent: QWidget, edit: QLineEdit, *, folder: bool, title: str) 
         edit.setText(path)
 
 
-def _fill_modes(box: QComboBox, choices: list[tuple[str, str | None]], wanted: str) -> None:
-    """Fill a quantization list: usable modes say what they do, greyed ones why not."""
+def _fill_modes(
+    box: QComboBox, choices: list[tuple[str, str | None]], wanted: str, descriptions: dict[str, str]
+) -> None:
+    """Fill a quantization list: usable modes say what they do (``descriptions``), greyed ones why not."""
     box.clear()
     model = box.model()
     assert isinstance(model, QStandardItemModel)
     for row, (mode, reason) in enumerate(choices):
         box.addItem(mode, mode)
-        tip = reason or QUANT_HELP.get(mode)
+        tip = reason or descriptions.get(mode)
         if tip:
             box.setItemData(row, tip, Qt.ItemDataRole.ToolTipRole)
         if reason and mode != "none":  # no quantization always works; its reason is only a note

@@ -7,7 +7,10 @@ dtype probe as a sentence, yes/no); fields that say nothing (no draft model,
 no quantization cache) are left out.  :func:`machine_facts` does the same for
 ``engine.doctor``'s report, whose keys are labelled when known and otherwise
 shown as written.  :func:`precision_text` is what the status bar says about
-the weights: the quantization mode when there is one, else the dtype.
+the weights: the quantization mode when there is one, else the dtype; for a
+model on a remote server (``Loaded.device == "remote"``) it names the server
+(``ModelInfo.endpoint``) instead.  The dtype probe's sentence ends with its
+``reason`` for the choice.
 Nothing is estimated: every value comes from the event or the report.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.api import Loaded, ModelInfo
 
@@ -84,7 +88,14 @@ def dtype_probe_text(record: Mapping[str, Any]) -> str:
     agreement = record.get("bfloat16_agreement")
     if _number(agreement):
         parts.append(f"; bfloat16 agreed with float32 on {100 * agreement:.1f} % of next tokens")
-    return "".join(parts) + "."
+    parts.append(".")
+    reason = record.get("reason")
+    if isinstance(reason, str) and reason.strip():
+        reason = reason.strip().rstrip(".")
+        parts.append(f" Why: {reason[0].upper()}{reason[1:]}.")
+    if record.get("saved") is False:
+        parts.append(" Not saved: it is measured again at the next start.")
+    return "".join(parts)
 
 
 def show_value(key: str, value: Any) -> str:
@@ -135,12 +146,16 @@ def model_facts(loaded: Loaded | None) -> dict[str, str]:
     facts = {
         label("model"): loaded.model_name,
         label("device"): loaded.device,
-        label("dtype"): loaded.dtype,
+        label("dtype"): loaded.dtype or EMPTY,  # a remote server does not say
         label("load_s"): show_value("load_s", loaded.load_s),
     }
+    if is_remote(loaded):
+        del facts[label("dtype")]
     for f in fields(ModelInfo):
         value = getattr(loaded.info, f.name)
         if _says_something(f.name, value, loaded.info):
+            if is_remote(loaded) and (value == 0 or value == "none"):
+                continue  # a server does not tell its parameters, memory or quantization: not zero, unknown
             facts[label(f.name)] = show_value(f.name, value)
     return facts
 
@@ -149,8 +164,25 @@ def machine_facts(report: Mapping[str, Any]) -> dict[str, str]:
     return {label(str(key)): show_value(str(key), value) for key, value in report.items()}
 
 
+def is_remote(loaded: Loaded) -> bool:
+    """True for a model served by a remote server (``engine.remote``): its weights are not ours to describe."""
+    return loaded.device == "remote"
+
+
+def endpoint_text(endpoint: str) -> str:
+    """A server's base URL as the status bar shows it: ``host:port`` (the whole URL when it has no host)."""
+    host = urlsplit(endpoint).netloc
+    return host or endpoint or "a server"
+
+
 def precision_text(loaded: Loaded) -> tuple[str, str]:
-    """(what the status bar shows about the weights, its tooltip)."""
+    """(what the status bar shows about the weights, its tooltip); for a server: where it is."""
+    if is_remote(loaded):
+        where = loaded.info.endpoint
+        return endpoint_text(where), (
+            f"Replies come from the server at {where or 'an unknown address'}. TTFT and tokens/s are "
+            "measured here, as the tokens arrive; prompt and cache figures are the server's own, where it reports them."
+        )
     quant = loaded.info.quant
     if quant and quant != "none":
         return quant, f"Weights quantized with {quant}; the other tensors are {loaded.dtype}."

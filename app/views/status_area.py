@@ -6,7 +6,9 @@ precision (the quantization mode when there is one, else the dtype:
 While ``LoadProgress`` events come in it shows a progress bar with the
 loader's message right beside it, and the seconds since that step began
 (ticking once a second, so a long step such as the first start's conversion
-visibly goes on).  After ``LoadFailed`` it shows a red message.
+visibly goes on).  After ``LoadFailed`` it shows a red message.  A model on a
+remote server (``Loaded.device == "remote"``) reads ``model · remote · host:port``,
+the tooltip giving the server's URL and what is measured where.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
-from app.state.model_facts import precision_text
+from app.state.model_facts import is_remote, precision_text
 from app.views.style import ERROR
 from engine.api import Loaded
 
@@ -76,7 +78,8 @@ class StatusArea(QWidget):
         self.device_label.setText(f"{event.device}{SEP}{precision}")
         self.device_label.setToolTip(tip)
         self.message_label.setStyleSheet("")
-        self.message_label.setText(f"Loaded in {event.load_s:.1f} s")
+        verb = "Connected" if is_remote(event) else "Loaded"
+        self.message_label.setText(f"{verb} in {event.load_s:.1f} s")
 
     def failed(self, message: str) -> None:
         self._stop_loading()

@@ -29,6 +29,7 @@ are saved in Settings.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -39,10 +40,12 @@ from app.bridge import EngineBridge
 from app.dialogs.about import AboutDialog
 from app.dialogs.settings import SettingsDialog, needs_reload
 from app.dialogs.tools import ToolsDialog
+from app.engines import engine_choice
 from app.panels.controller import LatencyController
 from app.state.answer_seed import answer_pairs
 from app.state.answer_stats import CacheTally
-from app.state.session import ChatSession, model_spec
+from app.state.config import config_tooltip
+from app.state.session import ChatSession
 from app.state.tools import backend_changes, enabled_tools, tool_settings
 from app.views.banner import Banner
 from app.views.chat_view import ChatView
@@ -90,8 +93,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.latency.stream, self.latency.parallel_tools = settings.stream, settings.parallel_tools
         self.latency.settings_changed()
         self.latency.panel.switches.changed.connect(self._save_switches)
-        if hasattr(self.chat_view, "compare_requested"):  # the chat view's "Compare…" on a user message
-            self.chat_view.compare_requested.connect(self.latency.compare_message)
+        self.chat_view.compare_requested.connect(self.latency.compare_message)  # "Compare…" on a user message
+        self.chat_view.set_compare_available(True)
+        self.chat_view.tooltip_provider = self._reply_tooltip  # the configuration each reply ran with
         bridge.event.connect(self._on_event)
         if store_warning:
             self.show_banner("store-fallback", "warning", store_warning)
@@ -210,7 +214,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.composer.set_ready(False, LOADING_TIP)
         self.hide_banner("load")
         self.hide_banner("draft")
-        self.bridge.load(model_spec(self.settings, self._model_override))
+        choice = engine_choice(self.settings, self._model_override)  # the local model or a saved server
+        self.bridge.use_engine(choice.key, choice.factory)
+        self.bridge.load(choice.spec)
 
     def _on_event(self, event: object) -> None:
         self.latency.on_event(event)
@@ -329,10 +335,23 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         if new.prefix_cache_mb != old.prefix_cache_mb:
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
         self.latency.settings_changed()
-        if needs_reload(old, new):
+        engine_changed = engine_choice(new).key != self.bridge.engine_key  # another engine, server or key
+        if engine_changed:
+            self.stop()  # the old engine goes: a reply streaming there keeps its text
+        if needs_reload(old, new) or engine_changed:
             if new.model != old.model:
                 self._model_override = None
             self.load_model()
+
+    def _reply_tooltip(self, message_id: int) -> str:
+        """A reply's tooltip: the configuration it ran with (live, or from its stored metrics)."""
+        item = self.chat_view.chat_model.item(message_id)
+        if item is None or item.role != "assistant":
+            return ""
+        if item.reply is not None:
+            return config_tooltip(item.reply.config)
+        metrics = next((m.metrics for m in self._messages() if m.id == message_id), None)
+        return config_tooltip(metrics if isinstance(metrics, Mapping) else None)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.stop()  # keeps a streaming reply's text, saved as "cancelled"

@@ -11,20 +11,28 @@ the last message.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
-from gui_harness import Harness, chat, fake, last_bubble
+from gui_harness import Harness, chat, click_action, fake, last_bubble
+from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QColor, QImage
 from PySide6.QtWidgets import QDoubleSpinBox, QLineEdit
 from pytestqt.qtbot import QtBot
 
+from app import quant_probe
+from app.dialogs.settings import SettingsDialog
+from app.launch import show_settings_problems
 from app.state import model_facts
+from app.state.config import config_tooltip
 from app.state.model_facts import LABELS, dtype_probe_text
 from app.views import status_area
 from app.views.markdown_render import render_reply
 from app.views.status_area import StatusArea
 from app.views.style import STYLESHEET
 from engine.api import Loaded, ModelInfo
+from engine.storage import Settings
 
 PROBE = {
     "dtype": "float32",
@@ -136,9 +144,12 @@ def test_the_composer_fits_its_text_from_one_to_eight_lines(qtbot: QtBot, harnes
     assert eight > three
     editor.setPlainText("\n".join(["line"] * 30))
     assert editor.height() == eight  # capped; the rest scrolls
-    editor.setPlainText("short again")
+    editor.setPlainText("ok")  # short enough for one line however narrow the pane
     assert editor.height() == empty  # and it shrinks back
     assert editor.viewport().height() >= editor.fontMetrics().lineSpacing()
+    words = "word " * 200  # one paragraph, no newline: wrapped lines count too
+    editor.setPlainText(words)
+    assert editor.height() == eight
 
 
 def test_markdown_never_opens_or_loads_local_files(qtbot: QtBot, harness: Harness) -> None:
@@ -168,11 +179,133 @@ def test_no_blank_space_under_the_last_message(qtbot: QtBot, harness: Harness) -
     for n in range(3):
         chat(qtbot, window, f"Question {n}")
     view = window.chat_view
-    page = view.widget()
-    qtbot.waitUntil(lambda: page.height() > view.viewport().height())
-    last = last_bubble(window)
-    blank = page.height() - last.geometry().bottom()
-    assert blank <= 40, f"{blank} px of blank page under the last message"
     bar = view.verticalScrollBar()
-    qtbot.waitUntil(lambda: bar.value() == bar.maximum())
-    assert last.mapTo(view.viewport(), last.rect().bottomLeft()).y() <= view.viewport().height()
+    qtbot.waitUntil(lambda: bar.maximum() > 0)  # more than a screenful
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())  # and it shows the end
+
+    def last_box() -> QRect:
+        box = view.row_layout(last_bubble(window).message_id)
+        assert box is not None
+        return box.bubble
+
+    viewport = view.viewport().rect()
+    qtbot.waitUntil(lambda: last_box().bottom() <= viewport.bottom())  # the last message is all in view...
+    blank = viewport.bottom() - last_box().bottom()
+    assert blank <= 40, f"{blank} px of blank page under the last message"  # ...with no blank page under it
+    assert last_box().top() < viewport.bottom()
+
+
+# -- loose ends of the window (issue 18's GUI pass) --------------------------------------------------
+
+
+def test_compare_and_the_reply_tooltip_are_wired_to_the_latency_panel(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open(settings=Settings(quant="none"))
+    conversation_id = chat(qtbot, window, "Hi")
+    view = window.chat_view
+    user, reply = view.bubbles()
+    assert window.latency.dialog is None
+    click_action(qtbot, window, user.message_id, "compare")  # offered because the panel is there
+    dialog = window.latency.dialog
+    assert dialog is not None and dialog.isVisible() and "Hi" in dialog.messages[-1]["content"]
+    dialog.close()
+
+    ran_with = config_tooltip(window.latency.config())
+    assert ran_with.startswith("Ran with\n") and reply.tooltip == ran_with  # the live reply's configuration
+    assert user.tooltip == ""
+    window.latency.apply_switches(dataclasses.replace(window.latency.config(), prefix_cache=False))
+    window.open_conversation(conversation_id)  # reopened: read from the stored metrics, as it ran
+    reopened = view.bubbles()[-1]
+    assert reopened.tooltip == ran_with and "Prefix cache: on" in reopened.tooltip
+
+
+def test_settings_that_could_not_be_used_are_said_once_in_a_banner(
+    qtbot: QtBot, harness: Harness, brisk_data_dir: Path
+) -> None:
+    (brisk_data_dir / "settings.json").write_text(json.dumps({"max_tokens": "16", "quant": "int3"}))
+    settings, problems = Settings.load_with_problems()
+    window = harness.open(settings=settings)
+    assert window.banner("settings-problems") is None
+    show_settings_problems(window, problems)
+    banner = window.banner("settings-problems")
+    assert banner is not None and banner.kind == "warning"
+    assert "max_tokens must be a whole number" in banner.text() and "using 512" in banner.text()
+    assert "quant must be one of" in banner.text()
+    show_settings_problems(window, [])  # nothing wrong: no banner
+    other = harness.open()
+    show_settings_problems(other, [])
+    assert other.banner("settings-problems") is None
+
+
+def test_about_says_why_each_probe_chose_what_it_did() -> None:
+    reason = "bfloat16 is not clearly faster at decode (decode 52.30 ms against float32's 49.12 ms; needs 15 % faster)"
+    probe = {**PROBE, "reason": reason, "saved": True}
+    mode = {
+        "mode": "fp16-cpu",
+        "dtype": "float32",
+        "chosen": "fp16-cpu",
+        "reason": "fp16-cpu is the fastest mode that keeps the answers",
+        "modes": {"float32": {"step_ms": 49.1, "agreement": 1.0}, "fp16-cpu": {"step_ms": 22.04, "agreement": 0.994}},
+        "saved": False,
+    }
+    rows = model_facts.model_facts(Loaded("SmolLM2", "cpu", "float32", 1.5, ModelInfo(dtype_probe=probe)))
+    assert rows["CPU precision check"].endswith(f" Why: B{reason[1:]}.")
+    assert "Not saved" not in rows["CPU precision check"]
+    facts = model_facts.model_facts(
+        Loaded("SmolLM2", "cpu", "float32", 1.5, ModelInfo(quant="fp16-cpu", mode_probe=mode))
+    )
+    text = facts[LABELS["mode_probe"]]
+    assert text.startswith("Chose fp16-cpu: a decode step took float32 49.1 ms, 100.0 % agreement; fp16-cpu 22.0 ms")
+    assert "Why: Fp16-cpu is the fastest mode that keeps the answers." in text
+    assert text.endswith("Not saved: it is measured again at the next start.")
+
+
+def test_a_remote_model_is_described_by_its_server() -> None:
+    loaded = Loaded(
+        "meta-llama/Llama-3.3-70B-Instruct", "remote", "", 0.2, ModelInfo(endpoint="http://gpu-box:8000/v1")
+    )
+    rows = model_facts.model_facts(loaded)
+    assert rows == {
+        "Model": "meta-llama/Llama-3.3-70B-Instruct",
+        "Device": "remote",
+        "Load time": "0.20 s",
+        "Server": "http://gpu-box:8000/v1",
+    }  # no "0 bytes" of weights or "none" quantization: a server does not say
+    area = StatusArea()
+    area.loaded(loaded)
+    assert area.device_label.text() == "remote \u00b7 gpu-box:8000"
+    assert "http://gpu-box:8000/v1" in area.device_label.toolTip() and "measured here" in area.device_label.toolTip()
+    assert area.message_label.text() == "Connected in 0.2 s"
+    area.deleteLater()
+
+
+FAKE_QUANT = """
+MODES = ("none", "int8-cpu", "bnb-nf4")
+
+
+def availability(device):
+    return {"none": None, "int8-cpu": None, "bnb-nf4": "needs a CUDA GPU"}
+
+
+def descriptions():
+    return {"none": "As loaded", "int8-cpu": "8-bit weights, measured: slower than float32 on this CPU"}
+"""
+
+
+def test_quantization_tooltips_are_the_engines_descriptions(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "described_quant.py").write_text(FAKE_QUANT, encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(quant_probe, "QUANT_MODULE", "described_quant")
+    monkeypatch.setattr(quant_probe, "_cache", {})
+    dialog = SettingsDialog(Settings(device="cpu", quant="none"))
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=60_000)
+    box = dialog.speed.quant
+    tips = {box.itemData(row): box.itemData(row, Qt.ItemDataRole.ToolTipRole) for row in range(box.count())}
+    assert tips == {
+        "none": "As loaded",
+        "int8-cpu": "8-bit weights, measured: slower than float32 on this CPU",  # engine.quant's words, not ours
+        "bnb-nf4": "needs a CUDA GPU",  # greyed: why not
+    }
+    assert quant_probe.quant_descriptions("cpu")["int8-cpu"].startswith("8-bit weights")

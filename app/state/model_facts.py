@@ -50,6 +50,7 @@ LABELS: dict[str, str] = {
     "quant_cached": "Quantized copy from the cache",
     "quant_load_s": "Quantization time",
     "dtype_probe": "CPU precision check",
+    "mode_probe": "Weight mode check",
     "kv_reserved_bytes": "Memory reserved for the KV cache",
     "warm_prefixes": "Warm prompt caches from disk",
     "draft_model": "Draft model",
@@ -88,14 +89,36 @@ def dtype_probe_text(record: Mapping[str, Any]) -> str:
     agreement = record.get("bfloat16_agreement")
     if _number(agreement):
         parts.append(f"; bfloat16 agreed with float32 on {100 * agreement:.1f} % of next tokens")
-    parts.append(".")
+    return "".join(parts) + "." + _why(record)
+
+
+def mode_probe_text(record: Mapping[str, Any]) -> str:
+    """The weight-mode check (``quant="auto"``) as a sentence: the choice, each mode's decode step, why."""
+    chosen = record.get("chosen") or record.get("mode")
+    parts = [f"Chose {chosen}" if chosen else "Measured"]
+    modes = record.get("modes")
+    if isinstance(modes, Mapping):
+        steps = []
+        for name, figures in modes.items():
+            if isinstance(figures, Mapping) and _number(figures.get("step_ms")):
+                agreement = figures.get("agreement")
+                agreed = f", {100 * agreement:.1f} % agreement" if _number(agreement) else ""
+                steps.append(f"{name} {figures['step_ms']:.1f} ms{agreed}")
+        if steps:
+            parts.append(": a decode step took " + "; ".join(steps))
+    return "".join(parts) + "." + _why(record)
+
+
+def _why(record: Mapping[str, Any]) -> str:
+    """A probe record's reason for its choice, and whether it is measured again next time."""
+    said = ""
     reason = record.get("reason")
     if isinstance(reason, str) and reason.strip():
         reason = reason.strip().rstrip(".")
-        parts.append(f" Why: {reason[0].upper()}{reason[1:]}.")
+        said += f" Why: {reason[0].upper()}{reason[1:]}."
     if record.get("saved") is False:
-        parts.append(" Not saved: it is measured again at the next start.")
-    return "".join(parts)
+        said += " Not saved: it is measured again at the next start."
+    return said
 
 
 def show_value(key: str, value: Any) -> str:
@@ -106,6 +129,8 @@ def show_value(key: str, value: Any) -> str:
         return EMPTY
     if key == "dtype_probe" and isinstance(value, Mapping):
         return dtype_probe_text(value)
+    if key == "mode_probe" and isinstance(value, Mapping):
+        return mode_probe_text(value)
     if _number(value):
         if key.endswith("_gb"):
             return f"{value:g} GB"

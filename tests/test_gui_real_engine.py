@@ -1,13 +1,15 @@
 """The window on the real engine with the tiny test model: the events' real shapes.
 
 One scenario, end to end: a first session answers a question; a second session
-(a fresh engine) seeds its answer memory from that history, so asking again
-with "Earlier answers" drafts the old answer, the drafted tokens are coloured,
-and the line under the reply reports what was drafted and accepted.
+(a fresh engine) answers it again from the answer cache (same text, "From
+cache" badge); with the answer cache switched off, asking again with "Earlier
+answers" drafts the old answer, the drafted tokens are coloured, and the line
+under the reply reports what was drafted and accepted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -49,7 +51,9 @@ def close(window: MainWindow) -> None:
     window.store.close()
 
 
-def test_seeded_answers_are_drafted_and_coloured(qtbot: QtBot, brisk_data_dir: Path, tiny_dir: Path) -> None:
+def test_an_earlier_answer_is_served_from_the_cache_or_drafted_and_coloured(
+    qtbot: QtBot, brisk_data_dir: Path, tiny_dir: Path
+) -> None:
     db = brisk_data_dir / "brisk.db"
     settings = Settings(model=str(tiny_dir), device="cpu", dtype="float32", max_tokens=48, prefix_cache=False)
     first = open_window(qtbot, db, Settings(**{**settings.__dict__, "speculative": "off"}))
@@ -58,10 +62,20 @@ def test_seeded_answers_are_drafted_and_coloured(qtbot: QtBot, brisk_data_dir: P
     assert answer
     close(first)
 
+    # a fresh engine: the same question is answered from the answer cache, at once, with the same text
     second = open_window(qtbot, db, Settings(**{**settings.__dict__, "speculative": "answers"}))
     ask(qtbot, second, QUESTION)
     bubble = second.chat_view.bubbles()[-1]
+    assert bubble.plain_text == answer
+    assert bubble.badge.text().startswith("From cache, exact")
+    assert second.store.messages(second.session.conversation_id or "")[-1].metrics["answer_cache"] == "exact"
+
+    # the cache switched off: the model writes the reply, drafting the earlier answer, and the drafts are coloured
+    second.apply_settings(dataclasses.replace(second.settings, answer_cache=False))
+    ask(qtbot, second, QUESTION)
+    bubble = second.chat_view.bubbles()[-1]
     assert bubble.plain_text == answer  # greedy: drafting never changes the text
+    assert not bubble.badge.text()
     stats = bubble.stats.text()
     found = re.search(r"accepted (\d+) of (\d+) drafted \((\d+) %\)", stats)
     assert found is not None, stats

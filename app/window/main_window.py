@@ -23,7 +23,11 @@ apply from the next message, folder/fetch/MCP changes through
 ``bridge.set_tool_settings`` when the bridge offers it, else at the next start
 (a notice says so).  A ``Warning(kind="tools")`` (an MCP server that failed in
 the engine) is a warning banner.  The streaming and parallel-tools switches
-are saved in Settings.
+are saved in Settings.  Replies run on the engine Settings name (the local
+model or a saved server, :mod:`app.engines`); a change of engine, server or
+API key stops a streaming reply and rebuilds the bridge's backend.  The chat
+view's "Compare…" opens the latency panel's compare dialog, and a reply's
+tooltip is the configuration it ran with.
 """
 
 from __future__ import annotations

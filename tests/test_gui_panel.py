@@ -140,7 +140,7 @@ def test_each_switch_changes_the_next_request_and_is_recorded(
     assert "Speculative: lookup" in config_tooltip(metrics)
     history = window.latency.panel.history
     assert [p.config.speculative for p in history.points] == ["off", "lookup", "lookup", "lookup"]
-    assert window.latency.panel.history_chart.count == 4
+    qtbot.waitUntil(lambda: window.latency.panel.history_chart.count == 4)  # redrawn at the next paint tick
     assert len(window.latency.panel.history_chart.series) == 2  # "no prefix cache" and "..., spec=lookup"
 
 

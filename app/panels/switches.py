@@ -27,8 +27,8 @@ from engine.api import QUANT_MODES, SOURCES
 TIPS = {
     "stream": "Off: the reply appears at once when it is complete, so you feel the difference",
     "prefix_cache": "Reuse the KV of prompt text computed before (history, system prompt)",
-    "answer_cache": "Answer a question asked before from the cache (records the choice for now)",
-    "parallel_tools": "Run independent tool calls at the same time (records the choice for now)",
+    "answer_cache": "Answer a question asked before from the cache",
+    "parallel_tools": "Run independent tool calls at the same time",
     "speculative": "Where drafted tokens come from; greedy output stays the same",
     "quant": "Quantization of the weights; a change reloads the model",
 }

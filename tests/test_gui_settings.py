@@ -61,7 +61,8 @@ def test_applying_settings_saves_and_reloads_only_when_needed(
 
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
         window.apply_settings(replace(window.settings, device="cpu", dtype="float32"))
-    assert engine.loads[-1] == ModelSpec(source="", device="cpu", dtype="float32", quant="none")
+    quant = window.settings.quant  # the default mode, whichever it is: only device and dtype changed
+    assert engine.loads[-1] == ModelSpec(source="", device="cpu", dtype="float32", quant=quant)
 
     window.apply_settings(replace(window.settings, system_prompt="Answer in French."))
     conversation_id = window.session.conversation_id

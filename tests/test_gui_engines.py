@@ -4,6 +4,7 @@ switching back to the local model; the API key never in settings.json."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -316,3 +317,20 @@ def test_keys_go_to_the_system_keyring_where_there_is_one(qtbot: QtBot, harness:
         assert ring.store == {}
     finally:
         keyring.set_keyring(before)
+
+
+def test_a_server_that_cannot_be_reached_is_a_load_error_and_the_window_stays_usable(
+    qtbot: QtBot, harness: Harness, server: ReplayServer
+) -> None:
+    url = server.url
+    server.close()  # nothing listens there any more
+    window = harness.open()
+    servers = [{"name": "gone", "base_url": url, "model": ""}]
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, LoadFailed), timeout=WAIT_MS):
+        window.apply_settings(dataclasses.replace(window.settings, engine="gone", servers=servers))
+    banner = window.banner("load")
+    assert banner is not None and "Connection refused" in banner.text() and "Is the server running" in banner.text()
+    assert "Traceback" not in banner.text() and "RemoteError" not in banner.text()
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded), timeout=WAIT_MS):
+        window.apply_settings(dataclasses.replace(window.settings, engine="local"))
+    assert window.model_ready and isinstance(window.bridge.backend, FakeEngine)

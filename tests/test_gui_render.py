@@ -178,7 +178,7 @@ def test_a_message_text_can_be_selected_and_copied(qtbot: QtBot, harness: Harnes
     opened = view.select_text(user.message_id)  # the same from the context menu's "Select text"
     assert isinstance(opened, QTextBrowser) and opened.toPlainText() == "Hi"
     menu = view.context_menu(user.message_id)
-    assert [a.text() for a in menu.actions() if a.text()] == ["Copy", "Edit", "Select text"]
+    assert [a.text() for a in menu.actions() if a.text()] == ["Copy", "Edit", "Compare\u2026", "Select text"]
 
 
 def test_actions_wait_while_a_reply_streams(qtbot: QtBot, harness: Harness) -> None:
@@ -204,6 +204,7 @@ def test_compare_action_and_reply_tooltip_for_the_latency_panel(qtbot: QtBot, ha
     chat(qtbot, window, "Hi")
     view = window.chat_view
     user, reply = view.bubbles()
+    view.set_compare_available(False)  # as in a window without the latency panel
     assert view.action_rect(user.message_id, "compare").isEmpty()  # hidden until a panel offers it
     view.set_compare_available(True)
     with qtbot.waitSignal(view.compare_requested) as asked:

@@ -259,7 +259,7 @@ class RemoteBackend:
             self.on_event(LoadFailed(f"The server at {where} lists no models at /v1/models; load one there first."))
             return
         self.model = wanted or models[0]
-        self.loaded = Loaded(self.model, "remote", "", time.perf_counter() - t0, ModelInfo())
+        self.loaded = Loaded(self.model, "remote", "", time.perf_counter() - t0, ModelInfo(endpoint=self.base_url))
         self.on_event(self.loaded)
 
     def _params(self, request: Request) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 SOURCES: tuple[str, ...] = ("off", "auto", "lookup", "answers", "draft")
 QUANT_MODES: tuple[str, ...] = ("none", "fp16-cpu", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
+QUANT_CHOICES: tuple[str, ...] = ("auto", *QUANT_MODES)  # what a user may ask for: auto measures at first load
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "context", "cancelled")
@@ -75,7 +76,7 @@ class ModelSpec:
     source: str = ""  # empty: the bundled model; else a HF folder, a .gguf file or a hub id
     device: str = "auto"  # one of DEVICES
     dtype: str = "auto"  # one of DTYPES
-    quant: str = "none"  # one of QUANT_MODES
+    quant: str = "none"  # one of QUANT_CHOICES ("auto": the fastest mode that keeps answers, measured once)
     draft: str = ""  # a draft model for speculative decoding (same vocabulary), optional
     draft_quant: str = "none"  # the draft model's quantization (QUANT_MODES)
 
@@ -316,6 +317,7 @@ class ModelInfo:
     quant_cached: bool | None = None  # the quantized copy came from the cache
     quant_load_s: float | None = None
     dtype_probe: Mapping[str, Any] | None = None  # the CPU dtype measurement, when one ran
+    mode_probe: Mapping[str, Any] | None = None  # quant="auto": the mode chosen, its figures and why
     kv_reserved_bytes: int = 0
     warm_prefixes: int = 0  # system prompts whose KV was read from disk
     draft_model: str = ""
@@ -341,7 +343,8 @@ class LoadFailed:
 class Warning:  # noqa: A001 - the event's name; the builtin is not used here
     """Something went wrong that did not stop the load or the reply; ``kind`` says what."""
 
-    kind: str  # "draft" (the draft model is not used), "cache" (a prompt cache was not read or saved), "engine", "tools"
+    # "draft" (the draft model is not used), "cache" (a prompt cache was not read or saved), "engine", "tools"
+    kind: str
     message: str
 
 

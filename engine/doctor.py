@@ -2,7 +2,8 @@
 
 For each quantization mode: ``works``, or why it cannot run here; a mode that works but
 has a caveat (``engine.quant.caveat``: int4-cpu's accuracy depends on the CPU's kernel)
-says so after ``works``.
+says so after ``works``.  For each model that ``quant="auto"`` measured on this machine
+(``engine.model.mode_probe``): the mode it chose and why, with the figures.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ def _report() -> dict[str, Any]:
         data[f"quant {mode}"] = "works" if reason is None else f"unavailable: {reason}"
         if reason is None and (note := quant.caveat(mode)):
             data[f"quant {mode}"] += f" (caveat: {note})"
+    from engine.model import mode_probe
+
+    here = mode_probe.machine()
+    for key, record in mode_probe.all_records().items():
+        if record.get("machine") == here:  # quant="auto": what it chose for a model on this machine, and why
+            data[f"quant auto (model {key.split('|', 1)[0][:12]})"] = f"{record['chosen']}: {record['reason']}"
     try:
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         data["memory_gb"] = round(pages / 2**30, 1)

@@ -22,6 +22,7 @@ from typing import Any
 from engine.api import (
     DEVICES,
     DTYPES,
+    QUANT_CHOICES,
     QUANT_MODES,
     SOURCES,
     Done,
@@ -54,7 +55,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant",
         default=None,
-        help=f"weight quantization: {', '.join(QUANT_MODES)} (see `brisk doctor`)",
+        help=f"weight quantization: {', '.join(QUANT_CHOICES)} (default auto: the fastest mode that keeps "
+        "99 %% of answers, measured at first load; see `brisk doctor`)",
     )
 
 
@@ -91,7 +93,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         dtype=getattr(args, "dtype", None) or "auto",
         draft=getattr(args, "draft_model", "") or "",
         draft_quant=getattr(args, "draft_quant", None) or "none",
-        quant=getattr(args, "quant", None) or "none",
+        quant=getattr(args, "quant", None) or "auto",
     )
 
 
@@ -126,10 +128,10 @@ def flag_problems(sampling: Sampling) -> list[str]:
 def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
     """Everything wrong with the command line's values, each said as what to change (empty: all good)."""
     problems = flag_problems(sampling_from(args, settings))
-    for flag in ("--quant", "--draft-quant"):
+    for flag, choices in (("--quant", QUANT_CHOICES), ("--draft-quant", QUANT_MODES)):
         value = getattr(args, flag[2:].replace("-", "_"), None)
-        if value is not None and value not in QUANT_MODES:
-            problems.append(f"{flag} {value!r} is not a quantization mode; choose one of {', '.join(QUANT_MODES)}")
+        if value is not None and value not in choices:
+            problems.append(f"{flag} {value!r} is not a quantization mode; choose one of {', '.join(choices)}")
     if getattr(args, "speculative", "off") == "draft" and not getattr(args, "draft_model", ""):
         problems.append("--speculative draft needs a draft model: add --draft-model PATH")
     for name in ("prompt", "system"):

@@ -170,8 +170,10 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     device = pick_device(spec.device)
     from engine import quant
 
+    auto = spec.quant == "auto"
     try:
-        quant.require(spec.quant, device)  # before converting or downloading anything
+        if not auto:
+            quant.require(spec.quant, device)  # before converting or downloading anything
     except (quant.QuantUnavailable, ValueError) as exc:
         raise ModelLoadError(f"{exc} Choose another quantization in Settings or --quant.") from exc
     if spec.quant == "fp16-cpu" and spec.dtype not in ("auto", "float32"):
@@ -192,24 +194,24 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         ) from exc
     progress(0.8, "Loading weights")
     dtype = choose_dtype(spec.dtype, device)
-    if spec.quant in quant.INT_MODES and dtype is None:
-        dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
-    if spec.quant in (*quant.BNB_MODES, "fp16-cpu") and dtype is None:
-        dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations
-    qinfo: dict[str, Any] = {}
-    try:
-        if spec.quant == "none":
-            model = AutoModelForCausalLM.from_pretrained(location, dtype=dtype or torch.float32)
-            model.to(device)  # type: ignore[arg-type]
-        else:
-            assert dtype is not None
-            q = quant.load_quantized_model(location, spec.quant, dtype, device, progress)
-            model = q.model  # already placed; a bnb model must not be moved
-            qinfo = {"quant_cached": q.cached, "quant_load_s": q.seconds}
-    except Exception as exc:
-        raise ModelLoadError(f"Could not load model weights from {spec.source or location}: {exc}") from exc
-    model.eval()
     weights_id = weights_fingerprint(location)
+    mode = spec.quant
+    mode_record: dict[str, Any] = {}
+    built: tuple[Any, dict[str, Any]] | None = None
+
+    def build(mode: str, dtype_name: str) -> tuple[Any, dict[str, Any]]:
+        return _build(AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, progress)
+
+    if auto:
+        mode, dtype_name, mode_record, built = _auto_mode(spec, device, dtype, weights_id, build, tokenizer, progress)
+        dtype = DTYPES[dtype_name] if dtype_name else dtype
+    if mode in quant.INT_MODES and dtype is None:
+        dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
+    if mode in (*quant.BNB_MODES, "fp16-cpu") and dtype is None:
+        dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations
+    if built is None:
+        built = _build(AutoModelForCausalLM, location, mode, dtype or torch.float32, device, progress, pack=False)
+    model, qinfo = built
     probe: dict[str, Any] = {}
     if dtype is None:
         from engine.model.dtype_probe import choose_cpu_dtype
@@ -218,13 +220,13 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         dtype, probe, model = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
     from engine.model.packed import PackedLinear, pack_linears
 
-    if spec.quant == "none" and device.type == "cpu" and dtype == torch.float32:
+    if mode == "none" and device.type == "cpu" and dtype == torch.float32:
         pack_linears(model)  # oneDNN-packed float32 matmuls (engine/packed.py); skips layers already packed
     packed = sum(isinstance(m, PackedLinear) for m in model.modules())
     eos_ids = check_special_tokens(model, tokenizer)
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     kernels = "packed" if packed else "plain"  # rounding differs between kernels: their KV must not mix
-    identity = hashlib.sha256(f"{weights_id}|{dtype}|{spec.quant}|{device.type}|{kernels}".encode()).hexdigest()[:16]
+    identity = hashlib.sha256(f"{weights_id}|{dtype}|{mode}|{device.type}|{kernels}".encode()).hexdigest()[:16]
     load_s = time.perf_counter() - start
     progress(1.0, "Ready")
     return LoadedModel(
@@ -234,7 +236,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         source=location,
         device=device,
         dtype=dtype,
-        quant=spec.quant,
+        quant=mode,
         identity=identity,
         eos_ids=eos_ids,
         context_length=context,
@@ -242,12 +244,85 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         info={
             "parameters": count_parameters(model),
             "weight_bytes": quant.weight_bytes(model),
-            "quant": spec.quant,
+            "quant": mode,
             "dtype_probe": probe,
+            "mode_probe": mode_record,
             "packed_linears": packed,
             **qinfo,
         },
     )
+
+
+def _build(
+    auto_model: Any,
+    location: str,
+    mode: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    progress: Progress,
+    pack: bool = True,
+) -> tuple[Any, dict[str, Any]]:
+    """The model at ``location`` in ``mode``/``dtype`` (float32 CPU linears packed when ``pack``), and load facts."""
+    from engine import quant
+
+    qinfo: dict[str, Any] = {}
+    try:
+        if mode == "none":
+            model = auto_model.from_pretrained(location, dtype=dtype)
+            model.to(device)
+        else:
+            q = quant.load_quantized_model(location, mode, dtype, device, progress)
+            model = q.model  # already placed; a bnb model must not be moved
+            qinfo = {"quant_cached": q.cached, "quant_load_s": q.seconds}
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load model weights from {location}: {exc}") from exc
+    model.eval()
+    if pack and mode == "none" and device.type == "cpu" and dtype == torch.float32:
+        from engine.model.packed import pack_linears
+
+        pack_linears(model)
+    return model, qinfo
+
+
+AUTO_CANDIDATES = (("none", "float32"), ("fp16-cpu", "float32"), ("int8-cpu", "bfloat16"), ("none", "bfloat16"))
+
+
+def _auto_mode(
+    spec: ModelSpec,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    weights_id: str,
+    build: Callable[[str, str], tuple[Any, dict[str, Any]]],
+    tokenizer: Any,
+    progress: Progress,
+) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None]:
+    """``quant="auto"``: (mode, dtype name or "" for the usual choice, record, model if the probe built it)."""
+    from engine import quant
+    from engine.model import mode_probe
+
+    if device.type != "cpu":
+        why = f"auto measures CPU modes only; on {device.type} it uses none"
+        return "none", "", {"mode": "none", "reason": why}, None
+    if spec.dtype not in ("auto", "float32"):
+        why = f"auto compares modes against float32; with precision {spec.dtype} it uses no quantization"
+        return "none", "", {"mode": "none", "reason": why}, None
+    candidates = []
+    native_bf16 = bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
+    for mode, dtype_name in AUTO_CANDIDATES:
+        if mode in quant.NEVER_DEFAULT or (spec.dtype == "float32" and dtype_name != "float32"):
+            continue
+        if (mode, dtype_name) == ("none", "bfloat16") and not native_bf16:
+            continue  # without bfloat16 matmuls its prefill is several times float32's (docs/PERFORMANCE.md)
+        try:
+            if mode != "none":
+                quant.require(mode, device)
+        except quant.QuantUnavailable:
+            continue
+        candidates.append((mode, dtype_name))
+    key = f"{weights_id}|{mode_probe.machine()}|dtype {spec.dtype}"
+    if mode_probe.recorded(key) is None:
+        progress(0.85, "Measuring which weight mode is fastest on this CPU (first start only)")
+    return mode_probe.choose_mode(key, candidates, build, tokenizer)
 
 
 def count_parameters(model: Any) -> int:

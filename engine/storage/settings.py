@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.api import DEVICES, DTYPES, QUANT_MODES, SOURCES, Sampling
+from engine.api import DEVICES, DTYPES, QUANT_CHOICES, QUANT_MODES, SOURCES, Sampling
 from engine.paths import atomic_write, settings_path
 
 LOCAL = "local"  # Settings.engine for the model on this machine
@@ -38,7 +38,7 @@ class Settings:
     model: str = ""  # empty: the bundled model
     device: str = "auto"  # one of engine.api.DEVICES
     dtype: str = "auto"  # one of engine.api.DTYPES
-    quant: str = "none"  # one of engine.api.QUANT_MODES
+    quant: str = "auto"  # one of engine.api.QUANT_CHOICES (auto: measured at first load)
     system_prompt: str = "You are a helpful assistant."
     temperature: float = 0.0
     top_p: float = 1.0
@@ -202,7 +202,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "model": _text("model"),
     "device": _choice("device", DEVICES),
     "dtype": _choice("dtype", DTYPES),
-    "quant": _choice("quant", QUANT_MODES),
+    "quant": _choice("quant", QUANT_CHOICES),
     "system_prompt": _text("system_prompt"),
     "prefix_cache": _flag("prefix_cache"),
     "prefix_cache_mb": _budget,

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.storage.store import Conversation, Message
+    from engine.storage.records import Conversation, Message
 
 LABELS = {"system": "System", "user": "User", "assistant": "Assistant"}
 STATUS_NOTES = {

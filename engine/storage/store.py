@@ -33,7 +33,6 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +40,7 @@ from sqlite_utils import Database
 
 from engine.storage.db import NotFoundError, StoreError, connect
 from engine.storage.export import to_markdown
+from engine.storage.records import Conversation, Message, SearchHit
 from engine.storage.schema import HISTORY_SCHEMA, MIGRATIONS, SCHEMA_VERSION
 
 ROLES = ("system", "user", "assistant")
@@ -60,35 +60,6 @@ __all__ = [
     "StoreError",
     "StreamSaver",
 ]
-
-
-@dataclass(frozen=True)
-class Conversation:
-    id: str
-    title: str
-    system_prompt: str
-    created: float
-    updated: float
-
-
-@dataclass(frozen=True)
-class Message:
-    id: int
-    conversation_id: str
-    role: str
-    content: str
-    status: str
-    metrics: dict[str, Any]
-    created: float
-    damaged: bool = False  # the row could not be read as written; the fields hold what could be
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    conversation_id: str
-    message_id: int | None  # None when the conversation's title matched
-    title: str
-    snippet: str
 
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.

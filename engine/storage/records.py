@@ -1,0 +1,35 @@
+"""The history's records as plain frozen values: a conversation, a message, a search hit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: str
+    title: str
+    system_prompt: str
+    created: float
+    updated: float
+
+
+@dataclass(frozen=True)
+class Message:
+    id: int
+    conversation_id: str
+    role: str
+    content: str
+    status: str
+    metrics: dict[str, Any]
+    created: float
+    damaged: bool = False  # the row could not be read as written; the fields hold what could be
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: str
+    message_id: int | None  # None when the conversation's title matched
+    title: str
+    snippet: str

@@ -15,7 +15,8 @@ after every model step.  The generator itself knows only the model's context:
 it ends (returns) when the next step would need a position beyond
 ``context``, never feeding the model more than ``context`` positions.
 ``max_tokens`` only bounds how much it drafts.  It knows nothing of text,
-events or metrics.
+events or metrics.  Plain steps' times go to ``engine.runtime.threads.observe_step``,
+which lowers the thread count while a busy core would stall every op.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from engine.api import Sampling
 from engine.model.kv import KVState, forward
 from engine.runtime import sampling
 from engine.runtime.speculative import Controller, Drafter, verify
+from engine.runtime.threads import observe_step
 
 PREFILL_CHUNK = 256
 
@@ -119,6 +121,7 @@ def generate_steps(
             token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
             seconds = time.perf_counter() - t
             controller.record_plain(seconds)
+            observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
             generated.append(token)
             yield Step((token,), seconds=seconds)
 

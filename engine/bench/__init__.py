@@ -38,6 +38,7 @@ SCENARIOS: dict[str, str] = {
     "speculative": "engine.bench.speculative",
     "quant": "engine.bench.quant",
     "answer-cache": "engine.bench.answer_cache",
+    "decode": "engine.bench.decode",
 }
 
 

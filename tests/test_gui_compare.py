@@ -76,7 +76,7 @@ def test_compare_a_chosen_message_and_a_quant_reload(qtbot: QtBot, harness: Harn
     dialog.set_config(1, Config(speculative="auto", quant="int8-cpu", stream=False))
     results = run(qtbot, dialog)
     assert isinstance(results, list) and results[1].config.quant == "int8-cpu"
-    assert [spec.quant for spec in engine.loads[-2:]] == ["int8-cpu", "none"]  # and back to the loaded mode
+    assert [spec.quant for spec in engine.loads[-2:]] == ["int8-cpu", "auto"]  # and back to the mode the settings ask for
     qtbot.waitUntil(lambda: window.model_ready)
 
 

@@ -59,7 +59,7 @@ def test_load_failure_is_shown_and_another_model_can_be_picked(qtbot: QtBot, har
     engine.load_error = None
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
         window.apply_settings(replace(window.settings, model="/models/good"))
-    assert engine.loads[-1] == ModelSpec(source="/models/good", device="auto", dtype="auto", quant="none")
+    assert engine.loads[-1] == ModelSpec(source="/models/good", device="auto", dtype="auto", quant="auto")
     assert window.banner("load") is None
     assert window.composer.button.isEnabled()
     assert window.status_area.model_label.text() == "/models/good"

@@ -23,6 +23,7 @@ from pytestqt.qtbot import QtBot
 
 from app import quant_probe
 from app.dialogs.settings import SettingsDialog
+from app.dialogs.speed import QUANT_HELP
 from app.launch import show_settings_problems
 from app.state import model_facts
 from app.state.config import config_tooltip
@@ -304,6 +305,7 @@ def test_quantization_tooltips_are_the_engines_descriptions(
     box = dialog.speed.quant
     tips = {box.itemData(row): box.itemData(row, Qt.ItemDataRole.ToolTipRole) for row in range(box.count())}
     assert tips == {
+        "auto": QUANT_HELP["auto"],  # the app's own entry: it measures at the first load
         "none": "As loaded",
         "int8-cpu": "8-bit weights, measured: slower than float32 on this CPU",  # engine.quant's words, not ours
         "bnb-nf4": "needs a CUDA GPU",  # greyed: why not

@@ -95,7 +95,7 @@ def test_speed_settings_round_trip(qtbot: QtBot, fake_quant: None) -> None:
     assert (result.prefix_cache_mb, result.speculative) == (1024, "answers")
     assert (result.draft_model, result.quant) == ("/models/draft.gguf", "int8-cpu")
     assert needs_reload(original, result)
-    assert not needs_reload(original, Settings(prefix_cache_mb=1024, speculative="lookup"))
+    assert not needs_reload(original, Settings(prefix_cache_mb=1024, speculative="lookup", quant=original.quant))
 
     speed.prefix_cache.setChecked(False)
     assert not speed.prefix_cache_mb.isEnabled()
@@ -138,8 +138,8 @@ def test_unavailable_quantization_modes_are_greyed_with_the_reason(qtbot: QtBot,
     assert [mode for mode, _, _ in items(quant)] == ["int8-cpu"]  # until the check answers
     qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=PROBE_MS)
     shown = items(quant)
-    assert [mode for mode, _, _ in shown] == list(MODES)
-    assert [mode for mode, enabled, _ in shown if enabled] == ["none", "int8-cpu"]
+    assert [mode for mode, _, _ in shown] == ["auto", *MODES]  # auto first: it measures at the first load
+    assert [mode for mode, enabled, _ in shown if enabled] == ["auto", "none", "int8-cpu"]
     tips = dict((mode, tip) for mode, _, tip in shown)
     assert tips["bnb-nf4"] == "needs a CUDA GPU and bitsandbytes"  # greyed: the reason
     assert tips["int8-cpu"] == QUANT_HELP["int8-cpu"] and "8-bit" in tips["int8-cpu"]  # usable: what it does
@@ -148,7 +148,7 @@ def test_unavailable_quantization_modes_are_greyed_with_the_reason(qtbot: QtBot,
     dialog.device_combo.setCurrentText("cuda")
     qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=PROBE_MS)
     enabled = [mode for mode, ok, _ in items(quant) if ok]
-    assert enabled == ["none", "bnb-int8", "bnb-nf4", "bnb-fp4"]
+    assert enabled == ["auto", "none", "bnb-int8", "bnb-nf4", "bnb-fp4"]
     assert quant.currentData() == "int8-cpu"  # kept (now greyed) until the user picks another
 
 
@@ -158,11 +158,11 @@ def test_the_draft_model_has_its_own_quantization_choice(qtbot: QtBot, fake_quan
     qtbot.addWidget(dialog)
     qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=PROBE_MS)
     draft = dialog.speed.draft_quant
-    assert items(draft) == items(dialog.speed.quant)  # the same modes, greyed alike
-    assert (draft.currentData(), dialog.speed.quant.currentData()) == ("int8-cpu", "none")
+    assert items(draft) == items(dialog.speed.quant)[1:]  # the same modes, greyed alike, but no auto
+    assert (draft.currentData(), dialog.speed.quant.currentData()) == ("int8-cpu", "auto")
     draft.setCurrentIndex(draft.findData("none"))
     result = dialog.result_settings()
-    assert (result.draft_quant, result.quant) == ("none", "none")
+    assert (result.draft_quant, result.quant) == ("none", "auto")
     assert needs_reload(original, result)  # a new draft quantization reloads the models
     assert not needs_reload(Settings(), Settings(draft_quant="fp16-cpu"))  # no draft model: nothing to reload
 
@@ -172,10 +172,11 @@ def test_quantization_without_the_engine_module_offers_only_none(qtbot: QtBot, m
     dialog = SettingsDialog(Settings())
     qtbot.addWidget(dialog)
     qtbot.waitUntil(lambda: dialog.speed.quant_ready, timeout=PROBE_MS)
-    [(mode, enabled, tip)] = items(dialog.speed.quant)
+    [auto, (mode, enabled, tip)] = items(dialog.speed.quant)
+    assert auto[0] == "auto" and auto[1]  # auto still measures, and keeps none when nothing else runs
     assert mode == "none" and enabled and tip.startswith(QUANT_UNAVAILABLE)
     assert "no_such_quant_module" in tip
-    assert dialog.result_settings().quant == "none"
+    assert dialog.result_settings().quant == "auto"
 
 
 STARTUP_SCRIPT = """
@@ -217,7 +218,7 @@ def test_window_and_settings_never_import_torch(brisk_data_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "torch at start-up: False" in done.stdout
     assert "torch with the dialog: False" in done.stdout  # the quantization check runs in a child process
-    assert f"quantization modes: {list(real_modes)}" in done.stdout  # the real engine.quant answered
+    assert f"quantization modes: {['auto', *real_modes]}" in done.stdout  # the real engine.quant answered
 
 
 # -- the live line under a reply -------------------------------------------------------------------
@@ -407,4 +408,4 @@ def test_a_backend_without_a_prefix_budget_takes_it_at_the_next_start(qtbot: QtB
 def test_every_quantization_mode_has_help_text() -> None:
     from engine.quant import MODES as real_modes
 
-    assert set(QUANT_HELP) == set(real_modes)
+    assert set(QUANT_HELP) == {"auto", *real_modes}

@@ -21,7 +21,7 @@ BAD_VALUES = [
     ("prefix_cache_mb", -5, 512),
     ("prefix_cache_mb", 0, 512),
     ("prefix_cache_mb", 64.0, 512),
-    ("quant", "int3-cpu", "none"),
+    ("quant", "int3-cpu", "auto"),
     ("draft_quant", 4, "none"),
     ("speculative", "telepathy", "auto"),
     ("dtype", "float8", "auto"),

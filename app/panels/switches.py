@@ -3,7 +3,7 @@
 :class:`SwitchesView` shows a :class:`~app.state.config.ReplyConfig` as check
 boxes (streaming, prefix cache, answer cache, parallel tools) and two lists
 (speculative source from ``engine.api.SOURCES``, quantization mode from
-``engine.api.QUANT_MODES``).  Every change emits ``changed(ReplyConfig)``;
+``engine.api.QUANT_CHOICES``).  Every change emits ``changed(ReplyConfig)``;
 :meth:`set_config` shows a config without emitting.  Which quantization modes
 this machine can run is asked of :mod:`app.quant_probe` (a child process) the
 first time the list is opened, never at start-up; modes that cannot run are
@@ -22,7 +22,7 @@ from app import quant_probe
 from app.background import in_background
 from app.dialogs.speed import SOURCE_TEXT
 from app.state.config import ReplyConfig
-from engine.api import QUANT_MODES, SOURCES
+from engine.api import QUANT_CHOICES, SOURCES
 
 TIPS = {
     "stream": "Off: the reply appears at once when it is complete, so you feel the difference",
@@ -41,7 +41,7 @@ class QuantCombo(QComboBox):
         super().__init__()
         self.device = device
         self.asked = False
-        self.addItems(list(QUANT_MODES))
+        self.addItems(list(QUANT_CHOICES))
 
     def showPopup(self) -> None:  # noqa: N802 (Qt override)
         if not self.asked:

@@ -2,7 +2,7 @@
 
 :class:`ReplyConfig` is every switch of the latency panel: streaming on/off,
 the prefix cache, the speculative source (``engine.api.SOURCES``), the
-quantization mode (``engine.api.QUANT_MODES``), the answer cache and parallel
+quantization mode (``engine.api.QUANT_CHOICES``), the answer cache and parallel
 tools.  ``ReplyConfig.current(settings, stream=..., parallel_tools=...)`` reads
 the four that live in :class:`~engine.storage.Settings` and takes the two
 GUI-only ones from the panel.  :meth:`ReplyConfig.request` applies a
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.api import QUANT_MODES, SOURCES, Metrics, Request
+from engine.api import QUANT_CHOICES, SOURCES, Metrics, Request
 from engine.compare import Config as CompareConfig
 from engine.storage import Settings
 
@@ -46,7 +46,7 @@ class ReplyConfig:
     stream: bool = True
     prefix_cache: bool = True
     speculative: str = "off"
-    quant: str = "none"
+    quant: str = "auto"
     answer_cache: bool = True
     parallel_tools: bool = True
 
@@ -103,7 +103,7 @@ class ReplyConfig:
             stream=flag("stream"),
             prefix_cache=flag("prefix_cache"),
             speculative=speculative if speculative in SOURCES else default.speculative,
-            quant=quant if quant in QUANT_MODES else default.quant,
+            quant=quant if quant in QUANT_CHOICES else default.quant,
             answer_cache=flag("answer_cache"),
             parallel_tools=flag("parallel_tools"),
         )
@@ -117,7 +117,7 @@ class ReplyConfig:
             parts.append("no prefix cache")
         if self.speculative != "off":
             parts.append(f"spec={self.speculative}")
-        if self.quant != "none":
+        if self.quant not in ("none", "auto"):
             parts.append(self.quant)
         return ", ".join(parts) or "plain"
 

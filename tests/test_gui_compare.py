@@ -76,7 +76,8 @@ def test_compare_a_chosen_message_and_a_quant_reload(qtbot: QtBot, harness: Harn
     dialog.set_config(1, Config(speculative="auto", quant="int8-cpu", stream=False))
     results = run(qtbot, dialog)
     assert isinstance(results, list) and results[1].config.quant == "int8-cpu"
-    assert [spec.quant for spec in engine.loads[-2:]] == ["int8-cpu", "auto"]  # and back to the mode the settings ask for
+    # and back to the mode the settings ask for
+    assert [spec.quant for spec in engine.loads[-2:]] == ["int8-cpu", "auto"]
     qtbot.waitUntil(lambda: window.model_ready)
 
 

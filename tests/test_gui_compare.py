@@ -9,6 +9,8 @@ the dialog waits on its ``finished_run`` signal, never on a sleep.
 from __future__ import annotations
 
 import csv
+import os
+import tempfile
 from pathlib import Path
 
 from gui_harness import Harness, chat, fake
@@ -22,7 +24,8 @@ from engine.client import local_backend
 from engine.compare import Config
 from engine.storage import Settings, Store
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+# Screenshots go to the README's docs/ only when asked (BRISK_SHOTS=docs); a plain test run leaves the tree alone.
+DOCS = Path(os.environ.get("BRISK_SHOTS") or tempfile.mkdtemp(prefix="brisk-shots-"))
 
 
 def run(qtbot: QtBot, dialog: CompareDialog, timeout: int = 10_000) -> object:

@@ -11,6 +11,7 @@ compared with the engine's, never with fixed numbers.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -23,7 +24,8 @@ from engine.api import Done, Loaded, LoadFailed, Token
 from engine.client import local_backend
 from engine.storage import Settings, Store
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+# Screenshots go to the README's docs/ only when asked (BRISK_SHOTS=docs); a plain test run leaves the tree alone.
+DOCS = Path(os.environ.get("BRISK_SHOTS") or tempfile.mkdtemp(prefix="brisk-shots-"))
 FIRST = "Name three planets of the solar system and say one fact about each."
 SECOND = "Now write those three facts again as a numbered list, then add one more fact about Mars."
 

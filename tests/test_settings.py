@@ -183,3 +183,16 @@ def test_an_engine_naming_no_saved_server_is_local(tmp_path: Path) -> None:
     assert problems == [
         "settings.json: engine must be 'local' or the name of a saved server, not 'gone'; using \"local\""
     ]
+
+
+def test_the_window_and_the_cli_take_sampling_from_one_place() -> None:
+    import argparse
+
+    from engine.api import Sampling
+    from engine.cli.common import sampling_from
+
+    settings = Settings(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1, seed=5, max_tokens=99)
+    assert settings.sampling() == Sampling(0.7, 0.9, 40, 1.1, 5, 99)
+    cli = sampling_from(argparse.Namespace(top_k=7, stop=["\n\n"]), settings)
+    # the CLI is greedy and unseeded unless told; the rest comes from the settings, flags on top
+    assert cli == Sampling(0.0, 0.9, 7, 1.1, None, 99, ("\n\n",))

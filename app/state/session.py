@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from app.state.reply import ReplyState
 from app.state.tools import enabled_tools
-from engine.api import Done, Error, ModelSpec, Request, Sampling, Token
+from engine.api import Done, Error, ModelSpec, Request, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver
 
 DEFAULT_TITLE = "New chat"
@@ -41,17 +41,6 @@ def make_title(text: str, limit: int = TITLE_CHARS) -> str:
     if " " in cut[limit // 2 :]:
         cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" ,.;:") + "\u2026"
-
-
-def sampling_from(settings: Settings) -> Sampling:
-    return Sampling(
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        repetition_penalty=settings.repetition_penalty,
-        seed=settings.seed,
-        max_tokens=settings.max_tokens,
-    )
 
 
 def model_spec(settings: Settings, model_override: str | None = None) -> ModelSpec:
@@ -148,7 +137,7 @@ class ChatSession:
         request = Request(
             id=uuid.uuid4().hex,
             messages=tuple(messages),
-            sampling=sampling_from(self.settings),
+            sampling=self.settings.sampling(),
             conversation_id=conversation_id,
             prefix_cache=self.settings.prefix_cache,
             speculative=self.settings.speculative,

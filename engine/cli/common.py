@@ -12,12 +12,12 @@ user never wrote (and the refusal costs one ``iconv``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from engine.api import (
     DEVICES,
@@ -98,21 +98,14 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
 
 
 def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
-    """The sampling values asked for, unchecked (see ``request_problems``); the CLI is greedy unless told."""
+    """The settings' sampling with the flags given on top, unchecked (see ``request_problems``).
 
-    def pick(name: str, default: Any) -> Any:
-        value = getattr(args, name, None)
-        return default if value is None else value
-
-    return Sampling(
-        temperature=pick("temperature", 0.0),
-        top_p=pick("top_p", settings.top_p),
-        top_k=pick("top_k", settings.top_k),
-        repetition_penalty=pick("repetition_penalty", settings.repetition_penalty),
-        seed=pick("seed", None),
-        max_tokens=pick("max_tokens", settings.max_tokens),
-        stop=tuple(getattr(args, "stop", None) or ()),
-    )
+    The CLI is greedy and unseeded unless told, whatever the window's settings say.
+    """
+    flags = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
+    given = {name: value for name in flags if (value := getattr(args, name, None)) is not None}
+    base = dataclasses.replace(settings.sampling(), temperature=0.0, seed=None)
+    return dataclasses.replace(base, **given, stop=tuple(getattr(args, "stop", None) or ()))
 
 
 def flag_problems(sampling: Sampling) -> list[str]:

@@ -123,6 +123,17 @@ class Settings:
             fixed["engine"] = LOCAL
         return dataclasses.replace(self, **fixed), problems
 
+    def sampling(self) -> Sampling:
+        """The sampling values these settings ask for (the window's; the CLI starts from them too)."""
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            seed=self.seed,
+            max_tokens=self.max_tokens,
+        )
+
     def save(self, path: Path | None = None) -> None:
         atomic_write(path or settings_path(), json.dumps(asdict(self), indent=2))
 

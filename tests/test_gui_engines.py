@@ -14,8 +14,8 @@ import keyring
 import pytest
 from fake_engine import FakeEngine
 from gui_harness import Harness, last_bubble, stored, type_and_send
-from keyring.backend import KeyringBackend
 from keyring.backends import fail
+from keyring_support import DictKeyring
 from pytestqt.qtbot import QtBot
 from streams.replay import Handler, ReplayServer, events
 
@@ -29,25 +29,6 @@ KEY = "sk-brisk-gui-0123456789abcdef"
 MODEL = "SmolLM2-135M-Instruct-Q8_0.gguf"
 ANSWER = "The capital of France is Paris."
 WAIT_MS = 20_000
-
-
-class DictKeyring(KeyringBackend):
-    """A system keyring that keeps its secrets in a dict (CI has none)."""
-
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.store: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.store.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.store[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        self.store.pop((service, username), None)
 
 
 @pytest.fixture

@@ -15,7 +15,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if getattr(args, "func", None) is not None:
-        return int(args.func(args))
+        code = int(args.func(args))
+        if argv is None:  # the `brisk` process itself: leave now, with the work done and flushed
+            # Background threads may still be inside native code (the answer cache's embedding model
+            # loading, MCP servers); an ordinary interpreter exit would tear them down and abort.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     problem = display_problem()
     if problem:
         print(f"brisk: {problem}", file=sys.stderr)

@@ -76,6 +76,7 @@ def test_observe_step_sets_torch_threads_and_can_be_turned_off(monkeypatch: pyte
     import torch
 
     def run() -> tuple[int, int]:
+        threads.set_adaptive(False)  # forget a governor an earlier engine left (its counts are another thread's)
         torch.set_num_threads(2)
         threads.set_adaptive(True)
         for t in [0.1] * 8 + [2.0] * 8:

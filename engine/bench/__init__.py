@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.api import ModelSpec
+from engine.api import AnswerCacheSettings, ModelSpec
 from engine.bench.common import latency_profile, peer_rows, table
-from engine.client import Client, LoadError, RequestError
+from engine.client import Client, LoadError, RequestError, local_backend
 
 SCENARIOS: dict[str, str] = {
     "foundation": "engine.bench.foundation",
@@ -77,7 +77,7 @@ def peer_comparison(name: str, args: argparse.Namespace, peer: Client) -> dict[s
     """The local engine and the peer measured the same way; prints the table and returns its data."""
     spec = ModelSpec(source=args.model or "", dtype=args.dtype or "auto", quant=args.quant or "none")
     runs = max(1, args.runs // 2)
-    with Client() as local:
+    with Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False))) as local:  # measure the model
         local.load(spec)
         mine = latency_profile(local, PEER_SCENARIOS[name], runs)
     theirs = latency_profile(peer, PEER_SCENARIOS[name], runs)

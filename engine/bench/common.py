@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from engine.api import Done, ModelSpec, Sampling
-from engine.client import Client
+from engine.api import AnswerCacheSettings, Done, ModelSpec, Sampling
+from engine.client import Client, local_backend
 
 
 def table(title: str, rows: list[dict[str, Any]]) -> str:
@@ -45,10 +45,13 @@ def median(values: list[float]) -> float:
 
 
 class Runner:
-    """One local engine, driven synchronously through the shared client."""
+    """One local engine, driven synchronously through the shared client.
+
+    The answer cache is off: these benchmarks repeat questions on purpose and measure the model.
+    """
 
     def __init__(self, model: str | None, dtype: str | None = None, draft: str = "") -> None:
-        self.client = Client()
+        self.client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
         self.loaded = self.client.load(ModelSpec(source=model or "", dtype=dtype or "auto", draft=draft))
         self.model = self.client.backend.loaded  # type: ignore[attr-defined]  # the engine's LoadedModel
         assert self.model is not None

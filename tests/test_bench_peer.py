@@ -57,3 +57,31 @@ def test_a_bad_peer_fails_before_the_local_runs() -> None:
     assert run.returncode == 2 and "Connection refused" in run.stderr
     assert "sk-never-printed" not in run.stdout + run.stderr
     assert "Model load" not in run.stdout and "TTFT" not in run.stdout, "no local scenario ran"
+
+
+def test_versus_puts_brisk_defaults_beside_the_peer(
+    server: ReplayServer, tiny_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.bench import versus
+
+    monkeypatch.setattr(versus, "LONG_SYSTEM", "Answer briefly.")  # the tiny model's context is short
+
+    args = build_parser().parse_args(
+        ["bench", "versus", "--peer", server.url, "--model", str(tiny_dir), "--runs", "1", "--max-tokens", "4"]
+        + ["--quant", "none", "--dtype", "float32"]  # no probes: the tiny model's choice is not what is tested
+    )
+    data = versus.run(args)
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("| measure"))
+    assert "brisk (defaults: auto)" in header and "brisk (speculation off)" in header
+    assert "peer (SmolLM2-135M-Instruct-Q8_0.gguf)" in header
+    for measure in ("decode tok/s, open", "decode tok/s, grounded", "TTFT cold", "TTFT warm"):
+        assert any(line.startswith(f"| {measure}") for line in out.splitlines()), measure
+    peer = data["samples"][data["peer"]]
+    assert len(peer["open"]) == len(versus.OPEN) and len(peer["ttft_cold_ms"]) == 3
+    # the peer decodes plain greedy, as Brisk does: temperature 0 and no repetition penalty, bounded replies
+    bodies = server.requests
+    assert bodies and all(b["temperature"] == 0 and b["repeat_penalty"] == 1.0 for b in bodies)
+    assert {b["max_tokens"] for b in bodies} == {4, 16}
+    local = data["samples"]["brisk (defaults: auto)"]
+    assert all(v > 0 for v in local["open"] + local["grounded"] + local["ttft_cold_ms"])

@@ -5,7 +5,9 @@ loop against ``model.generate()``), ``prefix`` (TTFT with and without the
 prefix cache: a long shared system prompt, and a 10-turn chat), ``speculative``
 (each draft source on grounded and open prompts), ``quant`` (each quantization
 mode's speed and agreement), ``answer-cache`` (hit and miss times, false
-hits), ``all``.  Variants are compared side by side in one run; we report
+hits), ``decode`` (each mode against the memory-bandwidth limit, threads under
+load), ``versus`` (Brisk as installed against ``--peer``: story and grounded
+decode, long-system-prompt TTFT), ``all``.  Variants are compared side by side in one run; we report
 medians.  Each scenario lives in a module of its own.
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
@@ -39,6 +41,7 @@ SCENARIOS: dict[str, str] = {
     "quant": "engine.bench.quant",
     "answer-cache": "engine.bench.answer_cache",
     "decode": "engine.bench.decode",
+    "versus": "engine.bench.versus",
 }
 
 
@@ -113,7 +116,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 except RequestError as exc:
                     print(f"error: the peer failed: {exc}", file=sys.stderr)
                     return 3
-            elif peer is not None:
+            elif peer is not None and name != "versus":  # versus measures the peer its own way
                 print(f"\n--peer is not used by the {name} scenario (it measures what only the local engine has)")
             out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
     bench.add_argument("--only", default="", help="speculative: only the prompts whose name contains this")
     bench.add_argument(
-        "--peer", default=None, metavar="URL", help="also measure this OpenAI-compatible server (foundation, prefix)"
+        "--peer",
+        default=None,
+        metavar="URL",
+        help="also measure this OpenAI-compatible server (foundation, prefix, versus)",
+    )
+    bench.add_argument(
+        "--max-tokens", type=int, default=200, help="versus: new tokens per reply, at most (default 200)"
     )
     bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")
     bench.add_argument("--api-key", default=None, help="the peer's API key (or set BRISK_API_KEY)")

@@ -1,0 +1,138 @@
+"""``brisk bench versus --peer URL``: Brisk as installed against a peer server on the same model, side by side.
+
+What a user who runs llama.cpp today compares: decode speed on an open
+prompt (stories) and on a grounded one (rewrite or extract from a given
+text), and TTFT cold and warm on a long (~1,200-token) system prompt.  Three
+columns, measured by the same client code at the client, greedy, interleaved
+prompt by prompt so drift hits each alike:
+
+- ``brisk (defaults)``: the local engine as ``make run`` starts it: the
+  ``auto`` quantization mode (measured at first load, see ``brisk doctor``;
+  ``--quant`` picks another) and the settings' speculative source (``auto``);
+- ``brisk (speculation off)``: the same engine with speculative decoding off,
+  so the table shows what each part is worth;
+- the peer (``--peer URL``, for example llama-cpp-python's or llama.cpp's
+  server on the same GGUF), sent ``repeat_penalty`` 1.0 so that it decodes
+  plain greedy as Brisk does (llama-cpp-python's server defaults to 1.1).
+
+Each round starts a new local engine, so the ``answers`` draft source never
+drafts from the previous round's reply to the same prompt: every prompt is
+new to the engine, as a new question is to a user.  Without ``--peer`` the
+peer column is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from typing import Any
+
+from engine.api import AnswerCacheSettings, ModelSpec, Sampling
+from engine.bench.common import PEER_PROMPTS, median, table
+from engine.bench.speculative import ARTICLE, CODE
+from engine.client import Client, local_backend
+from engine.storage.settings import Settings
+
+OPEN = {
+    "story (fox)": "Write a short story about a fox who learns to sail.",
+    "story (robot)": "Write a short story about a robot who paints the sea.",
+}
+GROUNDED = {
+    "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
+    "code edit": f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}",
+}
+LONG_SYSTEM = " ".join(
+    f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
+    f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
+    for i in range(40)
+)
+
+
+def measure(client: Client, speculative: str, max_tokens: int) -> dict[str, list[float]]:
+    """One round on one column: decode tok/s per prompt kind, TTFT cold and warm on the long system prompt."""
+    out: dict[str, list[float]] = {"open": [], "grounded": [], "ttft_cold_ms": [], "ttft_warm_ms": []}
+    sampling = Sampling(max_tokens=max_tokens)
+    for kind, prompts in (("open", OPEN), ("grounded", GROUNDED)):
+        for prompt in prompts.values():
+            done = client.ask(
+                [{"role": "user", "content": prompt}],
+                sampling,
+                conversation_id=uuid.uuid4().hex,
+                speculative=speculative,
+                answer_cache=False,
+            )
+            if done.metrics.tokens_per_s:
+                out[kind].append(done.metrics.tokens_per_s)
+    short = Sampling(max_tokens=16)
+    for prompt in PEER_PROMPTS:
+        system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+        conversation = uuid.uuid4().hex
+        for key in ("ttft_cold_ms", "ttft_warm_ms"):
+            done = client.ask(
+                messages, short, conversation_id=conversation, speculative=speculative, answer_cache=False
+            )
+            if done.metrics.ttft_s is not None:
+                out[key].append(1000 * done.metrics.ttft_s)
+    return out
+
+
+def peer_client(args: argparse.Namespace) -> Client | None:
+    if not getattr(args, "peer", None):
+        return None
+    import os
+
+    from engine.remote import remote_backend
+
+    key = getattr(args, "api_key", None) or os.environ.get("BRISK_API_KEY") or None
+    model = getattr(args, "peer_model", None) or None
+    client = Client(remote_backend(args.peer, model, key, extra_body={"repeat_penalty": 1.0}))
+    client.load(ModelSpec(source=model or ""))
+    return client
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rounds = max(1, args.runs)
+    max_tokens = max(1, getattr(args, "max_tokens", None) or 200)
+    source = Settings().speculative  # what a user who never opens Settings gets
+    columns: dict[str, dict[str, list[float]]] = {}
+    peer = peer_client(args)
+    peer_label = ""
+    info: dict[str, Any] = {}
+    try:
+        if peer is not None and peer.loaded is not None:
+            peer_label = f"peer ({peer.loaded.model_name})"
+        for _ in range(rounds):
+            # a new engine each round: no reply of an earlier round can serve as a draft
+            with Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False))) as local:
+                spec = ModelSpec(
+                    source=getattr(args, "model", None) or "",
+                    dtype=getattr(args, "dtype", None) or "auto",
+                    quant=getattr(args, "quant", None) or "auto",
+                )
+                loaded = local.load(spec)
+                info = {"model": loaded.model_name, "dtype": loaded.dtype, "quant": loaded.info.quant}
+                for label, speculative in ((f"brisk (defaults: {source})", source), ("brisk (speculation off)", "off")):
+                    merge(columns.setdefault(label, {}), measure(local, speculative, max_tokens))
+            if peer is not None:
+                merge(columns.setdefault(peer_label, {}), measure(peer, "off", max_tokens))
+    finally:
+        if peer is not None:
+            peer.close()
+    measures = [
+        ("decode tok/s, open prompts (median)", "open"),
+        ("decode tok/s, grounded prompts (median)", "grounded"),
+        ("TTFT cold, ~1,200-token system prompt, ms (median)", "ttft_cold_ms"),
+        ("TTFT warm, same system prompt again, ms (median)", "ttft_warm_ms"),
+    ]
+    rows = [
+        {"measure": name, **{col: median(data.get(key, [])) for col, data in columns.items()}} for name, key in measures
+    ]
+    title = f"Brisk as installed ({info.get('quant', '?')}) and " + (peer_label or "no peer (give --peer URL)")
+    print(table(f"{title}: greedy, up to {max_tokens} new tokens, {rounds} round(s)", rows))
+    return {"local": info, "peer": peer_label or None, "rows": rows, "samples": columns}
+
+
+def merge(into: dict[str, list[float]], more: dict[str, list[float]]) -> None:
+    for key, values in more.items():
+        into.setdefault(key, []).extend(values)

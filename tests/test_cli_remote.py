@@ -255,3 +255,17 @@ def test_a_failed_reply_stays_in_the_chat_history(server: ReplayServer) -> None:
     kinds = [e["type"] for e in parse(run.stdout) if e["type"] in ("error", "done")]
     assert kinds == ["error", "done"]
     assert server.requests[-1]["messages"][1] == {"role": "assistant", "content": "The capital of"}
+
+
+def test_the_done_line_counts_the_prompt_only_where_the_server_did() -> None:
+    from engine.api import Metrics
+    from engine.cli.common import summary
+
+    local = summary(Metrics(completion_tokens=4, prompt_tokens=30, cached_tokens=20))
+    assert "reused 20 of 30 prompt tokens" in local
+    unreported = summary(Metrics(completion_tokens=4, server={"model": "m"}))
+    assert not any("prompt" in part for part in unreported), unreported  # not "reused 0 of 0"
+    counted = summary(
+        Metrics(completion_tokens=4, prompt_tokens=30, server={"model": "m"}, server_reported=("prompt_tokens",))
+    )
+    assert "30 prompt tokens (server's count)" in counted

@@ -38,6 +38,11 @@ def test_stats_line_shows_only_what_exists() -> None:
     assert stats_line({}, "cancelled") == "stopped"
     assert stats_line({"completion_tokens": 9, "drafted": 0, "accepted": 0}) == "9 tokens"
     assert stats_line({"prompt_tokens": 35, "cached_tokens": 0}) == "reused 0 of 35 prompt tokens"
+    # a remote engine: the prompt counts only where its server reported them, never a made-up "0 of 0"
+    remote = {"completion_tokens": 4, "prompt_tokens": 0, "cached_tokens": 0, "server": {"model": "m"}}
+    assert stats_line(remote) == "4 tokens"
+    reported = {**remote, "prompt_tokens": 30, "server_reported": ["prompt_tokens"]}
+    assert stats_line(reported) == "4 tokens \u00b7 30 prompt tokens"
     assert stats_line({"drafted": 40, "accepted": 31, "speedup": 1.84}) == (
         "accepted 31 of 40 drafted (78 %) \u00b7 1.8\u00d7 plain decode"
     )

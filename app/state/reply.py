@@ -193,6 +193,10 @@ def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") ->
     if completion is not None:
         parts.append(f"{int(completion)} tokens")
     prompt, cached = _num(metrics, "prompt_tokens"), _num(metrics, "cached_tokens")
+    if metrics.get("server") is not None:  # a remote engine: only what its server reported
+        reported = metrics.get("server_reported") or ()
+        prompt = prompt if "prompt_tokens" in reported else None
+        cached = cached if "cached_tokens" in reported else None
     if prompt is not None and cached is not None:
         parts.append(f"reused {int(cached)} of {int(prompt)} prompt tokens")
     elif prompt is not None:

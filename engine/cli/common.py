@@ -231,7 +231,12 @@ def summary(m: Metrics) -> list[str]:
     if m.tokens_per_s:
         parts.append(f"{m.tokens_per_s:.1f} tok/s")
     parts.append(f"{m.completion_tokens} tokens")
-    parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
+    if m.server is None:  # the local engine counts the prompt and its reuse
+        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
+    elif "cached_tokens" in m.server_reported:
+        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens (server's count)")
+    elif "prompt_tokens" in m.server_reported:
+        parts.append(f"{m.prompt_tokens} prompt tokens (server's count)")
     if m.drafted:
         parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
     if m.speedup:

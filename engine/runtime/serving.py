@@ -238,12 +238,18 @@ class Serving:
         cache = self.prefix_cache
         assert cache is not None
         if system_tokens:
-            key = system_key(state.tokens[:system_tokens])
-            is_new = key not in cache.entries
-            cache.insert(key, state, system_tokens)
-            if is_new and self.options.persist_prefixes and key in cache.entries:
-                cache.save(kv_file(cache.identity))
+            self._remember_system(state, system_tokens)
         cache.insert(conversation_key, state, live=True)
+
+    def _remember_system(self, state: KVState, system_tokens: int) -> None:
+        """Keep the first ``system_tokens`` of ``state`` as a system prompt's entry; save a new one to disk."""
+        cache = self.prefix_cache
+        assert cache is not None
+        key = system_key(state.tokens[:system_tokens])
+        is_new = key not in cache.entries
+        cache.insert(key, state, system_tokens)
+        if is_new and self.options.persist_prefixes and key in cache.entries:
+            cache.save(kv_file(cache.identity))
 
     def _keep_answer(
         self, request: Request, result: DecodeResult, finish: str, rounds: Rounds, metrics: Metrics

@@ -17,6 +17,13 @@ stays).  ``call(fn)`` runs ``fn(engine)`` in turn with requests
 raises is reported as ``Warning("engine", ...)``.  Serving a request is
 ``engine.runtime.serving``; the decoding itself is ``engine.runtime.decode``.
 
+After a reload the old prefix cache's last used system prompts are prefilled
+again for the new model (``engine.runtime.rewarm``) while the queue is empty,
+one prefill chunk between looks at the queue, so the next reply's system
+prompt is warm (its ``Started``/``Metrics.cached_tokens`` count it) and a
+request that arrives meanwhile waits for one chunk at most.  Greedy replies
+are the same with or without it; one that fails is a ``Warning("cache", ...)``.
+
 Everything submitted passes the answer gate (``engine.runtime.answers_bridge``)
 in order: a request the answer cache can answer is answered there at once
 (even while a model loads), the rest reach this thread; a complete reply
@@ -46,6 +53,7 @@ from engine.runtime.loading import KV_RESERVE_BYTES, build, kv_file
 from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
 from engine.runtime.serving import Serving, conversation_key
 from engine.runtime.speculative import DraftModel
 from engine.runtime.tool_turns import ToolBox
@@ -74,6 +82,7 @@ class Engine(Serving):
         self.draft: DraftModel | None = None
         self.answers = AnswerMemory()  # drafts seeded by remember_answer (and replies the cache did not keep)
         self.tools = ToolBox(self.options.tools, on_event)
+        self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -122,6 +131,7 @@ class Engine(Serving):
         """Forget every prompt's KV in memory (in turn with requests), so the next reply starts cold."""
 
         def clear_prefix_cache(engine: Engine) -> None:
+            engine.rewarm.clear()
             if engine.prefix_cache is not None:
                 engine.prefix_cache.entries.clear()
 
@@ -139,13 +149,15 @@ class Engine(Serving):
 
     # -- engine thread ----------------------------------------------------------
     def _loop(self) -> None:
-        """Serve the queue until ``shutdown``; nothing that raises here ends the thread."""
+        """Serve the queue until ``shutdown``, prefilling again while it is empty; nothing here ends the thread."""
         while True:
-            kind, item = self._queue.get()
+            kind, item = self._next()
             if kind == "stop":
                 return
             try:
-                if kind == "load":
+                if kind == "rewarm":
+                    self._rewarm_step()
+                elif kind == "load":
                     self._load_reported(*item)
                 elif kind == "request":
                     self._serve(item)
@@ -153,6 +165,15 @@ class Engine(Serving):
                     self._call(item)
             except Exception:  # a failing on_event callback: nothing left to report it to
                 traceback.print_exc()
+
+    def _next(self) -> tuple[str, Any]:
+        """The next queued item; ``("rewarm", None)`` instead of waiting while a warm-up is pending."""
+        if self.rewarm.pending():
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                return "rewarm", None
+        return self._queue.get()
 
     def _call(self, fn: Callable[[Engine], Any]) -> None:
         try:
@@ -184,6 +205,7 @@ class Engine(Serving):
         def progress(fraction: float, message: str) -> None:
             self.on_event(LoadProgress(fraction, message))
 
+        old_cache, old_tokenizer = self.prefix_cache, self.loaded.tokenizer if self.loaded is not None else None
         built = build(spec, self.options, progress)
         loaded, warnings = built.loaded, built.warnings
         self.loaded, self.decoder, self.draft = loaded, built.decoder, built.draft
@@ -195,6 +217,34 @@ class Engine(Serving):
         except Exception as exc:  # the answer cache only saves time
             traceback.print_exc()
             warnings.append(Warning("cache", f"The answer cache was not updated for this model ({exc})."))
+        self._rewarm_after_load(old_cache, old_tokenizer, warnings)
         self.on_event(Loaded(loaded.name, loaded.device.type, built.dtype, loaded.load_s, built.info))
         for warning in warnings:
             self.on_event(warning)
+
+    def _rewarm_after_load(self, old_cache: PrefixCache | None, old_tokenizer: Any, warnings: list[Warning]) -> None:
+        """Queue the old cache's last used system prompts for the new model (same vocabulary only)."""
+        assert self.loaded is not None and self.prefix_cache is not None
+        self.rewarm.clear()  # what was queued belongs to the old model
+        try:
+            prompts = hot_prompts(old_cache)
+            if prompts and self.prefix_cache.budget_bytes > 0 and same_vocabulary(old_tokenizer, self.loaded.tokenizer):
+                self.rewarm.start(self.loaded.model, self.prefix_cache, prompts)
+        except Exception as exc:  # warm-up only saves time
+            traceback.print_exc()
+            self.rewarm.clear()
+            warnings.append(Warning("cache", f"The system prompt will not be prefilled again ({exc}); it starts cold."))
+
+    def _rewarm_step(self) -> None:
+        """One chunk of the warm-up; a finished system prompt is kept as a reply would keep it."""
+        try:
+            state = self.rewarm.step()
+            if state is not None:
+                self._remember_system(state, len(state))
+        except Exception as exc:  # warm-up only saves time: the next reply starts cold
+            traceback.print_exc()
+            self.rewarm.clear()
+            message = f"The system prompt was not prefilled again after the reload ({exc}); replies still work."
+            self.on_event(Warning("cache", message))
+        if not self.rewarm.pending():
+            self.rewarm.clear()

@@ -17,7 +17,7 @@ import pytest
 from conftest import EngineRunner, done, token_ids
 
 from engine.api import AnswerCacheSettings, Done, Loaded, ModelSpec, Request, Sampling, Started, Token
-from engine.runtime import engine as engine_module
+from engine.runtime import loading as loading_module
 
 SETTINGS = AnswerCacheSettings(semantic=False)
 GREEDY = Sampling(max_tokens=12)
@@ -105,13 +105,13 @@ def test_a_cached_answer_is_served_while_the_model_loads(
     question = "Answer me during the load."
     expected = done(ask(runner, question))  # cached by the runner's load of the same spec
     release = threading.Event()
-    real_load = engine_module.load_model
+    real_load = loading_module.load_model
 
     def slow_load(spec: ModelSpec, progress):  # noqa: ANN001, ANN202
         assert release.wait(120), "the test never released the load"
         return real_load(spec, progress)
 
-    monkeypatch.setattr(engine_module, "load_model", slow_load)
+    monkeypatch.setattr(loading_module, "load_model", slow_load)
     events: queue.Queue[object] = queue.Queue()
     engine = Engine(events.put, EngineOptions(answer_cache=SETTINGS))
     try:

@@ -23,7 +23,7 @@ import pytest
 from conftest import EngineRunner, done, token_ids
 from tiny import make_tiny_model
 
-import engine.runtime.engine as engine_module
+import engine.runtime.serving as serving_module
 import engine.runtime.steps as steps_module
 from engine.api import (
     AnswerCacheSettings,
@@ -129,7 +129,7 @@ def victim(**fields: Any) -> Request:
 
 
 def test_failing_prompt_build(runner: EngineRunner, baseline: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "build_prompt", raising(RuntimeError("template exploded")))
+    monkeypatch.setattr(serving_module, "build_prompt", raising(RuntimeError("template exploded")))
     bad = victim()
     end, events = fails_then_serves(runner, bad, baseline, monkeypatch)
     assert isinstance(end, Error) and "template exploded" in end.message and end.partial_text == ""
@@ -137,7 +137,7 @@ def test_failing_prompt_build(runner: EngineRunner, baseline: list[int], monkeyp
 
 
 def test_failing_draft_source_setup(runner: EngineRunner, baseline: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "PromptLookup", raising(OSError("lookup table unreadable")))
+    monkeypatch.setattr(serving_module, "PromptLookup", raising(OSError("lookup table unreadable")))
     end, _ = fails_then_serves(runner, victim(speculative="lookup"), baseline, monkeypatch)
     assert isinstance(end, Error) and "OSError" in end.message and end.partial_text == ""
 
@@ -200,7 +200,7 @@ def test_failing_prefix_cache_save_still_ends_in_done_with_a_warning(
 
 
 def test_failing_done_assembly(runner: EngineRunner, baseline: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "request_metrics", raising(KeyError("spans")))
+    monkeypatch.setattr(serving_module, "request_metrics", raising(KeyError("spans")))
     bad = victim()
     end, events = fails_then_serves(runner, bad, baseline, monkeypatch)
     assert isinstance(end, Error) and "KeyError" in end.message

@@ -1,0 +1,93 @@
+"""Everything that belongs to one model, built before the engine switches to it.
+
+``build(spec, options, progress)`` runs on the engine thread (the KV memory
+reserved here comes from that thread's malloc arena).  It loads the model
+(``engine.model.loader.load_model``, reporting through ``progress``) and
+returns a :class:`Built`: the model, its
+:class:`~engine.runtime.decode.Decoder`, a new
+:class:`~engine.runtime.prefix_cache.PrefixCache` holding the system-prompt KV
+saved for this model identity (when ``options.persist_prefixes``), the draft
+model when the spec names one, the :class:`~engine.api.ModelInfo` for
+``Loaded`` and the warnings to send after it.
+
+It raises only what loading the model itself raises (``ModelLoadError``, or
+anything unexpected); saved prompt caches that cannot be read, or a draft
+model that cannot be loaded, are warnings and never fail the load.  It changes
+nothing in the engine: the caller switches to the result all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.api import ModelInfo, ModelSpec, Warning
+from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
+from engine.paths import cache_dir
+from engine.runtime.decode import Decoder
+from engine.runtime.memory import reserve
+from engine.runtime.options import EngineOptions
+from engine.runtime.prefix_cache import PrefixCache, kv_layout
+from engine.runtime.speculative import DraftModel
+
+KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
+
+
+def kv_file(identity: str) -> Path:
+    """Where the system-prompt KV of the model ``identity`` is saved."""
+    return cache_dir() / "kv" / f"{identity}.safetensors"
+
+
+@dataclass
+class Built:
+    """A loaded model and what belongs to it, ready to be switched to."""
+
+    loaded: LoadedModel
+    decoder: Decoder
+    prefix_cache: PrefixCache
+    draft: DraftModel | None
+    dtype: str  # the model's dtype without the "torch." prefix
+    info: ModelInfo
+    warnings: list[Warning] = field(default_factory=list)
+
+
+def build(spec: ModelSpec, options: EngineOptions, progress: Callable[[float, str], None]) -> Built:
+    """Load ``spec`` and build its decoder, prefix cache and draft model (see the module docstring)."""
+    loaded = load_model(spec, progress)
+    warnings: list[Warning] = []
+    decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
+    # on this (the engine's) thread, whose malloc arena the KV buffers will come from
+    loaded.info["kv_reserved_bytes"] = reserve(min(options.prefix_cache_bytes, KV_RESERVE_BYTES))
+    prefix_cache = PrefixCache(loaded.identity, options.prefix_cache_bytes)
+    if options.persist_prefixes:
+        try:
+            loaded.info["warm_prefixes"] = prefix_cache.load(kv_file(loaded.identity), layout=kv_layout(loaded.model))
+            if prefix_cache.load_problems:
+                problems = "; ".join(prefix_cache.load_problems)
+                warnings.append(
+                    Warning("cache", f"Some saved prompt caches were not used ({problems}); they start cold.")
+                )
+        except Exception as exc:  # saved prompt caches only save time: start cold
+            traceback.print_exc()
+            prefix_cache = PrefixCache(loaded.identity, options.prefix_cache_bytes)
+            loaded.info["warm_prefixes"] = 0
+            message = f"Saved prompt caches were not used ({exc}); the first reply starts cold."
+            warnings.append(Warning("cache", message))
+    draft = None
+    if spec.draft:
+        try:
+            draft = DraftModel(load_draft(spec, loaded).model)
+            loaded.info["draft_model"] = spec.draft
+            loaded.info["draft_quant"] = getattr(spec, "draft_quant", "none")
+        except Exception as exc:  # the target runs without it
+            if not isinstance(exc, ModelLoadError):
+                traceback.print_exc()
+                exc = ModelLoadError(f"{type(exc).__name__}: {exc}")
+            warnings.append(Warning("draft", f"Draft model not used: {exc}"))
+    dtype = str(loaded.dtype).removeprefix("torch.")
+    known = {f.name for f in dataclasses.fields(ModelInfo)}
+    info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
+    return Built(loaded, decoder, prefix_cache, draft, dtype, info, warnings)

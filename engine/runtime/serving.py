@@ -1,0 +1,270 @@
+"""Serving one request on the engine thread: prompt, draft sources, prefix cache, decode, tools, ``Done``.
+
+:class:`Serving` is the request path of :class:`~engine.runtime.engine.Engine`
+(its base class; it works on the engine's state, declared below).
+``_serve(request)`` ends the request with exactly one ``Done`` or ``Error``
+whatever raises (an ``Error`` carries the text streamed so far); a request
+that arrives before a model is loaded, or with invalid values, gets an
+``Error`` before any prefill.  Each model round looks the prompt up in the
+prefix cache (preferring the conversation's own entry), prefills and decodes
+through ``engine.runtime.decode``, then keeps the conversation's KV and its
+system prompt's KV under a key of its own (saved to disk for a warm restart
+when ``persist_prefixes``); a cache that cannot be kept is a
+``Warning("cache", ...)``, never the reply's end.  Tools
+(``engine.runtime.tool_turns``): the user's ``/NAME`` lines run first, then
+the model's calls, for at most ``ToolSettings.max_rounds`` rounds of up to
+``max_tokens`` each.  After ``Done`` a complete reply without tools goes to
+the answer cache (else to the draft memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from engine.answer_cache import ModelIdentity
+from engine.api import SOURCES, Done, Metrics, Request, Sampling, Started, Token, Warning
+from engine.model.kv import KVState
+from engine.model.loader import LoadedModel
+from engine.runtime import tool_turns
+from engine.runtime.answers import AnswerMemory
+from engine.runtime.answers_bridge import AnswerGate
+from engine.runtime.decode import Decoder, DecodeResult
+from engine.runtime.loading import kv_file
+from engine.runtime.options import EngineOptions, request_problems
+from engine.runtime.prefix_cache import PERSISTED, PrefixCache
+from engine.runtime.prompt import Prompt, build_prompt
+from engine.runtime.reply_events import ReplyEvents
+from engine.runtime.reply_metrics import request_metrics
+from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
+from engine.runtime.tool_turns import Rounds, ToolBox
+from engine.tools import Parsed, tool_schemas
+
+
+def conversation_key(conversation_id: str) -> str:
+    """The prefix cache key of a conversation's own (live) entry."""
+    return f"conv:{conversation_id}"
+
+
+def system_key(tokens: list[int]) -> str:
+    """The prefix cache key of a system prompt's entry (saved to disk: it starts with ``PERSISTED``)."""
+    return PERSISTED + hashlib.sha256(str(tokens).encode()).hexdigest()[:16]
+
+
+class Serving:
+    """The request path; the engine's state it works on is declared here and set by ``Engine``."""
+
+    on_event: Callable[[object], None]
+    options: EngineOptions
+    loaded: LoadedModel | None
+    identity: ModelIdentity | None
+    decoder: Decoder | None
+    prefix_cache: PrefixCache | None
+    draft: DraftModel | None
+    answers: AnswerMemory
+    tools: ToolBox
+    answer_gate: AnswerGate
+    _cancelled: set[str]
+    _lock: threading.Lock
+
+    def _is_cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._cancelled
+
+    def _serve(self, request: Request) -> None:
+        reply = ReplyEvents(request.id, request.submitted_at, self.on_event)
+        try:
+            self._serve_checked(request, reply)
+        except Exception as exc:  # whatever raised, the request ends with one Error
+            traceback.print_exc()
+            if self.draft is not None:
+                self.draft.state = KVState()  # a step that failed half-way may have left its KV uneven
+            reply.fail(
+                f"The reply failed ({type(exc).__name__}: {exc}). Try again; if it keeps failing, "
+                "reload the model or pick another in Settings."
+            )
+        finally:
+            with self._lock:
+                self._cancelled.discard(request.id)
+
+    def _serve_checked(self, request: Request, reply: ReplyEvents) -> None:
+        t_taken = reply.since()
+        if self.loaded is None or self.decoder is None or self.prefix_cache is None:
+            reply.fail("No model is loaded yet. Wait for loading to finish or pick a model in Settings.")
+            return
+        problems = request_problems(request)
+        if problems:
+            reply.fail("Cannot send this request: " + "; ".join(problems) + ".")
+            return
+        view = self.tools.view(request.tools)
+        schemas = (tool_schemas(view) or None) if view is not None else None
+        messages: list[dict[str, Any]] = list(request.messages)
+        try:
+            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+            drafters = self._drafters(request, len(prompt.ids))
+        except ValueError as exc:
+            reply.fail(str(exc))
+            return
+        t_prompt = reply.since()
+        rounds = Rounds()
+        started = False
+        kept, calls = tool_turns.slash_calls(messages, view) if view is not None else ("", ())
+        if view is not None and calls:  # the user's own /NAME lines run first; the model sees the results
+            reply.emit(Started(request.id, t_prompt, len(prompt.ids), prompt.truncated, 0))
+            started = True
+            rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit))
+            messages = tool_turns.with_slash_results(messages, kept, rounds.turns[-1])
+            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+            drafters = self._drafters(request, len(prompt.ids))
+        first: Metrics | None = None
+        model_turns, as_text = 0, False
+        while True:  # each round may write up to max_tokens; at most max_rounds rounds of tool calls
+            result, lookup_at = self._decode(request, reply, prompt, request.sampling, drafters, started)
+            started = True
+            rounds.decodes.append((result.metrics, lookup_at))
+            if first is None:
+                first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
+            finish = result.finish_reason
+            parsed = tool_turns.model_calls(result.text) if view is not None else Parsed(result.text)
+            if not parsed.calls or finish in ("cancelled", "context") or model_turns >= self.options.tools.max_rounds:
+                break
+            assert view is not None
+            model_turns += 1
+            turn = tool_turns.run_turn(parsed.calls, view, request, reply.emit)
+            rounds.turns.append(turn)
+            if self._is_cancelled(request.id):
+                finish = "cancelled"
+                break
+            reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
+            messages, prompt, as_text = tool_turns.next_prompt(
+                lambda m: self._prompt(m, request.sampling.max_tokens, schemas),
+                messages,
+                result.text,
+                parsed,
+                turn,
+                as_text,
+            )
+            drafters = self._drafters(request, len(prompt.ids))
+        assert first is not None
+        metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
+        text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
+        with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
+            reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+            self._keep_answer(request, result, finish, rounds, metrics)
+
+    def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
+        assert self.loaded is not None
+        return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+
+    def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
+        """The draft sources for this request, best first (``auto``: all that are available)."""
+        source = request.speculative
+        if source not in SOURCES:
+            raise ValueError(f"Unknown speculative source {source!r}; choose one of {', '.join(SOURCES)}.")
+        if source == "off":
+            return []
+        if source == "draft" and self.draft is None:
+            raise ValueError("Speculative source 'draft' needs a draft model: set one in Settings or --draft-model.")
+        drafters: list[Drafter] = []
+        if source in ("auto", "answers"):
+            similar = self._answer_drafts(str(request.messages[-1].get("content", "")))
+            if similar:
+                drafters.append(AnswerDrafts(similar, prompt_length))
+        if source in ("auto", "lookup"):
+            drafters.append(PromptLookup())
+        if source in ("auto", "draft") and self.draft is not None:
+            drafters.append(self.draft)
+        return drafters
+
+    def _answer_drafts(self, question: str, limit: int = 3) -> list[list[int]]:
+        """Earlier answers to similar questions: the answer cache's nearest, then seeded ones."""
+        found: list[list[int]] = []
+        if self.identity is not None:
+            try:
+                found = self.answer_gate.drafts(question, self.identity, limit)
+            except Exception:  # drafts only save time
+                traceback.print_exc()
+        for ids in self.answers.similar(question, limit):
+            if ids not in found:
+                found.append(ids)
+        return found[:limit]
+
+    def _decode(
+        self,
+        request: Request,
+        reply: ReplyEvents,
+        prompt: Prompt,
+        sampling: Sampling,
+        drafters: list[Drafter],
+        started: bool,
+    ) -> tuple[DecodeResult, float]:
+        """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
+        assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
+        conversation = conversation_key(request.conversation_id or request.id)
+        state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+        t_lookup = reply.since()
+        if not started:
+            reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
+        result = None
+        for item in self.decoder.stream(
+            request.id,
+            prompt.ids,
+            state,
+            sampling,
+            lambda: self._is_cancelled(request.id),
+            request.submitted_at,
+            drafters,
+            self.loaded.context_length,
+        ):
+            if isinstance(item, DecodeResult):
+                result = item
+            else:
+                reply.emit(item)
+        assert result is not None, "the decode stream ends with its result"
+        if request.prefix_cache:
+            try:
+                self._remember(state, prompt.system_tokens, conversation)
+            except Exception as exc:  # a cache that cannot be kept costs speed next time, never the reply
+                traceback.print_exc()
+                self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))
+        return result, t_lookup
+
+    def _remember(self, state: KVState, system_tokens: int, conversation_key: str) -> None:
+        """Keep this conversation's KV, and its system prompt's KV under a key of its own."""
+        cache = self.prefix_cache
+        assert cache is not None
+        if system_tokens:
+            self._remember_system(state, system_tokens)
+        cache.insert(conversation_key, state, live=True)
+
+    def _remember_system(self, state: KVState, system_tokens: int) -> None:
+        """Keep the first ``system_tokens`` of ``state`` as a system prompt's entry; save a new one to disk."""
+        cache = self.prefix_cache
+        assert cache is not None
+        key = system_key(state.tokens[:system_tokens])
+        is_new = key not in cache.entries
+        cache.insert(key, state, system_tokens)
+        if is_new and self.options.persist_prefixes and key in cache.entries:
+            cache.save(kv_file(cache.identity))
+
+    def _keep_answer(
+        self, request: Request, result: DecodeResult, finish: str, rounds: Rounds, metrics: Metrics
+    ) -> None:
+        """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
+        if finish not in ("stop", "length") or rounds.tools_ran or self.identity is None:
+            if finish != "cancelled" and not rounds.tools_ran:
+                self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+            return
+        generation_s = (metrics.total_s or 0.0) - (metrics.queue_s or 0.0)
+        try:
+            kept = self.answer_gate.put(self.identity, request, result.text, result.ids, generation_s)
+        except Exception as exc:  # the answer cache only saves time
+            traceback.print_exc()
+            self.on_event(Warning("cache", f"The answer could not be kept in the answer cache ({exc})."))
+            kept = False
+        if not kept:
+            self.answers.add(str(request.messages[-1].get("content", "")), result.ids)

@@ -1,81 +1,29 @@
-"""Shared test set-up: offscreen Qt, a private data folder, tiny and bundled models, the GUI harness."""
+"""Shared test set-up: offscreen Qt, a private data folder, the tiny and bundled models and engines on them.
+
+GUI fixtures (a data folder per test, the harness) live in ``tests/app/conftest.py``; helpers that tests
+import live in ``tests/support/``.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One data folder per test session, so the bundled model is converted once per run.
 os.environ["BRISK_DATA_DIR"] = tempfile.mkdtemp(prefix="brisk-test-")
-sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
-from tiny import make_tiny_model  # noqa: E402
+
+from tests.support.engine_runner import EngineRunner  # noqa: E402
+from tests.support.tiny import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))
-
-
-class EngineRunner:
-    """Drives a real Engine through the shared synchronous client: submit a request, collect its events."""
-
-    def __init__(
-        self, source: str, draft: str = "", draft_quant: str = "none", quant: str = "none", **options: object
-    ) -> None:
-        from engine.api import AnswerCacheSettings, Loaded, LoadFailed, ModelSpec
-        from engine.client import Client, LoadError, local_backend
-
-        # Engine tests compare replies of the model itself: the answer cache (and its embedding
-        # model) stays off unless a test asks for it.
-        options.setdefault("answer_cache", AnswerCacheSettings(enabled=False))
-        self.client = Client(local_backend(**options), timeout=300)
-        self.engine = self.client.backend
-        spec = ModelSpec(source=source, dtype="float32", quant=quant, draft=draft, draft_quant=draft_quant)
-        self.load_event: Loaded | LoadFailed
-        try:
-            self.load_event = self.client.load(spec)
-        except LoadError as exc:
-            self.load_event = LoadFailed(str(exc))
-        self.draft_error = next((w for w in self.client.warnings if w.kind == "draft"), None)
-
-    def run(self, messages: list[dict[str, str]], cancel_after: int | None = None, **kwargs: object) -> list[object]:
-        from engine.api import Request, Sampling, Token
-
-        sampling = kwargs.pop("sampling", Sampling(max_tokens=24))
-        request = Request(id=uuid.uuid4().hex, messages=tuple(messages), sampling=sampling, **kwargs)  # type: ignore[arg-type]
-        out: list[object] = []
-        tokens = 0
-        for event in self.client.stream(request):
-            out.append(event)
-            if isinstance(event, Token):
-                tokens += 1
-                if cancel_after is not None and tokens == cancel_after:
-                    self.engine.cancel(request.id)
-        return out
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def token_ids(events: list[object]) -> list[int]:
-    from engine.api import Token
-
-    return [i for e in events if isinstance(e, Token) for i in e.ids]
-
-
-def done(events: list[object]):  # noqa: ANN201
-    from engine.api import Done
-
-    last = events[-1]
-    assert isinstance(last, Done), f"expected Done, got {last!r}"
-    return last
 
 
 @pytest.fixture(scope="session")
@@ -90,22 +38,3 @@ def bundled_engine():
     runner = EngineRunner("")
     yield runner
     runner.close()
-
-
-@pytest.fixture
-def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private data folder for one test (settings.json, brisk.db); GUI tests use it."""
-    data = tmp_path / "brisk-data"
-    data.mkdir()
-    monkeypatch.setenv("BRISK_DATA_DIR", str(data))
-    return data
-
-
-@pytest.fixture
-def harness(qtbot, brisk_data_dir: Path):  # noqa: ANN001, ANN201
-    """Windows on a store in this test's data folder, each with its own FakeEngine (``tests/gui_harness.py``)."""
-    from gui_harness import Harness  # imports Qt: only the GUI tests ask for it
-
-    h = Harness(qtbot, brisk_data_dir)
-    yield h
-    h.close_all()

@@ -13,7 +13,7 @@ order, and attends with ``enable_gqa`` instead of copying keys and values.
 know to be equivalent (another architecture, sliding windows, another
 activation); callers then use the model's own forward.  ``engine.model.kv.forward``
 makes one per model on first use (``engine.model.kv.fast_forward``).
-Equivalence is tested against transformers' forward in ``tests/test_fastpath.py``.
+Equivalence is tested against transformers' forward in ``tests/engine/model/test_fastpath.py``.
 One-token steps of fp16-cpu models go to ``engine.quant.scripted`` (one TorchScript call
 for all layers) when it takes them; everything else runs here.
 """

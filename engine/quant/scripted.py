@@ -8,7 +8,7 @@ and gate/up fused by ``engine.quant.apply.fuse_fp16``), this module runs a one-t
 decode step, every layer, the final norm and the head, as one scripted function
 over lists of the packed weights.  Same operations in the
 same order as ``engine.model.fastpath`` (the same kernels; results are identical, tested
-in ``tests/test_scripted.py``), writing keys and values into the KV cache's own
+in ``tests/engine/quant/test_scripted.py``), writing keys and values into the KV cache's own
 buffers.  The cache is duck-typed (this package sits below ``engine.model`` and imports
 nothing from it): every layer must have ``reserve(m, like)``, returning a buffer with
 ``keys`` / ``values`` tensors with room for ``m`` more positions, and ``advance(m)``, as

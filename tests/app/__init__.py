@@ -1,0 +1,1 @@
+"""GUI tests (``app/``) with pytest-qt: real windows over a scripted FakeEngine, and a few on the real engine."""

@@ -1,0 +1,1 @@
+"""Tests of ``engine.bench``: the benchmark against a peer server."""

@@ -1,0 +1,1 @@
+"""Tests of ``engine.model``: loading and conversion, the dtype and mode probes, the fast forward, packed linears."""

@@ -1,0 +1,1 @@
+"""Tests of ``engine.runtime``: the engine thread, prompt, prefix cache, steps, decode, speculative, threads."""

@@ -1,0 +1,221 @@
+"""Speculative decoding: same greedy output for every source, correct sampling, adaptive control."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.api import Sampling, Token, Warning
+from engine.runtime.speculative import Controller, PromptLookup, verify
+from tests.support.engine_runner import EngineRunner, done, token_ids
+from tests.support.tiny import make_tiny_model
+
+DOC = (
+    "The lighthouse keeper climbed the stairs at dusk, lit the lamp, wound the clockwork, "
+    "and wrote the weather in the log: wind from the west, sea calm, visibility good."
+)
+QUOTE = [{"role": "user", "content": f"Repeat this text exactly: {DOC}"}]
+CHAT = [{"role": "user", "content": "Tell me something surprising about octopuses."}]
+SOURCES = ["lookup", "answers", "draft", "auto"]
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    draft_dir = make_tiny_model(tmp_path_factory.mktemp("draft"), seed=1, layers=1, hidden=32)
+    runner = EngineRunner(str(tiny_dir), draft=str(draft_dir))
+    assert runner.draft_error is None
+    yield runner
+    runner.close()
+
+
+def run(runner: EngineRunner, messages: list[dict[str, str]], source: str, cache: bool = False, n: int = 48):  # noqa: ANN201
+    # answer_cache=False: the model writes every reply (a repeated greedy question would be a cache hit)
+    return runner.run(
+        messages, sampling=Sampling(max_tokens=n), speculative=source, prefix_cache=cache, answer_cache=False
+    )
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("source", SOURCES)
+def test_greedy_output_identical_for_every_source(tiny_pair: EngineRunner, source: str, cache: bool) -> None:
+    for messages in (QUOTE, CHAT):
+        plain = run(tiny_pair, messages, "off")
+        spec = run(tiny_pair, messages, source, cache)
+        assert token_ids(spec) == token_ids(plain)
+        assert done(spec).text == done(plain).text
+    m = done(spec).metrics
+    assert m.accepted <= m.drafted
+    if source in ("draft", "answers", "auto"):  # answers: the same question was answered just before
+        assert m.drafted > 0
+
+
+def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
+    runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir))
+    try:
+        run(runner, CHAT, "off", n=8)  # measure the plain step so drafting starts
+        events = run(runner, CHAT, "draft", n=64)
+        m = done(events).metrics
+        assert m.drafted > 10
+        assert m.accepted == m.drafted
+        flagged = [e for e in events if isinstance(e, Token) and e.draft]
+        assert sum(len(e.ids) for e in flagged) == m.accepted
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("mode", ["fp16-cpu", "int8-cpu"])
+def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode: str) -> None:
+    from engine import quant
+    from engine.api import Loaded
+
+    runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant=mode)  # the target, quantized
+    try:
+        assert runner.draft_error is None and isinstance(runner.load_event, Loaded)
+        assert runner.load_event.info.draft_quant == mode
+        assert runner.engine.draft is not None
+        assert getattr(runner.engine.draft.model, "brisk_quant", {}).get("mode") == mode
+        assert quant.weight_bytes(runner.engine.draft.model) < quant.weight_bytes(runner.engine.loaded.model)
+        for messages in (QUOTE, CHAT):
+            plain = run(runner, messages, "off")
+            spec = run(runner, messages, "draft", n=48)
+            assert token_ids(spec) == token_ids(plain)
+        m = done(spec).metrics
+        assert m.drafted > 10 and m.accepted >= 0.8 * m.drafted  # nearly the target's own guesses
+    finally:
+        runner.close()
+
+
+def test_speculative_output_is_unchanged_on_an_fp16_target(tiny_dir: Path) -> None:
+    """Verification (several tokens, eager path) and single steps (scripted) share one KV cache."""
+    runner = EngineRunner(str(tiny_dir), quant="fp16-cpu")
+    try:
+        assert getattr(runner.engine.loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu"
+        for source in ("lookup", "auto"):
+            for cache in (False, True):
+                plain = run(runner, QUOTE, "off")
+                spec = run(runner, QUOTE, source, cache)
+                assert token_ids(spec) == token_ids(plain)
+        assert done(spec).metrics.drafted > 0
+    finally:
+        runner.close()
+
+
+def test_unknown_draft_quantization_is_a_warning_and_the_target_still_runs(tiny_dir: Path) -> None:
+    runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir), draft_quant="int3-cpu")
+    try:
+        assert isinstance(runner.draft_error, Warning)
+        assert "int3-cpu" in runner.draft_error.message and "fp16-cpu" in runner.draft_error.message
+        assert token_ids(run(runner, CHAT, "off", n=8))
+    finally:
+        runner.close()
+
+
+def test_answers_source_replays_an_earlier_answer(tiny_engine: EngineRunner) -> None:
+    question = [{"role": "user", "content": "What do lighthouse keepers write in the log?"}]
+    first = run(tiny_engine, question, "off")
+    again = run(tiny_engine, question, "answers")
+    assert token_ids(again) == token_ids(first)
+    m = done(again).metrics
+    assert m.drafted > 0 and m.accepted == m.drafted
+    assert m.draft_sources["answers"].accepted == m.accepted
+
+
+def test_draft_with_other_vocabulary_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
+    other = make_tiny_model(tmp_path / "other", seed=2)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra>"])
+    tok.save_pretrained(other)
+    runner = EngineRunner(str(tiny_dir), draft=str(other))
+    try:
+        assert isinstance(runner.draft_error, Warning)
+        assert "vocabulary" in runner.draft_error.message
+        events = runner.run(CHAT, speculative="draft")
+        assert "draft model" in events[-1].message
+    finally:
+        runner.close()
+
+
+def test_verify_greedy_accepts_until_first_mismatch() -> None:
+    logits = torch.full((4, 10), -5.0)
+    for row, best in enumerate([3, 4, 7, 1]):
+        logits[row, best] = 5.0
+    assert verify(logits, [3, 4, 5], None, Sampling(), [], None) == (2, 7)
+    assert verify(logits, [3, 4, 7], None, Sampling(), [], None) == (3, 1)  # bonus token
+    assert verify(logits, [9, 4, 7], None, Sampling(), [], None) == (0, 3)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_speculative_sampling_matches_the_target_distribution(deterministic: bool) -> None:
+    gen = torch.Generator().manual_seed(0)
+    vocab = 5
+    target = torch.randn(vocab, generator=gen) * 1.5
+    draft_logits = torch.randn(vocab, generator=gen) * 1.5
+    p = torch.softmax(target, -1)
+    q = torch.softmax(draft_logits, -1)
+    params = Sampling(temperature=1.0)
+    logits = torch.stack([target, torch.randn(vocab, generator=gen)])
+    counts = torch.zeros(vocab)
+    trials = 20000
+    for _ in range(trials):
+        if deterministic:  # a lookup-style drafter always proposes the same token
+            x, probs = 2, None
+        else:
+            x = int(torch.multinomial(q, 1, generator=gen))
+            probs = q.unsqueeze(0)
+        accepted, nxt = verify(logits, [x], probs, params, [], gen)
+        counts[x if accepted else nxt] += 1
+    empirical = counts / trials
+    tv = 0.5 * float((empirical - p).abs().sum())
+    assert tv < 0.02, f"total variation {tv:.3f}: got {empirical.tolist()}, want {p.tolist()}"
+    # and a wrong rule would be caught: the draft distribution itself is far from p
+    assert 0.5 * float((q - p).abs().sum()) > 0.1
+
+
+def test_controller_pauses_a_source_that_does_not_pay() -> None:
+    c = Controller()
+    assert c.draft_length("lookup") == 0, "no drafting before a plain step has been measured"
+    c.record_plain(0.030)
+    assert c.draft_length("lookup") == 4
+    for _ in range(3):
+        c.record("lookup", 4, 0, 0.040)  # nothing accepted, and slower than a plain step
+    assert c.draft_length("lookup") == 0
+    for _ in range(40):
+        c.record_plain(0.030)
+    assert c.draft_length("lookup") > 0, "a paused source is probed again later"
+    c.record("lookup", 1, 1, 0.031)
+    c.record("lookup", 3, 3, 0.033)
+    assert c.draft_length("lookup") >= 4, "full acceptance grows the draft"
+
+
+def test_controller_shrinks_model_drafts_but_keeps_lookups_long() -> None:
+    c = Controller()
+    c.record_plain(0.030)
+    for source in ("lookup", "draft-model"):
+        c.record(source, 4, 4, 0.031)
+        assert c.draft_length(source) == 6
+        c.record(source, 6, 1, 0.031)  # one accepted: worth it, but the rest was wasted
+    assert c.draft_length("draft-model") == 2, "a draft model pays per token: shrink to accepted + 1"
+    assert c.draft_length("lookup") == 4, "lookups are free to propose: keep the floor"
+    c.record("lookup", 4, 0, 0.020)  # a quick step, so the source is not paused for it
+    assert c.draft_length("lookup") == 1, "nothing accepted (open-ended text): drafts shrink to one token"
+
+
+def test_prompt_lookup_finds_the_continuation() -> None:
+    drafts, probs = PromptLookup().propose([5, 6, 7, 8, 9, 1, 2, 5, 6, 7], 3, Sampling())
+    assert drafts == [8, 9, 1] and probs is None
+    assert PromptLookup().propose([1, 2, 3, 4], 3, Sampling()) == ([], None)
+
+
+@pytest.mark.bundled
+@pytest.mark.parametrize("source", ["lookup", "answers", "auto"])
+def test_bundled_greedy_identical_with_speculation(bundled_engine: EngineRunner, source: str) -> None:
+    messages = [{"role": "user", "content": f"Summarise in one sentence: {DOC}"}]
+    plain = run(bundled_engine, messages, "off", n=60)
+    spec = run(bundled_engine, messages, source, n=60)
+    assert token_ids(spec) == token_ids(plain)
+    if source != "lookup":
+        assert done(spec).metrics.drafted > 0

@@ -1,1 +1,0 @@
-"""Small MCP servers that tests start over stdio."""

@@ -60,8 +60,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.state.reply import ReplyState
-from app.views.chat_delegate import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, MARGIN_PX, MessageDelegate, RowLayout
+from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import TRUNCATED_NOTICE, ChatItem, ChatModel, item_from_message
+from app.views.message_geometry import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, MARGIN_PX, RowLayout
 from app.views.style import MUTED
 from engine.storage import Message
 
@@ -272,7 +273,7 @@ class ChatView(QListView):
         self.executeDelayedItemsLayout()
         top = self.visualRect(index).top()
         item = self.chat_model.item_at(index.row())
-        return self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
+        return self.delegate.row_layout(item, top, index.row() == 0)
 
     def action_rect(self, message_id: int, action: str) -> QRect:
         """Where an action of a message is drawn (an empty rect if that message has no such action)."""
@@ -315,7 +316,7 @@ class ChatView(QListView):
         item = self.chat_model.item(message_id)
         if item is None:
             return menu
-        for name in self.delegate.actions(item):
+        for name in self.delegate.geometry.actions(item):
             action = menu.addAction(ACTION_TEXT[name])
             action.setToolTip(ACTION_TIPS[name])
             action.setEnabled(not (self.delegate.busy and name in BUSY_BLOCKED))
@@ -366,21 +367,21 @@ class ChatView(QListView):
         self._last_render = time.perf_counter()
 
     def _measure_rows(self, start: int, stop: int) -> None:
-        width = self.delegate.layout_width()
-        inner = self.delegate.content_width(width)
+        geometry = self.delegate.geometry
+        inner = geometry.content_width(self.delegate.layout_width())
         for row in range(max(0, start), min(stop, self.chat_model.rowCount())):
-            self.delegate.content_height(self.chat_model.item_at(row), inner, exact=True)
+            geometry.content_height(self.chat_model.item_at(row), inner, exact=True)
 
     def _measure_tail(self) -> None:
         """Lay out exactly the last rows that fill the viewport, so a reopened chat shows its end at once."""
         if not self.isVisible():
             return  # the width is not known yet: painting measures what it shows
-        width = self.delegate.layout_width()
-        inner = self.delegate.content_width(width)
+        geometry = self.delegate.geometry
+        inner = geometry.content_width(self.delegate.layout_width())
         need, row = self.viewport().height() * 2, self.chat_model.rowCount() - 1
         while need > 0 and row >= 0:
             item = self.chat_model.item_at(row)
-            need -= self.delegate.content_height(item, inner, exact=True)
+            need -= geometry.content_height(item, inner, exact=True)
             row -= 1
 
     def _on_scrolled(self, value: int) -> None:
@@ -431,7 +432,7 @@ class ChatView(QListView):
             return None
         item = self.chat_model.item_at(index.row())
         top = self.visualRect(index).top()
-        return item, self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
+        return item, self.delegate.row_layout(item, top, index.row() == 0)
 
     def _track_hover(self, pos: QPoint) -> None:
         hit = self._hit(pos)

@@ -25,10 +25,11 @@ puts its text on the clipboard; Regenerate, Edit and Compare\u2026 are emitted a
 copy part of it.  A reply's tooltip is set with :meth:`ChatView.set_reply_tooltip`
 or computed on hover by ``tooltip_provider(message_id)``.
 
-:meth:`ChatView.bubble` / :meth:`ChatView.bubbles` return :class:`MessageHandle` s:
-read-only views of a row as the user sees it (text, stats, notice, error,
-cache badge, tool section).  :meth:`ChatView.toggle_tools` opens or closes a
-reply's tool results (also a click on the section's header).
+:meth:`ChatView.bubble` / :meth:`ChatView.bubbles` return read-only
+:class:`~app.views.message_handle.MessageHandle` s of the rows as the user sees
+them.  :meth:`ChatView.toggle_tools` opens or closes a reply's tool results
+(also a click on the section's header).  What is under the mouse (hover,
+cursor, tooltips, the context menu) is :class:`~app.views.chat_pointer.ChatPointer`'s.
 """
 
 from __future__ import annotations
@@ -36,17 +37,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from PySide6.QtCore import QEvent, QModelIndex, QPoint, QRect, Qt, QTimer, Signal
-from PySide6.QtGui import (
-    QColor,
-    QContextMenuEvent,
-    QFont,
-    QHelpEvent,
-    QMouseEvent,
-    QPainter,
-    QPaintEvent,
-    QResizeEvent,
-)
+from PySide6.QtCore import QEvent, QModelIndex, QRect, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QContextMenuEvent, QFont, QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemDelegate,
     QAbstractItemView,
@@ -55,13 +47,15 @@ from PySide6.QtWidgets import (
     QListView,
     QMenu,
     QTextBrowser,
-    QToolTip,
     QWidget,
 )
 
 from app.state.reply import ReplyState
-from app.views.chat_delegate import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, MARGIN_PX, MessageDelegate, RowLayout
+from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import TRUNCATED_NOTICE, ChatItem, ChatModel, item_from_message
+from app.views.chat_pointer import ChatPointer
+from app.views.message_geometry import MARGIN_PX, RowLayout
+from app.views.message_handle import MessageHandle
 from app.views.style import MUTED
 from engine.storage import Message
 
@@ -70,44 +64,6 @@ __all__ = ["EMPTY_TEXT", "THROTTLE_MS", "TRUNCATED_NOTICE", "ChatView", "Message
 THROTTLE_MS = 50
 PIN_SLACK_PX = 24
 EMPTY_TEXT = "Ask anything. Replies stream in as they are generated."
-
-
-class _Part:
-    """One part of a message as shown (stats line, notice, error, content)."""
-
-    def __init__(self, read: Callable[[], str]) -> None:
-        self._read = read
-
-    def text(self) -> str:
-        return self._read()
-
-    def isVisible(self) -> bool:  # noqa: N802 (like the QLabel it stands for)
-        return bool(self._read())
-
-    def openExternalLinks(self) -> bool:  # noqa: N802
-        return False  # links open only through the delegate's web-only handler
-
-
-class MessageHandle:
-    """A read-only view of one row: what the user sees of that message now."""
-
-    def __init__(self, view: ChatView, item: ChatItem) -> None:
-        self._view, self._item = view, item
-        self.role, self.message_id = item.role, item.message_id
-        self.stats = _Part(lambda: item.stats)
-        self.notice = _Part(lambda: item.notice)
-        self.error = _Part(lambda: item.error)
-        self.badge = _Part(lambda: item.badge)
-        self.tools = _Part(lambda: item.tools_header + "\n" + item.tools_text if item.tool_calls else "")
-        self.content = _Part(lambda: item.html(view.colour_drafts))
-
-    @property
-    def plain_text(self) -> str:
-        return self._item.text
-
-    @property
-    def tooltip(self) -> str:
-        return self._view.tooltip_for(self.message_id)
 
 
 class ChatView(QListView):
@@ -120,6 +76,8 @@ class ChatView(QListView):
         super().__init__(parent)
         self.chat_model = ChatModel(self)
         self.delegate = MessageDelegate(self, self.chat_model)
+        # hover, cursor, tooltips and the context menu
+        self._pointer = ChatPointer(self, self.chat_model, self.delegate, self.tooltip_for, self.select_text)
         self.setModel(self.chat_model)
         self.setItemDelegate(self.delegate)
         self.tooltip_provider: Callable[[int], str] | None = None
@@ -272,7 +230,7 @@ class ChatView(QListView):
         self.executeDelayedItemsLayout()
         top = self.visualRect(index).top()
         item = self.chat_model.item_at(index.row())
-        return self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
+        return self.delegate.row_layout(item, top, index.row() == 0)
 
     def action_rect(self, message_id: int, action: str) -> QRect:
         """Where an action of a message is drawn (an empty rect if that message has no such action)."""
@@ -311,18 +269,7 @@ class ChatView(QListView):
 
     def context_menu(self, message_id: int) -> QMenu:
         """The menu a right-click on a message opens: its actions, and Select text."""
-        menu = QMenu(self)
-        item = self.chat_model.item(message_id)
-        if item is None:
-            return menu
-        for name in self.delegate.actions(item):
-            action = menu.addAction(ACTION_TEXT[name])
-            action.setToolTip(ACTION_TIPS[name])
-            action.setEnabled(not (self.delegate.busy and name in BUSY_BLOCKED))
-            action.triggered.connect(lambda _=False, n=name: self._on_action(n, message_id))
-        menu.addSeparator()
-        menu.addAction("Select text").triggered.connect(lambda: self.select_text(message_id))
-        return menu
+        return self._pointer.context_menu(message_id)
 
     # -- internals ------------------------------------------------------------------------------------
     def _reply_item(self, reply: ReplyState) -> ChatItem:
@@ -366,21 +313,21 @@ class ChatView(QListView):
         self._last_render = time.perf_counter()
 
     def _measure_rows(self, start: int, stop: int) -> None:
-        width = self.delegate.layout_width()
-        inner = self.delegate.content_width(width)
+        geometry = self.delegate.geometry
+        inner = geometry.content_width(self.delegate.layout_width())
         for row in range(max(0, start), min(stop, self.chat_model.rowCount())):
-            self.delegate.content_height(self.chat_model.item_at(row), inner, exact=True)
+            geometry.content_height(self.chat_model.item_at(row), inner, exact=True)
 
     def _measure_tail(self) -> None:
         """Lay out exactly the last rows that fill the viewport, so a reopened chat shows its end at once."""
         if not self.isVisible():
             return  # the width is not known yet: painting measures what it shows
-        width = self.delegate.layout_width()
-        inner = self.delegate.content_width(width)
+        geometry = self.delegate.geometry
+        inner = geometry.content_width(self.delegate.layout_width())
         need, row = self.viewport().height() * 2, self.chat_model.rowCount() - 1
         while need > 0 and row >= 0:
             item = self.chat_model.item_at(row)
-            need -= self.delegate.content_height(item, inner, exact=True)
+            need -= geometry.content_height(item, inner, exact=True)
             row -= 1
 
     def _on_scrolled(self, value: int) -> None:
@@ -409,14 +356,8 @@ class ChatView(QListView):
         painter.drawText(rect, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop, EMPTY_TEXT)
 
     def viewportEvent(self, event: QEvent) -> bool:  # noqa: N802 (Qt override)
-        kind = event.type()
-        if kind == QEvent.Type.ToolTip and isinstance(event, QHelpEvent):
-            self._show_tooltip(event)
+        if self._pointer.viewport_event(event):
             return True
-        if kind == QEvent.Type.MouseMove and isinstance(event, QMouseEvent):
-            self._track_hover(event.position().toPoint())
-        elif kind == QEvent.Type.Leave:
-            self._set_hover(None)
         return super().viewportEvent(event)
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:  # noqa: N802 (Qt override)
@@ -424,43 +365,3 @@ class ChatView(QListView):
         if not index.isValid():
             return
         self.context_menu(self.chat_model.item_at(index.row()).message_id).exec(event.globalPos())
-
-    def _hit(self, pos: QPoint) -> tuple[ChatItem, RowLayout] | None:
-        index = self.indexAt(pos)
-        if not index.isValid():
-            return None
-        item = self.chat_model.item_at(index.row())
-        top = self.visualRect(index).top()
-        return item, self.delegate.layout(item, top, self.delegate.layout_width(), index.row() == 0)
-
-    def _track_hover(self, pos: QPoint) -> None:
-        hit = self._hit(pos)
-        hover, pointing = None, False
-        if hit is not None:
-            item, box = hit
-            action = box.action_at(pos.x(), pos.y())
-            if action is not None:
-                hover, pointing = (item.message_id, action), True
-            else:
-                pointing = bool(self.delegate.anchor_at(item, box, pos.x(), pos.y()))
-        self._set_hover(hover)
-        cursor = Qt.CursorShape.PointingHandCursor if pointing else Qt.CursorShape.ArrowCursor
-        self.viewport().setCursor(cursor)
-
-    def _set_hover(self, hover: tuple[int, str] | None) -> None:
-        if hover != self.delegate.hover:
-            self.delegate.hover = hover
-            self.viewport().update()
-
-    def _show_tooltip(self, event: QHelpEvent) -> None:
-        hit = self._hit(event.pos())
-        text = ""
-        if hit is not None:
-            item, box = hit
-            action = box.action_at(event.pos().x(), event.pos().y())
-            text = ACTION_TIPS[action] if action is not None else self.tooltip_for(item.message_id)
-        if text:
-            QToolTip.showText(event.globalPos(), text, self.viewport())
-        else:
-            QToolTip.hideText()
-            event.ignore()

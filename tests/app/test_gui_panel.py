@@ -6,12 +6,17 @@ through the real bridge; the panel is read through its widgets.
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from PySide6.QtCore import QTimer
 from pytestqt.qtbot import QtBot
 
+from app.panels.latency import REDRAW_MS
 from app.panels.numbers import DASH
 from app.state.config import ReplyConfig, config_tooltip
 from engine.api import Done, DraftStats, Loaded, Metrics, ModelInfo, Span
@@ -177,39 +182,88 @@ def test_quant_switch_reloads_with_progress(qtbot: QtBot, harness: Harness) -> N
     assert window.store.messages(conversation)[-1].metrics["config"]["quant"] == "int8-cpu"
 
 
-def longest_tick_gap_ms(qtbot: QtBot, harness: Harness, tokens: int, pause_s: float) -> float:
-    """Stream ``tokens`` tokens ``pause_s`` apart through a window; the longest gap between 1 ms timer ticks."""
+def stream_with_a_ticking_timer(qtbot: QtBot, harness: Harness, tokens: int, pause_s: float) -> dict[str, float]:
+    """Stream ``tokens`` tokens ``pause_s`` apart through a window with a 1 ms timer running.
+
+    Returns the stream's wall time, how often the timer ticked while tokens were
+    still arriving, the panel's redraws and the longest gap between ticks (printed
+    for docs/PERFORMANCE.md; a figure of the machine, so no test asserts on it).
+    """
     window = harness.open()
     engine = fake(window)
     engine.tokens = [f" w{i}" for i in range(tokens)]
     engine.token_pause = pause_s
-    ticks: list[float] = []
+    ticks: list[tuple[float, int]] = []
+    arrived = [0]
+    window.bridge.event.connect(lambda e: arrived.__setitem__(0, arrived[0] + 1))
     timer = QTimer()
     timer.setInterval(1)
-    timer.timeout.connect(lambda: ticks.append(time.perf_counter()))
+    timer.timeout.connect(lambda: ticks.append((time.perf_counter(), arrived[0])))
     timer.start()
-    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=60_000):
+    redraws_before = window.latency.panel.redraws
+    started = time.perf_counter()
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=120_000):
         type_and_send(qtbot, window, "Go")
+    wall = time.perf_counter() - started
     qtbot.waitUntil(lambda: window.session.active is None)
     qtbot.wait(100)
     timer.stop()
     assert window.latency.panel.tokens.points == tokens or window.latency.panel.trace.tokens == tokens
-    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
-    longest = max(gaps) * 1000
+    during = [t for t, n in ticks if 0 < n < arrived[0]]
+    gaps = [b[0] - a[0] for a, b in zip(ticks, ticks[1:], strict=False)]
     rate = "no pause" if not pause_s else f"{1 / pause_s:.0f} tokens/s"
+    redraws = window.latency.panel.redraws - redraws_before
     print(
-        f"\nlongest gap between timer ticks, {tokens} tokens at {rate}: {longest:.1f} ms "
-        f"({len(ticks)} ticks, {window.latency.panel.redraws} panel redraws)"
+        f"\nlongest gap between timer ticks, {tokens} tokens at {rate}: {max(gaps) * 1000:.1f} ms "
+        f"({len(ticks)} ticks, {redraws} panel redraws in {wall:.2f} s)"
     )
     harness.close(window)
-    return longest
+    return {"wall_s": wall, "ticks_during": len(during), "redraws": redraws}
+
+
+def redraw_allowance(wall_s: float) -> float:
+    """The most redraws a throttled panel may make in ``wall_s`` (one per REDRAW_MS, and the last one)."""
+    return wall_s * 1000 / REDRAW_MS + 3
 
 
 def test_the_event_loop_keeps_ticking_while_tokens_stream_fast(qtbot: QtBot, harness: Harness) -> None:
-    """2000 tokens at about 2000 tokens/s (ten times the bundled model's decode speed)."""
-    assert longest_tick_gap_ms(qtbot, harness, 2000, 0.0005) < 250
+    """2000 tokens at about 2000 tokens/s (ten times the bundled model's decode speed): timers keep running
+    while tokens arrive, and the panel redraws at its throttled rate, not once per token."""
+    seen = stream_with_a_ticking_timer(qtbot, harness, 2000, 0.0005)
+    assert seen["ticks_during"] >= 10, seen
+    assert 1 <= seen["redraws"] <= redraw_allowance(seen["wall_s"]) and seen["redraws"] < 2000 / 4, seen
 
 
-def test_a_burst_of_tokens_is_measured(qtbot: QtBot, harness: Harness) -> None:
+def test_a_burst_of_tokens_is_delivered_in_slices(qtbot: QtBot, harness: Harness) -> None:
     """3000 tokens with no pause at all: the bridge re-emits queued events in slices, so timers still run."""
-    assert longest_tick_gap_ms(qtbot, harness, 3000, 0.0) < 600
+    seen = stream_with_a_ticking_timer(qtbot, harness, 3000, 0.0)
+    assert seen["ticks_during"] >= 1, seen
+    assert 1 <= seen["redraws"] <= redraw_allowance(seen["wall_s"]), seen
+
+
+def test_the_bridge_re_emits_a_backlog_in_bounded_slices(qtbot: QtBot, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a clock that moves 1 ms a reading, one drain emits about SLICE_S worth of events and hands the rest
+    to the event loop; all arrive, in order, with a timer running between slices."""
+    import app.bridge as bridge_module
+
+    clock = itertools.count(0.0, 0.001)
+    monkeypatch.setattr(bridge_module, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    bridge = bridge_module.EngineBridge(lambda on_event: None)  # type: ignore[arg-type, return-value]
+    got: list[object] = []
+    bridge.event.connect(got.append)
+    feeder = threading.Thread(target=lambda: [bridge._on_backend_event(i) for i in range(300)])
+    feeder.start()
+    feeder.join()  # 300 events queued from another thread, one wake-up on its way
+    bridge._drain()
+    first_slice = len(got)
+    assert 1 <= first_slice <= bridge_module.SLICE_S / 0.001 + 2, first_slice
+    ticks: list[int] = []
+    timer = QTimer()
+    timer.setInterval(0)
+    timer.timeout.connect(lambda: ticks.append(len(got)))
+    timer.start()
+    qtbot.waitUntil(lambda: len(got) == 300)
+    timer.stop()
+    assert got == list(range(300)), "every event, in order"
+    assert any(first_slice <= n < 300 for n in ticks), "the timer ran while events were still queued"
+    bridge.shutdown()

@@ -138,6 +138,9 @@ def _blank_under_last(window: MainWindow) -> int:
     return view.viewport().height() - 1 - box.bubble.bottom()
 
 
+LAYOUT_WAIT_MS = 20_000  # relayout after paints: generous, as a loaded CI machine can be slow
+
+
 def test_no_blank_space_under_the_last_message_long_or_short(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
     engine = fake(window)
@@ -145,19 +148,25 @@ def test_no_blank_space_under_the_last_message_long_or_short(qtbot: QtBot, harne
     for n in range(4):
         chat(qtbot, window, f"Question {n}")
     view, bar = window.chat_view, window.chat_view.verticalScrollBar()
-    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
-    qtbot.waitUntil(lambda: 0 <= _blank_under_last(window) <= 24)
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(), timeout=LAYOUT_WAIT_MS)
+    qtbot.waitUntil(lambda: 0 <= _blank_under_last(window) <= 24, timeout=LAYOUT_WAIT_MS)
     window.open_conversation(window.session.conversation_id or "")  # reopened: the same
-    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+    qtbot.waitUntil(
+        lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24, timeout=LAYOUT_WAIT_MS
+    )
 
     engine.hold_after = 3  # and while streaming
     type_and_send(qtbot, window, "One more")
     qtbot.waitUntil(engine.held.is_set)
-    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+    qtbot.waitUntil(
+        lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24, timeout=LAYOUT_WAIT_MS
+    )
     assert view.pinned
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
         engine.release()
-    qtbot.waitUntil(lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24)
+    qtbot.waitUntil(
+        lambda: bar.value() == bar.maximum() and 0 <= _blank_under_last(window) <= 24, timeout=LAYOUT_WAIT_MS
+    )
 
 
 def test_a_message_text_can_be_selected_and_copied(qtbot: QtBot, harness: Harness) -> None:

@@ -83,10 +83,12 @@ def test_slow_tools_run_concurrently_or_one_after_another(runner: EngineRunner) 
     together = done(runner.run(messages, sampling=SHORT, tools=names)).metrics
     apart = done(runner.run(messages, sampling=SHORT, tools=names, parallel_tools=False)).metrics
     assert together.tools_sequential_s >= 0.85 and apart.tools_sequential_s >= 0.85
-    assert together.tools_wall_s < 0.75, together.tools_wall_s
-    assert apart.tools_wall_s > 0.85, apart.tools_wall_s
+    assert apart.tools_wall_s > 0.85, apart.tools_wall_s  # three sleeps in a row cannot take less
     bars = sorted((s for s in together.spans if s.name.startswith("tool:")), key=lambda s: s.start_s)
-    assert len(bars) == 3 and bars[1].start_s < bars[0].end_s, "the calls overlap on the waterfall"
+    assert len(bars) == 3 and bars[-1].start_s < min(b.end_s for b in bars), "all three ran at once (waterfall)"
+    assert together.tools_wall_s < together.tools_sequential_s
+    one_by_one = sorted((s for s in apart.spans if s.name.startswith("tool:")), key=lambda s: s.start_s)
+    assert all(b.start_s >= a.end_s for a, b in zip(one_by_one, one_by_one[1:], strict=False)), "no overlap"
 
 
 def test_model_calls_run_for_a_bounded_number_of_rounds(runner: EngineRunner, monkeypatch) -> None:  # noqa: ANN001

@@ -82,13 +82,16 @@ def peer_comparison(name: str, args: argparse.Namespace, peer: Client) -> dict[s
     runs = max(1, args.runs // 2)
     with Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False))) as local:  # measure the model
         local.load(spec)
-        mine = latency_profile(local, PEER_SCENARIOS[name], runs)
+        mine = latency_profile(local, PEER_SCENARIOS[name], runs, speculative="off")
     theirs = latency_profile(peer, PEER_SCENARIOS[name], runs)
     assert peer.loaded is not None
     label = f"peer ({peer.loaded.model_name} at {args.peer})"
     rows = peer_rows(mine, theirs, label)
-    print(table(f"Local engine and peer, the same requests (greedy, 64 new tokens, {name} system prompt)", rows))
-    return {"url": args.peer, "model": peer.loaded.model_name, "local": mine, "peer": theirs}
+    title = (
+        f"Local engine and peer, the same requests (greedy, 64 new tokens, {name} system prompt, local speculative off)"
+    )
+    print(table(title, rows))
+    return {"url": args.peer, "model": peer.loaded.model_name, "local": mine, "peer": theirs, "speculative": "off"}
 
 
 def run_bench(args: argparse.Namespace) -> int:

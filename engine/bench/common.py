@@ -48,6 +48,7 @@ class Runner:
     """One local engine, driven synchronously through the shared client.
 
     The answer cache is off: these benchmarks repeat questions on purpose and measure the model.
+    Each ``ask`` names its speculative source, so a table says which decode it measured.
     """
 
     def __init__(self, model: str | None, dtype: str | None = None, draft: str = "") -> None:
@@ -56,8 +57,9 @@ class Runner:
         self.model = self.client.backend.loaded  # type: ignore[attr-defined]  # the engine's LoadedModel
         assert self.model is not None
 
-    def ask(self, messages: list[dict[str, str]], max_tokens: int = 64, **kw: Any) -> Done:
-        return self.client.ask(messages, Sampling(max_tokens=max_tokens), **kw)
+    def ask(self, messages: list[dict[str, str]], max_tokens: int = 64, *, speculative: str, **kw: Any) -> Done:
+        """One greedy reply; every scenario names its speculative source (the CLI's default is ``auto``)."""
+        return self.client.ask(messages, Sampling(max_tokens=max_tokens), speculative=speculative, **kw)
 
     def close(self) -> None:
         self.client.close()
@@ -85,8 +87,13 @@ PEER_PROMPTS = [
 ]
 
 
-def latency_profile(client: Client, system: str, runs: int, max_tokens: int = 64) -> dict[str, Any]:
-    """TTFT cold and warm (ms) and decode tok/s, medians over ``runs`` rounds of ``PEER_PROMPTS``."""
+def latency_profile(
+    client: Client, system: str, runs: int, max_tokens: int = 64, speculative: str = "off"
+) -> dict[str, Any]:
+    """TTFT cold and warm (ms) and decode tok/s, medians over ``runs`` rounds of ``PEER_PROMPTS``.
+
+    ``speculative`` is the local engine's source (a server ignores it and decodes its own way).
+    """
     cold: list[float] = []
     warm: list[float] = []
     speed: list[float] = []
@@ -100,7 +107,9 @@ def latency_profile(client: Client, system: str, runs: int, max_tokens: int = 64
             ]
             conversation = uuid.uuid4().hex
             for times in (cold, warm):
-                done = client.ask(messages, sampling, conversation_id=conversation, answer_cache=False)
+                done = client.ask(
+                    messages, sampling, conversation_id=conversation, answer_cache=False, speculative=speculative
+                )
                 if done.metrics.ttft_s is not None:
                     times.append(1000 * done.metrics.ttft_s)
                 if done.metrics.tokens_per_s:

@@ -1,4 +1,8 @@
-"""``brisk bench foundation``: model load cold and warm; TTFT and decode speed of our loop against ``generate()``."""
+"""``brisk bench foundation``: model load cold and warm; TTFT and decode speed of our loop against ``generate()``.
+
+The loop runs with speculative decoding off (``SPECULATIVE``), as ``generate()`` does, so the two
+decode the same way, one token per step; ``brisk bench speculative`` measures the sources.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 from engine.bench.common import Runner, fresh_data_dir, median, table
 
+SPECULATIVE = "off"  # the baseline: plain decode, like generate()
 PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Write a short poem about a lighthouse.",
@@ -83,7 +88,7 @@ def bench_loop_vs_generate(runner: Runner, runs: int, max_tokens: int = 64) -> l
             messages = [{"role": "user", "content": prompt}]
             ids = build_prompt(tok, messages, runner.model.context_length, max_tokens).ids
             # the same prompt, the same length, alternating so drift hits both
-            done = runner.ask(messages, max_tokens=max_tokens, prefix_cache=False)
+            done = runner.ask(messages, max_tokens=max_tokens, prefix_cache=False, speculative=SPECULATIVE)
             results["brisk loop"]["ttft"].append(float("nan") if done.metrics.ttft_s is None else done.metrics.ttft_s)
             if done.metrics.tokens_per_s:
                 results["brisk loop"]["tps"].append(done.metrics.tokens_per_s)
@@ -111,5 +116,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         decode = bench_loop_vs_generate(runner, args.runs)
     finally:
         runner.close()
-    print(table("Decode loop vs generate() (greedy, 64 new tokens, 3 prompts)", decode))
-    return {"load": load, "decode": decode}
+    print(table(f"Decode loop vs generate() (greedy, 64 new tokens, 3 prompts, speculative {SPECULATIVE})", decode))
+    return {"load": load, "decode": decode, "speculative": SPECULATIVE}

@@ -6,6 +6,8 @@
 2. A 10-turn conversation run twice, cache on and off: TTFT of every turn,
    with the prompt tokens computed, so growth can be checked against the new
    tokens' prefill.
+
+Both run with speculative decoding off (``SPECULATIVE``): they measure the prompt, not decode.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from engine.bench.common import Runner, median, table
 
+SPECULATIVE = "off"  # these measure prefill and TTFT; decode is plain
 TOPICS = [
     "returns",
     "shipping",
@@ -57,13 +60,17 @@ def shared_system_prompt(runner: Runner, runs: int) -> tuple[list[dict[str, Any]
     warm: list[float] = []
     reused: list[int] = []
     prompt_tokens = 0
-    runner.ask([{"role": "system", "content": system}, {"role": "user", "content": "Hello"}], max_tokens=4)
+    runner.ask(
+        [{"role": "system", "content": system}, {"role": "user", "content": "Hello"}],
+        max_tokens=4,
+        speculative=SPECULATIVE,
+    )
     for round_ in range(runs):
         for q in QUESTIONS:
             question = q if round_ == 0 else f"{q} (ticket {round_})"  # every warm question is new
             messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-            c = runner.ask(messages, max_tokens=4, prefix_cache=False)
-            w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{round_}")
+            c = runner.ask(messages, max_tokens=4, prefix_cache=False, speculative=SPECULATIVE)
+            w = runner.ask(messages, max_tokens=4, conversation_id=f"bench-{q}-{round_}", speculative=SPECULATIVE)
             cold.append(_seconds(c.metrics.ttft_s))
             warm.append(_seconds(w.metrics.ttft_s))
             reused.append(w.metrics.cached_tokens)
@@ -102,7 +109,9 @@ def ten_turns(runner: Runner, cache: bool) -> list[dict[str, Any]]:
     conversation = f"turns-{cache}"
     for i, text in enumerate(TURNS, 1):
         messages.append({"role": "user", "content": text})
-        done = runner.ask(messages, max_tokens=48, prefix_cache=cache, conversation_id=conversation)
+        done = runner.ask(
+            messages, max_tokens=48, prefix_cache=cache, conversation_id=conversation, speculative=SPECULATIVE
+        )
         messages.append({"role": "assistant", "content": done.text})
         m = done.metrics
         rows.append(
@@ -126,7 +135,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     runner = Runner(args.model, "float32")
     try:
         shared, _ = shared_system_prompt(runner, max(1, args.runs // 2))
-        print(table("Shared ~1,200-token system prompt, different questions (TTFT)", shared))
+        print(
+            table(f"Shared ~1,200-token system prompt, different questions (TTFT, speculative {SPECULATIVE})", shared)
+        )
         on = ten_turns(runner, True)
         off = ten_turns(runner, False)
     finally:
@@ -142,7 +153,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
         for a, b in zip(on, off, strict=True)
     ]
-    print(table("10-turn conversation, TTFT per turn", turns))
+    print(table(f"10-turn conversation, TTFT per turn (speculative {SPECULATIVE})", turns))
     per_token = [r["prefill_ms"] / r["computed"] for r in off if r["computed"]]
     print(f"\ncold prefill cost: {median(per_token):.2f} ms/token (median over the cache-off turns)")
-    return {"shared_system_prompt": shared, "ten_turns": turns, "cold_prefill_ms_per_token": median(per_token)}
+    return {
+        "shared_system_prompt": shared,
+        "ten_turns": turns,
+        "cold_prefill_ms_per_token": median(per_token),
+        "speculative": SPECULATIVE,
+    }

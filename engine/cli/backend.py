@@ -39,7 +39,7 @@ LOCAL_ONLY: dict[str, tuple[str, object]] = {
     "--quant": ("quant", None),
     "--draft-model": ("draft_model", ""),
     "--draft-quant": ("draft_quant", None),
-    "--speculative": ("speculative", "off"),
+    "--speculative": ("speculative", None),
     "--no-prefix-cache": ("no_prefix_cache", False),
     "--tools": ("tools", None),
     "--mcp": ("mcp", None),

@@ -30,6 +30,7 @@ from engine.cli.common import (
     print_warnings,
     request_problems,
     sampling_from,
+    speculative_source,
     stdin_lines,
     system_text,
 )
@@ -58,6 +59,7 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
         messages: list[dict[str, str]] = [{"role": "system", "content": system}] if system else []
         conversation = uuid.uuid4().hex
         sampling = sampling_from(args, settings)
+        speculative = speculative_source(args, settings)
         status = 0
         try:
             for line in lines:
@@ -71,7 +73,7 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
                     sampling=sampling,
                     conversation_id=conversation,
                     prefix_cache=not args.no_prefix_cache,
-                    speculative=args.speculative,
+                    speculative=speculative,
                     tools=tool_names(args),
                     parallel_tools=not args.sequential_tools,
                     answer_cache=not args.no_answer_cache,

@@ -73,9 +73,10 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-cache", action="store_true", help="turn KV/prefix caching off")
     parser.add_argument(
         "--speculative",
-        default="off",
+        default=None,
         choices=SOURCES,
-        help="speculative decoding source (default off)",
+        help="speculative decoding source (default: the settings' value, auto: each source drafts only while it "
+        "pays and is paused when it does not; off turns it off; greedy output is the same either way)",
     )
     parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")
     parser.add_argument("--draft-quant", default=None, help="the draft model's quantization (as --quant)")
@@ -95,6 +96,11 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         draft_quant=getattr(args, "draft_quant", None) or "none",
         quant=getattr(args, "quant", None) or "auto",
     )
+
+
+def speculative_source(args: argparse.Namespace, settings: Settings) -> str:
+    """``--speculative`` when given, else the settings' source (``auto`` unless the user chose otherwise)."""
+    return getattr(args, "speculative", None) or settings.speculative
 
 
 def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
@@ -125,7 +131,7 @@ def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and value not in choices:
             problems.append(f"{flag} {value!r} is not a quantization mode; choose one of {', '.join(choices)}")
-    if getattr(args, "speculative", "off") == "draft" and not getattr(args, "draft_model", ""):
+    if speculative_source(args, settings) == "draft" and not getattr(args, "draft_model", ""):
         problems.append("--speculative draft needs a draft model: add --draft-model PATH")
     for name in ("prompt", "system"):
         value = getattr(args, name, None)

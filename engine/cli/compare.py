@@ -5,7 +5,9 @@ Replays PROMPT (greedy, same seed) under each configuration with
 configuration with ``--json``, else a Markdown table (progress goes to
 standard error).  Keys: ``prefix_cache`` on/off, ``speculative`` a source,
 ``quant`` a mode (a change reloads the model), ``stream`` on/off; a key a
-``--config`` leaves out takes the default (``--quant`` for ``quant``).  Every
+``--config`` leaves out takes the baseline's value: prefix_cache on,
+speculative off (not ``ask``'s ``auto``: each row says what it switches on),
+quant ``--quant`` or none, stream on.  Every
 value is checked before the model loads; a bad one exits with ``EXIT_REQUEST``
 and the choices.  With ``--base-url`` the replies come from a server and only
 ``stream`` can be switched (the rest are the server's own settings).
@@ -52,7 +54,8 @@ def add_compare_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE[,KEY=VALUE...]",
-        help="one configuration to compare (repeat for each); keys prefix_cache, speculative, quant, stream",
+        help="one configuration to compare (repeat for each); keys prefix_cache, speculative, quant, stream; "
+        "a key left out takes the baseline: prefix_cache=on, speculative=off, quant=--quant or none, stream=on",
     )
     parser.add_argument("--cold", action="store_true", help="empty the prompt cache before each measured run")
     parser.add_argument("--runs", type=int, default=3, help="measured runs per configuration (medians; default 3)")

@@ -4,34 +4,46 @@
 record, built)``.  ``candidates`` are ``(mode, dtype)`` pairs that can run here
 (the loader filters them with ``engine.quant.require``; ``("none", "float32")``
 comes first and is the reference and the safe default); ``build(mode, dtype)``
-loads the model that way and returns ``(model, extra info)``.  For each
-candidate the probe measures
+loads the model that way and returns ``(model, extra info)``.  Every candidate
+is measured in one pass through the forward the app decodes with
+(``engine.model.kv.forward``: fast path, packed linears, the fp16-cpu scripted
+step), all candidates side by side, each on a KV cache of its own:
 
-* greedy next-token agreement with float32: teacher-forced argmax over the
-  first ``AGREE_TOKENS`` tokens of a fixed text, through the forward the app
-  decodes with (``engine.model.kv.forward``: fast path, packed linears, the
-  fp16-cpu scripted step);
-* the decode step time (median of ``STEPS`` one-token steps after a
-  ``CONTEXT``-token prefill, which is timed too), in ``ROUNDS`` interleaved
-  rounds so that another program slows every candidate alike, on ``THREADS``
-  thread (with two, a program busy on the other core stalls every op and the
-  timings say nothing; the modes' ranking is that of their bytes and kernels),
-  and within ``BUDGET_S`` seconds.
+* greedy next-token agreement with float32, teacher-forced (every candidate is
+  fed the same tokens, and its argmax after each is compared with float32's),
+  along every kernel path a reply takes, since some modes compute differently
+  for one row and for many (int8-cpu dequantizes to a bfloat16 GEMM above
+  ``GEMV_ROWS`` rows and runs its int8 GEMV kernel at or below; fp16-cpu's
+  one-token step is a TorchScript call): the first ``PROMPT_TOKENS`` tokens of a
+  fixed text in one forward (a prompt's prefill), the rest of its first
+  ``AGREE_TOKENS`` in chunks of ``CHUNK`` (the small-batch kernels a
+  speculative verify uses), then one-token steps fed float32's own greedy
+  continuation (decode).  The agreement is matches over all these positions;
+  a candidate that has missed more than the floor allows of the planned
+  positions is dropped at once (it cannot reach the floor);
+* the ``CHUNK``-token prefill time (median over the chunks, interleaved chunk by
+  chunk across candidates) and the decode step time: the one-token steps above,
+  interleaved step by step, ``WARM_STEPS`` untimed, then ``ROUNDS`` rounds of
+  ``STEPS`` (a round's figure is its median), on ``THREADS`` thread (with two, a
+  program busy on the other core stalls every op and the timings say nothing;
+  the modes' ranking is that of their bytes and kernels), within ``BUDGET_S``.
 
-Only candidates that keep the answers are timed. It picks the fastest
-candidate whose agreement is at least ``MIN_AGREEMENT``, whose decode step
-takes at most ``MARGIN`` of float32's (a clear win, so the choice is the same
-on every first start) and whose prefill is at most ``PREFILL_LIMIT`` times
-float32's (a mode that makes every first token late is not faster). Modes in
-``engine.quant.NEVER_DEFAULT`` (int4-cpu) are never candidates. A measurement
-is noisy when, for some candidate, its step time relative to float32's varies
-between rounds by more than ``MAX_SPREAD``; it is then measured once more, and
+Only candidates still within the floor after the text are stepped and timed. It
+picks the fastest candidate whose agreement is at least ``MIN_AGREEMENT``,
+whose decode step takes at most ``MARGIN`` of float32's (a clear win, so the
+choice is the same on every first start) and whose prefill is at most
+``PREFILL_LIMIT`` times float32's (a mode that makes every first token late is
+not faster). Modes in ``engine.quant.NEVER_DEFAULT`` (int4-cpu) are never
+candidates. A measurement is noisy when, for some candidate, its step time
+relative to float32's varies between rounds by more than ``MAX_SPREAD``; it is
+then measured once more (more steps, which also count for the agreement), and
 if it stays noisy float32 is used for this run and nothing is saved. A trusted
 choice is saved in ``cache/cpu_mode.json`` under ``key`` (model fingerprint,
-CPU model, torch version, dtype asked for), so later loads skip the probe
-(``built`` is then None and the loader loads the recorded mode). The record
-(``ModelInfo.mode_probe``) holds the figures per mode, the ``reason`` in words
-and whether it was ``saved``.
+CPU model, torch version, dtype asked for) with ``PROBE_VERSION``, so later
+loads skip the probe (``built`` is then None and the loader loads the recorded
+mode); a record of another version is measured again, never read. The record
+(``ModelInfo.mode_probe``) holds the figures per mode (agreement overall and
+per path), the ``reason`` in words and whether it was ``saved``.
 """
 
 from __future__ import annotations
@@ -41,24 +53,30 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.model.kv import KVState, forward
 from engine.paths import atomic_write, cache_dir
+from engine.quant.kernels import GEMV_ROWS
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 1: one 320-token prefill for the agreement, timings apart; its records are measured again
 MIN_AGREEMENT = 0.99
 MARGIN = 0.9  # a mode's decode step must take at most this fraction of float32's
-PREFILL_LIMIT = 1.5  # ... and its CONTEXT-token prefill at most this multiple of float32's
+PREFILL_LIMIT = 1.5  # ... and its CHUNK-token prefill at most this multiple of float32's
 MAX_SPREAD = 1.3
+AGREE_TOKENS = 320  # teacher-forced positions of TEXT
+PROMPT_TOKENS = 128  # the first of them in one forward: the kernels of a prompt's prefill
+CHUNK = GEMV_ROWS  # the rest in chunks of this many rows: int8-cpu's GEMV kernel; also the timed prefill
+WARM_STEPS = 2  # untimed one-token steps first (first calls pack, compile, profile); they count for agreement
 ROUNDS = 3
-STEPS = 6
+STEPS = 4  # one-token steps per candidate in a round
 BUDGET_S = 30.0  # timing rounds stop here: the CPU is too busy to measure, nothing is saved
 THREADS = 1  # timed on one thread: a busy sibling core cannot stall it at every op barrier
-CONTEXT = 32
-AGREE_TOKENS = 320
+PATHS = ("prompt", "chunks", "steps")
 REFERENCE = ("none", "float32")
 RECORDS = "cpu_mode.json"
 
@@ -103,58 +121,100 @@ def label(candidate: Candidate) -> str:
     return dtype if mode == "none" else mode
 
 
-def _step_ms(model: Any, steps: int = STEPS) -> tuple[float, float]:
-    """(median one-token decode step, the ``CONTEXT``-token prefill before them), in ms."""
-    from engine.model.kv import KVState, forward
+@dataclass
+class Trace:
+    """One candidate's measurement: its KV cache, matches per kernel path, prefill and step times."""
 
-    state = KVState()
+    model: Any
+    state: KVState = field(default_factory=KVState)
+    matches: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
+    positions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PATHS, 0))
+    prefill_ms: list[float] = field(default_factory=list)  # one per chunk after the first
+    rounds_ms: list[float] = field(default_factory=list)  # one per timing round: its median step
+    dropped: bool = False  # missed more than the floor allows: no more measuring
+
+    def tally(self, path: str, argmax: torch.Tensor, reference: torch.Tensor) -> None:
+        self.matches[path] += int((argmax == reference).sum())
+        self.positions[path] += int(reference.numel())
+
+    def misses(self) -> int:
+        return sum(self.positions.values()) - sum(self.matches.values())
+
+    def agreement(self) -> float:
+        total = sum(self.positions.values())
+        return sum(self.matches.values()) / total if total else 0.0
+
+
+def _forward(model: Any, state: KVState, ids: list[int]) -> tuple[torch.Tensor, float]:
+    """The argmax after each of ``ids`` fed on top of ``state`` (as the app feeds them), and the ms it took."""
     t = time.perf_counter()
-    forward(model, state, list(range(10, 10 + CONTEXT)))
-    prefill = time.perf_counter() - t
-    times = []
-    for i in range(steps):
-        t = time.perf_counter()
-        forward(model, state, [100 + i])
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times), 1000 * prefill
+    logits = forward(model, state, ids, all_logits=len(ids) > 1)
+    return logits.argmax(-1), 1000 * (time.perf_counter() - t)
 
 
-def _argmax(model: Any, ids: list[int]) -> torch.Tensor:
-    from engine.model.kv import KVState, forward
+def _text_pass(traces: dict[Candidate, Trace], ids: list[int], allowed: int) -> int:
+    """Teacher-force ``ids`` through every candidate, piece by piece; returns float32's next token after them."""
+    assert next(iter(traces)) == REFERENCE, "float32 goes first: it sets what the others must match"
+    split = min(PROMPT_TOKENS, len(ids) // 2)
+    pieces = [("prompt", ids[:split])] + [("chunks", ids[i : i + CHUNK]) for i in range(split, len(ids), CHUNK)]
+    reference = torch.empty(0)
+    for n, (path, piece) in enumerate(pieces):
+        for candidate, trace in traces.items():
+            if trace.dropped:
+                continue
+            argmax, ms = _forward(trace.model, trace.state, piece)
+            if candidate == REFERENCE:
+                reference = argmax
+            trace.tally(path, argmax, reference)
+            if path == "chunks" and n > 1:  # the first chunk warms the small-batch kernels up
+                trace.prefill_ms.append(ms)
+            if trace.misses() > allowed:
+                trace.dropped, trace.state = True, KVState()
+    return int(reference[-1])
 
-    return forward(model, KVState(), ids, all_logits=True).argmax(-1)
+
+def _step_round(traces: dict[Candidate, Trace], token: int, times: dict[Candidate, list[float]] | None) -> int:
+    """One one-token step of every live candidate on float32's ``token``; returns float32's next token."""
+    reference = torch.empty(0)
+    for candidate, trace in traces.items():
+        if trace.dropped:
+            continue
+        argmax, ms = _forward(trace.model, trace.state, [token])
+        if candidate == REFERENCE:
+            reference = argmax
+        trace.tally("steps", argmax, reference)
+        if times is not None:
+            times[candidate].append(ms)
+    return int(reference[-1])
 
 
-def _agreement(reference: torch.Tensor, model: Any, ids: list[int]) -> float:
-    """Share of positions where ``model``'s greedy next token equals the reference's."""
-    return float((_argmax(model, ids) == reference).float().mean())
-
-
-def _rounds(models: dict[Candidate, Any], deadline: float) -> dict[Candidate, dict[str, list[float]]]:
-    """``ROUNDS`` interleaved timings per candidate; fewer if ``deadline`` (perf_counter) passes."""
-    out: dict[Candidate, dict[str, list[float]]] = {c: {"step": [], "prefill": []} for c in models}
-    for model in models.values():
-        _step_ms(model, 1)  # warm-up: first calls compile or pack
+def _rounds(traces: dict[Candidate, Trace], token: int, deadline: float, warm: int = 0) -> int:
+    """``warm`` untimed steps, then ``ROUNDS`` timed rounds of ``STEPS`` (fewer past ``deadline``, perf_counter)."""
+    for _ in range(warm):
+        token = _step_round(traces, token, None)
+    for trace in traces.values():
+        trace.rounds_ms = []
     for _ in range(ROUNDS):
         if time.perf_counter() > deadline:
             break
-        for candidate, model in models.items():
-            step, prefill = _step_ms(model)
-            out[candidate]["step"].append(step)
-            out[candidate]["prefill"].append(prefill)
-    return out
+        times: dict[Candidate, list[float]] = {c: [] for c, t in traces.items() if not t.dropped}
+        for _ in range(STEPS):
+            token = _step_round(traces, token, times)
+        for candidate, series in times.items():
+            traces[candidate].rounds_ms.append(statistics.median(series))
+    return token
 
 
-def spread(rounds: dict[Candidate, dict[str, list[float]]]) -> float:
+def spread(rounds: dict[Candidate, list[float]]) -> float:
     """Largest max/min, over candidates, of its step time relative to float32's in the same round."""
-    ref = rounds[REFERENCE]["step"]
+    ref = rounds[REFERENCE]
     if len(ref) < ROUNDS:
         return float("inf")  # cut short by the time budget
     worst = 1.0
     for candidate, series in rounds.items():
         if candidate == REFERENCE:
             continue
-        ratios = [s / r for s, r in zip(series["step"], ref, strict=True) if r > 0]
+        ratios = [s / r for s, r in zip(series, ref, strict=True) if r > 0]
         if ratios and min(ratios) > 0:
             worst = max(worst, max(ratios) / min(ratios))
     if len(rounds) == 1:  # only float32: its own steadiness
@@ -162,8 +222,7 @@ def spread(rounds: dict[Candidate, dict[str, list[float]]]) -> float:
     return worst
 
 
-def _median(rounds: dict[Candidate, dict[str, list[float]]], c: Candidate, what: str) -> float | None:
-    values = rounds.get(c, {}).get(what)
+def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
@@ -242,20 +301,28 @@ def choose_mode(
     threads = torch.get_num_threads()
     torch.set_num_threads(min(THREADS, threads))
     try:
-        ids = tokenizer(TEXT)["input_ids"][:AGREE_TOKENS]
         built = {c: build(*c) for c in candidates}
-        models = {c: b[0] for c, b in built.items()}
+        traces = {c: Trace(b[0]) for c, b in built.items()}
+        steps = WARM_STEPS + 2 * ROUNDS * STEPS  # the most one-token steps, with the second series
+        config = getattr(traces[REFERENCE].model, "config", None)
+        context = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
+        ids = tokenizer(TEXT)["input_ids"][: max(2, min(AGREE_TOKENS, context - steps - 1))]
         build_s = time.perf_counter() - start
-        reference = _argmax(models[REFERENCE], ids)
-        agreement = {c: 1.0 if c == REFERENCE else _agreement(reference, m, ids) for c, m in models.items()}
+        planned = len(ids) + WARM_STEPS + ROUNDS * STEPS
+        allowed = int((1 - MIN_AGREEMENT) * planned + 1e-9)  # misses a candidate may have and still be chosen
+        token = _text_pass(traces, ids, allowed)
         agree_s = time.perf_counter() - start - build_s
-        # only modes that keep the answers can be chosen: time those (none but float32: nothing to time)
-        timed = {c: m for c, m in models.items() if c == REFERENCE or agreement[c] >= MIN_AGREEMENT}
+        # only modes that can still keep the answers are stepped and timed (none but float32: nothing to time)
+        timed = {c: t for c, t in traces.items() if not t.dropped}
+        rounds: dict[Candidate, list[float]] = {}
         deadline = time.perf_counter() + BUDGET_S
-        rounds = _rounds(timed, deadline) if len(timed) > 1 else {}
+        if len(timed) > 1:
+            token = _rounds(timed, token, deadline, warm=WARM_STEPS)
+            rounds = {c: t.rounds_ms for c, t in timed.items()}
         noisy = bool(rounds) and spread(rounds) > MAX_SPREAD
         if noisy and time.perf_counter() < deadline:
-            rounds = _rounds(timed, deadline)  # once more: the other program may have finished
+            _rounds(timed, token, deadline)  # once more: the other program may have finished
+            rounds = {c: t.rounds_ms for c, t in timed.items()}
             noisy = spread(rounds) > MAX_SPREAD
     finally:
         torch.set_num_threads(threads)
@@ -263,18 +330,20 @@ def choose_mode(
         label(c): {
             "mode": c[0],
             "dtype": c[1],
-            "step_ms": _median(rounds, c, "step"),
-            "prefill_ms": _median(rounds, c, "prefill"),
-            "agreement": round(agreement[c], 4),
-            "rounds_ms": [round(v, 2) for v in rounds[c]["step"]] if c in rounds else [],
+            "step_ms": _median(rounds.get(c, [])),
+            "prefill_ms": _median(t.prefill_ms) if c in rounds else None,
+            "agreement": round(t.agreement(), 4),
+            "paths": {p: round(t.matches[p] / t.positions[p], 4) for p in PATHS if t.positions[p]},
+            "positions": sum(t.positions.values()),
+            "rounds_ms": [round(v, 2) for v in rounds.get(c, [])],
         }
-        for c in candidates
+        for c, t in traces.items()
     }
     if noisy:
         choice = "float32"
         why = (
             f"the timings varied by up to {spread(rounds):.1f}x between rounds"
-            if len(rounds[REFERENCE]["step"]) == ROUNDS
+            if len(rounds[REFERENCE]) == ROUNDS
             else f"measuring took over {BUDGET_S:.0f} s"
         )
         reason = (
@@ -293,6 +362,7 @@ def choose_mode(
         "spread": round(min(spread(rounds), 99.0), 3) if rounds else None,
         "threads": min(THREADS, threads),
         "tokens": len(ids),
+        "decode_steps": traces[REFERENCE].positions["steps"],
         "probe_s": round(time.perf_counter() - start, 2),
         "load_s": round(build_s, 2),
         "agreement_s": round(agree_s, 2),
@@ -304,4 +374,5 @@ def choose_mode(
         record["saved"] = _save(key, record)
     keep = built.pop(chosen)
     built.clear()
+    traces.clear()
     return chosen[0], chosen[1], record, keep

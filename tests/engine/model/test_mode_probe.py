@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ import torch
 from engine import quant
 from engine.api import ModelSpec
 from engine.model import mode_probe
+from engine.model.kv import KVState
 from engine.model.loader import AUTO_CANDIDATES, load_model
 
 
@@ -35,25 +36,36 @@ def fake(
     steps: dict[str, float | list[float]],
     agreement: dict[str, float],
     prefill: dict[str, float] | None = None,
+    step_agreement: dict[str, float] | None = None,
 ) -> list[str]:
-    """Replace the timer (per kind: a constant or a series used in turn) and the agreement; returns timer calls."""
-
-    def series(value: float | list[float]) -> Iterator[float]:
-        while True:
-            yield from value if isinstance(value, list) else [value]
-
-    feeds = {name: series(value) for name, value in steps.items()}
+    """Replace the measured forward: per kind, step times (a constant or one value per round, in turn),
+    a share of positions whose argmax matches float32's (text and steps; ``step_agreement`` for the
+    one-token steps alone) and a prefill time. Returns one entry per timed step."""
     calls: list[str] = []
+    seen: dict[str, int] = {}
 
-    def step(model: torch.nn.Module, n: int = mode_probe.STEPS) -> tuple[float, float]:
+    def argmax(name: str, position: int, share: float) -> int:
+        # float32 "predicts" position % 97; another kind misses once every 1 / (1 - share) positions
+        miss = int((position + 1) * (1 - share) + 1e-9) > int(position * (1 - share) + 1e-9)
+        return position % 97 + (1 if miss and name != "float32" else 0)
+
+    def forward(model: torch.nn.Module, state: KVState, ids: list[int]) -> tuple[torch.Tensor, float]:
         name = kind(model)
-        if n == 1:
-            return 1.0, 1.0  # warm-up
+        start = len(state.tokens)
+        state.tokens.extend(ids)
+        share = agreement[name] if len(ids) > 1 else (step_agreement or agreement).get(name, agreement[name])
+        out = torch.tensor([argmax(name, start + i, share) for i in range(len(ids))])
+        if len(ids) > 1:
+            return out, (prefill or {}).get(name, 10.0)
+        n = seen[name] = seen.get(name, -1) + 1
+        if n < mode_probe.WARM_STEPS:
+            return out, 1.0
         calls.append(name)
-        return next(feeds[name]), (prefill or {}).get(name, 10.0)
+        value = steps[name]
+        series = value if isinstance(value, list) else [value]
+        return out, series[(n - mode_probe.WARM_STEPS) // mode_probe.STEPS % len(series)]
 
-    monkeypatch.setattr(mode_probe, "_step_ms", step)
-    monkeypatch.setattr(mode_probe, "_agreement", lambda _ref, model, _ids: agreement[kind(model)])
+    monkeypatch.setattr(mode_probe, "_forward", forward)
     return calls
 
 
@@ -73,8 +85,11 @@ def test_picks_the_fastest_mode_above_the_floor_and_records_it(tiny_dir: Path, f
     assert loaded.info["quant"] == "fp16-cpu"
     assert record["saved"] is True and (fresh_data / "cache" / mode_probe.RECORDS).is_file()
     assert "int8-cpu" in record["reason"] and "changes too many answers" in record["reason"]
-    assert record["modes"]["fp16-cpu"]["step_ms"] == 5.0 and record["modes"]["int8-cpu"]["agreement"] == 0.95
-    assert calls.count("float32") == mode_probe.ROUNDS
+    assert record["modes"]["fp16-cpu"]["step_ms"] == 5.0 and record["modes"]["fp16-cpu"]["agreement"] >= 0.99
+    int8 = record["modes"]["int8-cpu"]
+    assert int8["agreement"] < mode_probe.MIN_AGREEMENT and int8["step_ms"] is None, "dropped, never timed"
+    assert int8["positions"] < record["modes"]["float32"]["positions"], "dropped as soon as it could not pass"
+    assert "int8-cpu" not in calls and calls.count("float32") == mode_probe.ROUNDS * mode_probe.STEPS
     calls.clear()
     again = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
     assert calls == [], "a later load reuses the record"
@@ -104,7 +119,7 @@ def test_noisy_timings_keep_float32_and_are_not_saved(tiny_dir: Path, fresh_data
     loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
     record = loaded.info["mode_probe"]
     assert loaded.quant == "none" and record["saved"] is False and "varied" in record["reason"]
-    assert calls.count("float32") == 2 * mode_probe.ROUNDS, "measured once more before giving up"
+    assert calls.count("float32") == 2 * mode_probe.ROUNDS * mode_probe.STEPS, "measured once more before giving up"
     assert not (fresh_data / "cache" / mode_probe.RECORDS).exists()
     calls.clear()
     load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
@@ -123,14 +138,55 @@ def test_an_explicit_float32_dtype_measures_only_float32_modes(tiny_dir: Path, f
     assert set(calls) <= {"float32", "fp16-cpu"} and loaded.quant == "fp16-cpu"
 
 
+def test_a_mode_whose_decode_steps_disagree_is_not_chosen(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
+    # fp16-cpu agrees on every teacher-forced text position but its one-token step (another kernel) does not
+    fake(monkeypatch, STEADY, dict.fromkeys(STEADY, 1.0), step_agreement={"fp16-cpu": 0.5, "int8-cpu": 0.5})
+    record = load_model(ModelSpec(source=str(tiny_dir), quant="auto")).info["mode_probe"]
+    fp16 = record["modes"]["fp16-cpu"]
+    assert fp16["paths"]["prompt"] == fp16["paths"]["chunks"] == 1.0 and fp16["paths"]["steps"] == 0.5
+    assert fp16["agreement"] < mode_probe.MIN_AGREEMENT and record["chosen"] == "bfloat16"
+    assert record["decode_steps"] == mode_probe.WARM_STEPS + mode_probe.ROUNDS * mode_probe.STEPS
+
+
+def test_an_old_record_is_measured_again(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
+    calls = fake(monkeypatch, STEADY, {**dict.fromkeys(STEADY, 1.0), "int8-cpu": 0.9})
+    load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
+    path = fresh_data / "cache" / mode_probe.RECORDS
+    records = json.loads(path.read_text())
+    for record in records.values():  # as the first probe saved it: its figures mean something else
+        record.update(probe=1, mode="int8-cpu", dtype="bfloat16", chosen="int8-cpu")
+    path.write_text(json.dumps(records))
+    assert mode_probe.all_records() == {}, "brisk doctor does not show it"
+    calls.clear()
+    loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
+    assert calls and loaded.quant == "fp16-cpu" and loaded.info["mode_probe"]["probe"] == mode_probe.PROBE_VERSION
+    assert all(r["probe"] == mode_probe.PROBE_VERSION for r in json.loads(path.read_text()).values())
+
+
+def test_the_text_is_fed_along_every_kernel_path() -> None:
+    from engine.quant.kernels import GEMV_ROWS
+
+    # int8-cpu runs its GEMV kernel (decode's) at or below GEMV_ROWS rows and a bfloat16 GEMM above
+    assert mode_probe.CHUNK <= GEMV_ROWS < mode_probe.PROMPT_TOKENS < mode_probe.AGREE_TOKENS
+    assert mode_probe.WARM_STEPS + mode_probe.ROUNDS * mode_probe.STEPS >= 12, "a stepwise sample, not a token"
+
+
 def test_the_real_measurement_runs_on_the_tiny_model(tiny_dir: Path, fresh_data: Path) -> None:
     loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
     record = loaded.info["mode_probe"]
     assert record["modes"]["float32"]["agreement"] == 1.0
+    assert record["modes"]["float32"]["paths"] == {"prompt": 1.0, "chunks": 1.0, "steps": 1.0}
+    timed = 0
     for figures in record["modes"].values():
         assert 0.0 <= figures["agreement"] <= 1.0
-        kept = figures["agreement"] >= mode_probe.MIN_AGREEMENT
-        assert (figures["step_ms"] > 0) if kept else figures["step_ms"] is None, "only modes keeping answers are timed"
+        if figures["agreement"] >= mode_probe.MIN_AGREEMENT:
+            assert figures["step_ms"] > 0 and figures["prefill_ms"] > 0, "a mode keeping the answers is timed"
+        if figures["step_ms"] is not None:
+            timed += 1
+            assert set(figures["paths"]) == set(mode_probe.PATHS), "timed modes were stepped one token at a time"
+            assert figures["positions"] == record["tokens"] + record["decode_steps"]
+    assert record["tokens"] == mode_probe.AGREE_TOKENS
+    assert record["decode_steps"] >= (mode_probe.WARM_STEPS + mode_probe.ROUNDS * mode_probe.STEPS if timed else 0)
     chosen = record["modes"][record["chosen"]]
     assert chosen["agreement"] >= mode_probe.MIN_AGREEMENT
     assert loaded.quant == record["mode"]

@@ -51,7 +51,7 @@ PEER_SCENARIOS: dict[str, str] = {
         f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
         f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
         for i in range(40)
-    ),  # about 1,200 tokens of shared system prompt, as in the prefix scenario
+    ),  # about 1,900 tokens of shared system prompt with the chat template (the prefix scenario has its own)
 }
 
 

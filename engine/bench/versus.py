@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
         if peer is not None and peer.loaded is not None:
-            peer_label = f"peer ({peer.loaded.model_name})"
+            peer_label = f"peer ({Path(peer.loaded.model_name).name})"  # a server may name its model by path
         for _ in range(rounds):
             # a new engine each round: no reply of an earlier round can serve as a draft
             with Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False))) as local:

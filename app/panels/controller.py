@@ -91,6 +91,7 @@ class LatencyController(QObject):
             self.reloading = None
             self.panel.show_reload(None)
             self.panel.numbers.show_model(event)
+            self.panel.switches.set_remote(event.info.endpoint)
             self.settings_changed()
         elif isinstance(event, LoadFailed):
             self.reloading = None

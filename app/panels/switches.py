@@ -111,6 +111,13 @@ class SwitchesView(QWidget):
     def config(self) -> ReplyConfig:
         return self._config
 
+    def set_remote(self, endpoint: str) -> None:
+        """Grey the switches that only the local model honours while a server (``endpoint``) answers ("" = local)."""
+        local_only = [self.checks["prefix_cache"], self.speculative, self.quant]
+        for widget, key in zip(local_only, ("prefix_cache", "speculative", "quant"), strict=True):
+            widget.setEnabled(not endpoint)
+            widget.setToolTip(f"The server at {endpoint} decides this itself." if endpoint else TIPS[key])
+
     def set_config(self, config: ReplyConfig) -> None:
         """Show ``config`` without emitting ``changed``."""
         widgets = [*self.checks.values(), self.speculative, self.quant]

@@ -120,6 +120,10 @@ def test_a_server_chosen_in_settings_streams_the_reply(
     assert server.url in window.status_area.device_label.toolTip()
     numbers = window.latency.panel.numbers
     assert numbers.remote and numbers.text("model") == MODEL and host in numbers.text("mode")
+    switches = window.latency.panel.switches  # what only the local model honours is greyed, and says why
+    assert not switches.speculative.isEnabled() and not switches.quant.isEnabled()
+    assert not switches.checks["prefix_cache"].isEnabled() and host in switches.quant.toolTip()
+    assert switches.checks["stream"].isEnabled()
 
     # a reply streams in, token by token, and finishes
     server.chat = held_stream(4)
@@ -244,6 +248,7 @@ def test_servers_are_switched_and_the_local_model_comes_back(
         assert isinstance(window.bridge.backend, FakeEngine) and window.settings.engine == "local"
         assert window.status_area.device_label.text().startswith(loaded.device)
         assert not window.latency.panel.numbers.remote
+        assert window.latency.panel.switches.speculative.isEnabled() and window.latency.panel.switches.quant.isEnabled()
     finally:
         other.close()
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec
-from engine.bench.common import latency_profile, peer_rows, table
+from engine.bench.common import LONG_SYSTEM, PEER_EXTRA, latency_profile, peer_rows, table
 from engine.client import Client, LoadError, RequestError, local_backend
 
 SCENARIOS: dict[str, str] = {
@@ -47,11 +47,7 @@ SCENARIOS: dict[str, str] = {
 
 PEER_SCENARIOS: dict[str, str] = {
     "foundation": "You are a helpful assistant.",
-    "prefix": " ".join(
-        f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
-        f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
-        for i in range(40)
-    ),  # about 1,900 tokens of shared system prompt with the chat template (the prefix scenario has its own)
+    "prefix": LONG_SYSTEM,  # the prefix scenario has its own, of about 1,200 tokens
 }
 
 
@@ -65,7 +61,8 @@ def connect_peer(args: argparse.Namespace) -> Client:
 
     key = getattr(args, "api_key", None) or os.environ.get("BRISK_API_KEY") or None
     try:
-        client = Client(remote_backend(args.peer, getattr(args, "peer_model", None) or None, key))
+        model = getattr(args, "peer_model", None) or None
+        client = Client(remote_backend(args.peer, model, key, extra_body=PEER_EXTRA))
     except RemoteError as exc:
         raise LoadError(str(exc)) from None
     try:
@@ -103,7 +100,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from engine.doctor import report
 
     peer: Client | None = None
-    if getattr(args, "peer", None):
+    if getattr(args, "peer", None) and set(names) & set(PEER_SCENARIOS):  # versus connects its own
         try:
             peer = connect_peer(args)
         except LoadError as exc:

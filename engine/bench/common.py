@@ -80,6 +80,13 @@ def fresh_data_dir() -> Iterator[str]:
                 os.environ["BRISK_DATA_DIR"] = previous
 
 
+LONG_SYSTEM = " ".join(
+    f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
+    f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
+    for i in range(40)
+)  # about 1,900 tokens with the chat template: the peer comparisons' long shared system prompt
+PEER_EXTRA = {"repeat_penalty": 1.0}  # plain greedy on llama.cpp's servers too (llama-cpp-python defaults to 1.1)
+
 PEER_PROMPTS = [
     "Explain in two sentences why the sky is blue.",
     "Write a short poem about a lighthouse.",

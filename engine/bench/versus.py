@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
-from engine.bench.common import PEER_PROMPTS, median, table
+from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, median, table
 from engine.bench.speculative import ARTICLE, CODE
 from engine.client import Client, local_backend
 from engine.storage.settings import Settings
@@ -43,11 +43,6 @@ GROUNDED = {
     "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
     "code edit": f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}",
 }
-LONG_SYSTEM = " ".join(
-    f"Policy {i + 1}: requests about topic {i + 1} are answered within {i % 5 + 1} business days, "
-    f"the desk is open from {8 + i % 3}:00 to {17 + i % 4}:00 on weekdays, and no exceptions are promised."
-    for i in range(40)
-)
 
 
 def measure(client: Client, speculative: str, max_tokens: int) -> dict[str, list[float]]:
@@ -81,17 +76,12 @@ def measure(client: Client, speculative: str, max_tokens: int) -> dict[str, list
 
 
 def peer_client(args: argparse.Namespace) -> Client | None:
+    """The ``--peer`` server's client (plain greedy there too), or None without one; LoadError says why not."""
     if not getattr(args, "peer", None):
         return None
-    import os
+    from engine.bench import connect_peer
 
-    from engine.remote import remote_backend
-
-    key = getattr(args, "api_key", None) or os.environ.get("BRISK_API_KEY") or None
-    model = getattr(args, "peer_model", None) or None
-    client = Client(remote_backend(args.peer, model, key, extra_body={"repeat_penalty": 1.0}))
-    client.load(ModelSpec(source=model or ""))
-    return client
+    return connect_peer(args)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -75,7 +75,7 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
         "--speculative",
         default=None,
         choices=SOURCES,
-        help="speculative decoding source (default: the settings' value, auto: each source drafts only while it "
+        help="speculative decoding source (default auto: each source drafts only while it "
         "pays and is paused when it does not; off turns it off; greedy output is the same either way)",
     )
     parser.add_argument("--draft-model", default="", help="draft model for --speculative draft/auto")

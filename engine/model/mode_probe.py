@@ -226,6 +226,11 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
+def _slower_prefill(mode_ms: float | None, float32_ms: float | None) -> bool:
+    """Whether a mode's prompt processing is too slow to choose it (unknown, as on a very short model: no)."""
+    return mode_ms is not None and float32_ms is not None and mode_ms > PREFILL_LIMIT * float32_ms
+
+
 def decide(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
     """The label chosen (``float32`` unless another mode clearly wins) and why, from per-mode figures.
 
@@ -244,7 +249,7 @@ def decide(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
         said = f"{name} {fig['step_ms']:.1f} ms a step, agreement {fig['agreement']:.1%}"
         if fig["step_ms"] > MARGIN * ref["step_ms"]:
             notes.append(f"{said}: not clearly faster (needs {round(100 * (1 - MARGIN))} % faster)")
-        elif fig["prefill_ms"] > PREFILL_LIMIT * ref["prefill_ms"]:
+        elif _slower_prefill(fig["prefill_ms"], ref["prefill_ms"]):
             notes.append(f"{said}: prefill {fig['prefill_ms']:.0f} ms against {ref['prefill_ms']:.0f} ms")
         else:
             notes.append(said)

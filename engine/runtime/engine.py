@@ -240,7 +240,11 @@ class Engine(Serving):
         try:
             state = self.rewarm.step()
             if state is not None:
-                self._remember_system(state, len(state))
+                try:
+                    self._remember_system(state, len(state))
+                except OSError as exc:  # kept in memory; only the copy on disk failed
+                    traceback.print_exc()
+                    self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))
         except Exception as exc:  # warm-up only saves time: the next reply starts cold
             traceback.print_exc()
             self.rewarm.clear()

@@ -42,7 +42,8 @@ def test_the_table_has_the_peer_as_a_column(
         assert numbers["ttft_cold_ms"] > 0 and numbers["ttft_warm_ms"] > 0 and numbers["decode_tok_s"] > 0
     # the peer got the same requests: greedy, a system prompt with a new nonce for each cold/warm pair
     bodies = server.requests
-    assert len(bodies) == 2 * data["peer"]["samples"] and all(b["temperature"] == 0 for b in bodies)
+    assert len(bodies) == 2 * data["peer"]["samples"]
+    assert all(b["temperature"] == 0 and b["repeat_penalty"] == 1.0 for b in bodies), "plain greedy on the peer"
     assert bodies[0]["messages"] == bodies[1]["messages"] != bodies[2]["messages"]
     assert bodies[0]["messages"][0]["content"].endswith(PEER_SCENARIOS["foundation"])
 

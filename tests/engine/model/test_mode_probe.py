@@ -201,3 +201,11 @@ def test_decide_prefers_the_fastest_qualifying_mode() -> None:
     }
     choice, reason = mode_probe.decide(figures)
     assert choice == "bfloat16" and "2.00x" in reason
+
+
+def test_decide_when_the_model_was_too_short_to_time_its_prefill() -> None:
+    figures = {
+        "float32": {"step_ms": 10.0, "prefill_ms": None, "agreement": 1.0},
+        "fp16-cpu": {"step_ms": 6.0, "prefill_ms": None, "agreement": 1.0},
+    }
+    assert mode_probe.decide(figures)[0] == "fp16-cpu"  # an unknown prefill time limits nothing (and no TypeError)

@@ -3,6 +3,8 @@ a request that arrives meanwhile comes first (after one chunk at most), and gree
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -157,13 +159,34 @@ def test_a_failing_warm_up_is_a_cache_warning_and_a_cold_exact_reply(
         runner.close()
 
 
-def test_clearing_the_prompt_cache_stops_the_warm_up(tiny_dir: Path, fresh_data: Path) -> None:
+def test_clearing_the_prompt_cache_stops_the_warm_up(
+    tiny_dir: Path, fresh_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     runner = EngineRunner(str(tiny_dir), persist_prefixes=False)
     try:
         done(ask(runner, "Name a colour."))
+        assert system_length(runner) > PREFILL_CHUNK, "the warm-up must take more than one chunk"
+        chunks: list[int] = []
+        go = threading.Event()
+        real = rewarm_module.forward
+
+        def held_forward(model: Any, state: Any, ids: list[int], *args: Any) -> Any:
+            chunks.append(len(ids))
+            go.wait(60)  # the first chunk waits until the clear is queued behind it
+            return real(model, state, ids, *args)
+
+        monkeypatch.setattr(rewarm_module, "forward", held_forward)
         runner.client.load(ModelSpec(source=str(tiny_dir), dtype="float32"))
+        deadline = time.monotonic() + 60
+        while not chunks and time.monotonic() < deadline:
+            time.sleep(0.01)
         runner.engine.clear_prefix_cache()
-        assert runner.engine.rewarm.idle.wait(120)  # at once; a warm-up that went on would fill the cache
+        while runner.engine._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)  # the clear has reached the engine's queue
+        go.set()
+        assert runner.engine.rewarm.idle.wait(120)
+        monkeypatch.undo()
+        assert chunks == [PREFILL_CHUNK], f"the warm-up went on after the clear: {chunks}"
         assert done(ask(runner, "Name an animal.")).metrics.cached_tokens == 0
     finally:
         runner.close()

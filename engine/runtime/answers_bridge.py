@@ -200,7 +200,9 @@ class AnswerGate:
                 saved_s=max(0.0, hit.generation_s - total),
                 spans=(Span("queue", 0.0, t_taken), Span("answer cache", t_taken, t_lookup)),
             )
-            reply.emit(Done(request.id, reply.since(), hit.answer, "stop", metrics))
+            # the key holds max_tokens, so a kept reply that filled it had stopped there: say so again
+            finish = "length" if len(hit.token_ids) >= request.sampling.max_tokens else "stop"
+            reply.emit(Done(request.id, reply.since(), hit.answer, finish, metrics))
         except Exception as exc:  # a failing event callback: the request still ends with one Error
             traceback.print_exc()
             try:

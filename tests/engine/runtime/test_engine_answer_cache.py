@@ -59,6 +59,22 @@ def test_the_same_greedy_question_twice_is_an_exact_hit(runner: EngineRunner) ->
     assert m.completion_tokens == len(token_ids(second))
 
 
+def test_a_cached_reply_that_stopped_at_max_tokens_says_so_again(runner: EngineRunner) -> None:
+    short = Sampling(max_tokens=3)
+    first = done(ask(runner, "Tell me a long story about tiny models.", sampling=short))
+    again = done(ask(runner, "Tell me a long story about tiny models.", sampling=short))
+    assert first.finish_reason == "length" and first.metrics.completion_tokens == 3
+    assert again.metrics.answer_cache == "exact" and again.text == first.text
+    assert again.finish_reason == "length"
+    # a kept reply that ended before max_tokens (the model's end of turn) stays "stop"
+    question = {"role": "user", "content": "Say hi."}
+    request = Request(uuid.uuid4().hex, (question,), GREEDY, answer_cache=True)
+    engine = runner.engine
+    assert engine.answer_gate.put(engine.identity, request, "Hi!", [1, 2], 0.5)
+    hit = done(runner.run([question], sampling=GREEDY))
+    assert hit.metrics.answer_cache == "exact" and hit.text == "Hi!" and hit.finish_reason == "stop"
+
+
 def test_another_context_or_sampling_misses(runner: EngineRunner) -> None:
     done(ask(runner, "Name a colour."))
     assert done(ask(runner, "Name a colour.")).metrics.answer_cache == "exact"

@@ -190,3 +190,25 @@ def test_clearing_the_prompt_cache_stops_the_warm_up(
         assert done(ask(runner, "Name an animal.")).metrics.cached_tokens == 0
     finally:
         runner.close()
+
+
+def test_same_vocabulary_knows_a_reload_of_the_same_files_and_compares_others(tiny_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.runtime.rewarm import same_vocabulary
+
+    first, again = AutoTokenizer.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    assert same_vocabulary(first, again)
+    calls: list[str] = []
+
+    class Other:  # another folder: the vocabularies themselves are compared
+        name_or_path = "elsewhere"
+
+        def __len__(self) -> int:
+            return len(first)
+
+        def get_vocab(self) -> dict[str, int]:
+            calls.append("vocab")
+            return {**first.get_vocab(), "<extra>": len(first)}
+
+    assert not same_vocabulary(first, Other()) and calls == ["vocab"]

@@ -231,6 +231,24 @@ class Metrics:
         return cls(**kwargs)
 
 
+def prompt_counts(metrics: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(prompt tokens, of them reused) as far as they were counted, from ``Metrics.to_dict()`` or a stored row.
+
+    The local engine counts both; for a remote engine (``server`` set) only what its
+    server reported counts, the rest is unknown (None), never a made-up 0.
+    """
+    remote = metrics.get("server") is not None
+    reported = metrics.get("server_reported") or ()
+
+    def count(name: str) -> int | None:
+        value = metrics.get(name)
+        if (remote and name not in reported) or isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return int(value)
+
+    return count("prompt_tokens"), count("cached_tokens")
+
+
 def _number_pair(value: object, default: object) -> bool:
     return isinstance(value, int | float) and isinstance(default, int | float) and not isinstance(value, bool)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from app.state.config import ReplyConfig
 from app.state.tools import call_record
-from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token, ToolCall
+from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token, ToolCall, prompt_counts
 
 SEP = " \u00b7 "  # " · "
 
@@ -192,15 +192,11 @@ def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") ->
     completion = _num(metrics, "completion_tokens")
     if completion is not None:
         parts.append(f"{int(completion)} tokens")
-    prompt, cached = _num(metrics, "prompt_tokens"), _num(metrics, "cached_tokens")
-    if metrics.get("server") is not None:  # a remote engine: only what its server reported
-        reported = metrics.get("server_reported") or ()
-        prompt = prompt if "prompt_tokens" in reported else None
-        cached = cached if "cached_tokens" in reported else None
+    prompt, cached = prompt_counts(metrics)  # a remote engine: only what its server reported
     if prompt is not None and cached is not None:
-        parts.append(f"reused {int(cached)} of {int(prompt)} prompt tokens")
+        parts.append(f"reused {cached} of {prompt} prompt tokens")
     elif prompt is not None:
-        parts.append(f"{int(prompt)} prompt tokens")
+        parts.append(f"{prompt} prompt tokens")
     drafted, accepted = _num(metrics, "drafted"), _num(metrics, "accepted")
     if drafted:  # missing or zero: nothing was drafted for this reply, nothing to say
         accepted = accepted or 0

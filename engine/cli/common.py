@@ -34,6 +34,7 @@ from engine.api import (
     Token,
     ToolCall,
     Warning,
+    prompt_counts,
 )
 from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems
 from engine.storage import Settings
@@ -237,12 +238,12 @@ def summary(m: Metrics) -> list[str]:
     if m.tokens_per_s:
         parts.append(f"{m.tokens_per_s:.1f} tok/s")
     parts.append(f"{m.completion_tokens} tokens")
-    if m.server is None:  # the local engine counts the prompt and its reuse
-        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens")
-    elif "cached_tokens" in m.server_reported:
-        parts.append(f"reused {m.cached_tokens} of {m.prompt_tokens} prompt tokens (server's count)")
-    elif "prompt_tokens" in m.server_reported:
-        parts.append(f"{m.prompt_tokens} prompt tokens (server's count)")
+    prompt, cached = prompt_counts(m.to_dict())
+    whose = "" if m.server is None else " (server's count)"
+    if prompt is not None and cached is not None:
+        parts.append(f"reused {cached} of {prompt} prompt tokens{whose}")
+    elif prompt is not None:
+        parts.append(f"{prompt} prompt tokens{whose}")
     if m.drafted:
         parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
     if m.speedup:

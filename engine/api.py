@@ -334,6 +334,7 @@ class ModelInfo:
     packed_linears: int = 0
     quant_cached: bool | None = None  # the quantized copy came from the cache
     quant_load_s: float | None = None
+    decode_step: str = ""  # fp16-cpu: the native decode step's state (built, building, or why not)
     dtype_probe: Mapping[str, Any] | None = None  # the CPU dtype measurement, when one ran
     mode_probe: Mapping[str, Any] | None = None  # quant="auto": the mode chosen, its figures and why
     kv_reserved_bytes: int = 0

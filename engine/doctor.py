@@ -49,6 +49,11 @@ def _report() -> dict[str, Any]:
         data[f"quant {mode}"] = "works" if reason is None else f"unavailable: {reason}"
         if reason is None and (note := quant.caveat(mode)):
             data[f"quant {mode}"] += f" (caveat: {note})"
+    from engine.quant import native
+
+    # fp16-cpu's decode step in C++ (engine.quant.native): loaded if built, else built here (half a minute)
+    native.module(wait=True)
+    data["native decode step"] = f"{native.status()} ({native.build_name()})"
     from engine.model import mode_probe
 
     here = mode_probe.machine()

@@ -21,6 +21,14 @@ from tests.support.engine_runner import EngineRunner  # noqa: E402
 from tests.support.tiny import make_tiny_model  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def native_step() -> None:
+    """fp16-cpu decodes with the native step from the first test on (built by ``make``, or here once)."""
+    from engine.quant import native
+
+    native.module(wait=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))

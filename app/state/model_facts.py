@@ -49,6 +49,7 @@ LABELS: dict[str, str] = {
     "packed_linears": "Packed linear layers",
     "quant_cached": "Quantized copy from the cache",
     "quant_load_s": "Quantization time",
+    "decode_step": "Native decode step",
     "dtype_probe": "CPU precision check",
     "mode_probe": "Weight mode check",
     "kv_reserved_bytes": "Memory reserved for the KV cache",

@@ -59,7 +59,7 @@ def step_times(model: Any, steps: int, before: Any = None, observe: bool = False
     forward(model, state, list(range(10, 74)))
     for i in range(WARM):
         t = time.perf_counter()
-        forward(model, state, [100 + i])
+        forward(model, state, [100 + i], decode=True)
         if observe:
             observe_step(time.perf_counter() - t)
     if before is not None:
@@ -67,7 +67,7 @@ def step_times(model: Any, steps: int, before: Any = None, observe: bool = False
     out = []
     for i in range(steps):
         t = time.perf_counter()
-        forward(model, state, [200 + i])
+        forward(model, state, [200 + i], decode=True)
         out.append(time.perf_counter() - t)
         if observe:
             observe_step(out[-1])

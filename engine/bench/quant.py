@@ -134,7 +134,7 @@ def _time_generation(model: Any, prompt: torch.Tensor, new_tokens: int) -> tuple
     ttft = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(new_tokens - 1):
-        token = int(forward(model, state, [token])[-1].argmax())
+        token = int(forward(model, state, [token], decode=True)[-1].argmax())
     return ttft, (new_tokens - 1) / (time.perf_counter() - start)
 
 

@@ -55,7 +55,7 @@ def _step_ms(model: Any, steps: int = 12) -> float:
     times = []
     for i in range(steps):
         t = time.perf_counter()
-        forward(model, state, [100 + i])
+        forward(model, state, [100 + i], decode=True)
         times.append(time.perf_counter() - t)
     times.sort()
     return 1000 * times[len(times) // 2]

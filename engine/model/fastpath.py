@@ -14,8 +14,9 @@ know to be equivalent (another architecture, sliding windows, another
 activation); callers then use the model's own forward.  ``engine.model.kv.forward``
 makes one per model on first use (``engine.model.kv.fast_forward``).
 Equivalence is tested against transformers' forward in ``tests/engine/model/test_fastpath.py``.
-One-token steps of fp16-cpu models go to ``engine.quant.scripted`` (one TorchScript call
-for all layers) when it takes them; everything else runs here.
+Decode tokens of fp16-cpu models go to the native step (``engine.quant.native``: one C++
+call for all layers) once it is built, other one-token calls to the TorchScript step
+(``engine.quant.scripted``) when it takes them; everything else runs here.
 """
 
 from __future__ import annotations
@@ -76,12 +77,23 @@ class FastForward:
             return None
 
     @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 1) -> torch.Tensor:
-        """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends."""
+    def __call__(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 1, decode: bool = False) -> torch.Tensor:
+        """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends.
+
+        ``decode``: these are decode tokens (a plain step, or a token and its drafts), not a
+        prompt; fp16-cpu models then run the native step (``engine.quant.native``), which
+        computes each row as a one-row call would, so a speculative step's verification and
+        plain steps agree bit for bit.  Prompts keep this eager path (or the TorchScript step
+        for one token), so a prompt's KV is the same whether a prefix of it was cached or not.
+        """
         # Modules are looked up on every call (microseconds), so a later swap (quantization) or
         # dtype change of the model is always what runs.
         inner = self.model.model
         n = ids.shape[1]
+        if decode and self.scripted is not None:
+            logits = self.scripted.rows(ids, cache, all_rows=logits_to_keep == 0 or logits_to_keep >= n)
+            if logits is not None:
+                return logits if logits_to_keep in (0, n) else logits[:, -logits_to_keep:]
         if n == 1 and self.scripted is not None:
             logits = self.scripted(ids, cache)
             if logits is not None:

@@ -54,10 +54,47 @@ class Buffer:
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends in place and copies only on a branch."""
 
+    # ``keys``/``values`` are views of the first ``length`` positions of ``buf``; :meth:`advance`
+    # only counts, and the views are cut when next read (a decode step advances 30 layers or so,
+    # and most steps never read the views).
+    _keys: torch.Tensor | None = None
+    _values: torch.Tensor | None = None
+    _stale = False
+
     def __init__(self) -> None:
         super().__init__()
         self.buf: Buffer | None = None
         self.length = 0
+
+    @property  # type: ignore[override]
+    def keys(self) -> torch.Tensor | None:
+        if self._stale:
+            self._cut()
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        if self._stale:
+            self._cut()
+        self._keys = value
+
+    @property  # type: ignore[override]
+    def values(self) -> torch.Tensor | None:
+        if self._stale:
+            self._cut()
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        if self._stale:
+            self._cut()
+        self._values = value
+
+    def _cut(self) -> None:
+        self._stale = False
+        assert self.buf is not None
+        n = self.length
+        self._keys, self._values = self.buf.keys[..., :n, :], self.buf.values[..., :n, :]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -88,9 +125,8 @@ class GrowingLayer(DynamicLayer):
     def advance(self, m: int) -> None:
         """Count ``m`` positions written after ``length`` into the reserved buffer."""
         assert self.buf is not None
-        n = self.length + m
-        self.length = n
-        self.keys, self.values = self.buf.keys[..., :n, :], self.buf.values[..., :n, :]
+        self.length += m
+        self._stale = True  # the views are cut when next read
 
     def _reallocate(self, needed: int, like: torch.Tensor) -> Buffer:
         # Room for a quarter more (at least MIN_CAPACITY tokens): growth stays amortised while a
@@ -199,13 +235,17 @@ def fast_forward(model: Any) -> FastForward | None:
 
 
 @torch.inference_mode()
-def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False) -> torch.Tensor:
-    """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab])."""
+def forward(model: Any, state: KVState, ids: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
+    """Run ``ids`` through the model on top of ``state``; return logits [n, vocab] (or [1, vocab]).
+
+    ``decode``: ``ids`` are decode tokens (a step's token and its drafts), not a prompt (see
+    ``engine.model.fastpath``: fp16-cpu models decode with the native step).
+    """
     input_ids = torch.tensor([ids], device=model.device)
     keep = 0 if all_logits else 1
     fast = fast_forward(model)
     if fast is not None:
-        logits = fast(input_ids, state.cache, keep)
+        logits = fast(input_ids, state.cache, keep, decode)
     else:
         logits = model(input_ids=input_ids, cache=state.cache, use_cache=True, logits_to_keep=keep).logits
     state.tokens.extend(ids)

@@ -148,7 +148,7 @@ class Trace:
 def _forward(model: Any, state: KVState, ids: list[int]) -> tuple[torch.Tensor, float]:
     """The argmax after each of ``ids`` fed on top of ``state`` (as the app feeds them), and the ms it took."""
     t = time.perf_counter()
-    logits = forward(model, state, ids, all_logits=len(ids) > 1)
+    logits = forward(model, state, ids, all_logits=len(ids) > 1, decode=len(ids) == 1)
     return logits.argmax(-1), 1000 * (time.perf_counter() - t)
 
 

@@ -46,7 +46,11 @@ class Fp16Linear(nn.Module):
     is plain safetensors.  ``packed_nbytes`` is what it holds, for ``engine.quant.apply.weight_bytes``.
     Layers that take the same input can share one packed matrix (:class:`Fp16Group`,
     made by ``engine.quant.apply.fuse_fp16``); each then holds ``group`` and its ``index`` in it.
+    ``Fp16Linear.changes`` counts every change to any layer's ``version`` (one number to
+    compare before summing the versions of some hundreds of layers).
     """
+
+    changes = 0
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
         super().__init__()
@@ -71,6 +75,7 @@ class Fp16Linear(nn.Module):
         if (bias is not None) != self.has_bias:
             raise ValueError("a bias was given to a layer without one, or none to a layer with one")
         self.version += 1
+        Fp16Linear.changes += 1
         if self.group is not None:  # its own weights now; the group keeps serving the others
             self.group.leave(self.index)
         self.packed, self.group = None, None
@@ -170,6 +175,7 @@ class Fp16Group:
         for i, part in enumerate(parts):
             part.packed, part.pending, part.group, part.index = None, None, self, i
             part.version += 1
+            Fp16Linear.changes += 1
 
     def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
         memo = self._memo

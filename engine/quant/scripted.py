@@ -32,10 +32,13 @@ from typing import Any, List, Optional  # noqa: UP035
 import torch
 from torch.nn import functional as F  # noqa: N812
 
+from engine.quant import native
 from engine.quant.apply import layout_version
 from engine.quant.kernels import Fp16Linear
 
 ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
+# Rotary types whose cos/sin of a position do not depend on the sequence's length (tabled once)
+STATIC_ROPE = ("default", "linear", "llama3")
 
 
 def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,6 +111,10 @@ class ScriptedDecode:
         self._collected: tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float] | None = None
         self._parts: list[Any] = []  # the Fp16Linear layers collected from, and the sum of their versions
         self._parts_version = 0
+        self._changes = -1  # Fp16Linear.changes when the versions were last summed
+        self._norm_modules: list[Any] = []  # the norms collected from, in the order of _collected[0]
+        self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
+        self._rotary: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
 
     @classmethod
     def for_model(cls, model: Any, fast: Any) -> Optional["ScriptedDecode"]:
@@ -130,10 +137,12 @@ class ScriptedDecode:
         weights: list[Any] = []
         eps: set[float] = set()
         widths: set[tuple[int, int, int]] = set()
+        modules: list[Any] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 norms.append(self._norm(norm, eps))
+                modules.append(norm)
             qkv = self._group(attn.q_proj, attn.k_proj, attn.v_proj)
             gate_up = self._group(mlp.gate_proj, mlp.up_proj)
             weights += [qkv.packed, self._packed(attn.o_proj, Fp16Linear), gate_up.packed]
@@ -142,6 +151,8 @@ class ScriptedDecode:
             if qkv.sizes[1] != qkv.sizes[2] or gate_up.sizes[0] != gate_up.sizes[1]:
                 raise ValueError("keys and values, or gate and up, of different widths")
         norms.append(self._norm(inner.norm, eps))
+        modules.append(inner.norm)
+        self._norm_modules = modules
         weights.append(self._packed(self.model.lm_head, Fp16Linear))
         self._parts = [
             p
@@ -158,6 +169,7 @@ class ScriptedDecode:
         ]
         self._parts.append(self.model.lm_head)
         self._parts_version = sum(p.version for p in self._parts)
+        self._changes = Fp16Linear.changes
         if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
             raise ValueError("layers of different shapes or epsilons, or not float32")
         return norms, weights, widths.pop(), eps.pop()
@@ -174,16 +186,11 @@ class ScriptedDecode:
 
     def _current(self, norms: list[torch.Tensor]) -> bool:
         """Whether the collected layers hold the weights collected and the norms are the tensors collected."""
-        if sum(p.version for p in self._parts) != self._parts_version:
-            return False
-        inner = self.model.model
-        now = [
-            w for layer in inner.layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        ]
-        now.append(inner.norm.weight)
-        if len(now) != len(norms):
-            return False
-        return all(a is b and a.dtype == torch.float32 for a, b in zip(now, norms, strict=True))
+        if Fp16Linear.changes != self._changes:  # some fp16 layer changed: were they ours?
+            if sum(p.version for p in self._parts) != self._parts_version:
+                return False
+            self._changes = Fp16Linear.changes
+        return all(m.weight is w and w.dtype == torch.float32 for m, w in zip(self._norm_modules, norms, strict=True))
 
     @staticmethod
     def _norm(norm: Any, eps: set[float]) -> torch.Tensor:
@@ -199,13 +206,8 @@ class ScriptedDecode:
             raise TypeError(f"{type(module).__name__} is not a packed fp16 layer")
         return packed
 
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
-        """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache``; None if the cache does not fit."""
-        scripted = _scripted()
-        if scripted is None:
-            return None
-
+    def _fitting(self, cache: Any) -> list[Any] | None:
+        """The cache's layers if the model fits the compiled steps and the cache lets us write into it."""
         # Looking up 200 layers costs about 1 ms a step, so it is done again only when the
         # model's layers were swapped or fused (engine.quant.apply.layout_version), the head
         # changed, a collected layer took new weights (its version), or a norm's weight is not
@@ -222,15 +224,82 @@ class ScriptedDecode:
             self._seen = seen
         if self._collected is None:
             return None
-        norms, weights, (q_size, kv_size, intermediate), eps = self._collected
-        inner = self.model.model
         layers = cache.layers
-        while len(layers) < len(inner.layers):
+        while len(layers) < len(self.model.model.layers):
             layers.append(cache.layer_class_to_replicate())
         if not all(
             callable(getattr(layer, "reserve", None)) and callable(getattr(layer, "advance", None)) for layer in layers
         ):
             return None  # not a cache that lets a caller write into its buffers
+        return list(layers)
+
+    def _stepper(self) -> Any | None:
+        """The native step (``engine.quant.native``) for the weights collected; None while it is not built."""
+        built = native.module()
+        if built is None or self._collected is None:
+            return None
+        if self._native is None or self._native[0] is not self._collected:
+            norms, weights, (q_size, kv_size, intermediate), eps = self._collected
+            step = built.Stepper(
+                norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
+            )
+            self._native = (self._collected, step)
+        return self._native[1]
+
+    def _cos_sin(self, past: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [n, head_dim] of positions past..past+n-1, from a table kept while the rotary module is."""
+        rotary = self.model.model.rotary_emb
+        inv = getattr(rotary, "inv_freq", None)
+        if getattr(rotary, "rope_type", None) not in STATIC_ROPE or not isinstance(inv, torch.Tensor):
+            like = self.model.model.embed_tokens.weight[:1][None]
+            cos, sin = rotary(like, torch.arange(past, past + n).unsqueeze(0))  # it depends on the length
+            return cos[0].contiguous(), sin[0].contiguous()
+        key = (id(rotary), inv.data_ptr(), inv._version)
+        if self._rotary is None or self._rotary[0] != key or self._rotary[1].shape[0] < past + n:
+            size = max(2 * (past + n), 4096)
+            like = self.model.model.embed_tokens.weight[:1][None]
+            cos, sin = rotary(like, torch.arange(size).unsqueeze(0))  # position by position, as for one
+            self._rotary = (key, cos[0].contiguous(), sin[0].contiguous())
+        return self._rotary[1][past : past + n], self._rotary[2][past : past + n]
+
+    @torch.inference_mode()
+    def rows(self, ids: torch.Tensor, cache: Any, all_rows: bool) -> torch.Tensor | None:
+        """Logits [1, rows, vocab] for decode tokens ``ids`` [1, n] by the native step; None where it cannot run.
+
+        rows is n with ``all_rows`` (a speculative step's verification), else 1.  Each row's
+        logits are bit for bit what a call with that row alone would give (``native_step.cpp``).
+        """
+        layers = self._fitting(cache)
+        step = self._stepper() if layers is not None else None
+        embed = self.model.model.embed_tokens
+        embedding = embed.weight
+        if step is None or layers is None or self._collected is None or type(embed) is not torch.nn.Embedding:
+            return None
+        if embedding.dtype != torch.float32 or not embedding.is_contiguous():
+            return None
+        n = int(ids.shape[1])
+        past = int(cache.get_seq_length())
+        cos, sin = self._cos_sin(past, n)
+        head_dim = self.fast.head_dim
+        like = embedding.new_empty(1, self._collected[2][1] // head_dim, n, head_dim)  # shaped as the keys written
+        bufs = [layer.reserve(n, like) for layer in layers]
+        keys, values = [b.keys for b in bufs], [b.values for b in bufs]
+        logits = step.forward(ids[0], embedding, cos, sin, keys, values, past, all_rows)
+        for layer in layers:
+            layer.advance(n)
+        return logits.unsqueeze(0)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
+        """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache`` by the TorchScript step, or None."""
+        scripted = _scripted()
+        if scripted is None:
+            return None
+        layers = self._fitting(cache)
+        if layers is None or self._collected is None:
+            return None
+        norms, weights, (q_size, kv_size, intermediate), eps = self._collected
+        inner = self.model.model
         past = int(cache.get_seq_length())
         h = inner.embed_tokens(ids)
         cos, sin = inner.rotary_emb(h, torch.tensor([[past]], device=ids.device))

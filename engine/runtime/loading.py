@@ -27,6 +27,7 @@ from pathlib import Path
 from engine.api import ModelInfo, ModelSpec, Warning
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.paths import cache_dir
+from engine.quant import native
 from engine.runtime.decode import Decoder
 from engine.runtime.memory import reserve
 from engine.runtime.options import EngineOptions
@@ -58,6 +59,8 @@ def build(spec: ModelSpec, options: EngineOptions, progress: Callable[[float, st
     """Load ``spec`` and build its decoder, prefix cache and draft model (see the module docstring)."""
     loaded = load_model(spec, progress)
     warnings: list[Warning] = []
+    if getattr(loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu":
+        loaded.info["decode_step"] = native.prepare()  # loaded now, or built in the background
     decoder = Decoder(loaded.model, loaded.tokenizer, loaded.eos_ids)
     # on this (the engine's) thread, whose malloc arena the KV buffers will come from
     loaded.info["kv_reserved_bytes"] = reserve(min(options.prefix_cache_bytes, KV_RESERVE_BYTES))

@@ -107,7 +107,7 @@ def generate_steps(
         room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
         drafts, probs, source = _draft(drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
-        logits = forward(model, state, [token, *drafts], all_logits=bool(drafts))
+        logits = forward(model, state, [token, *drafts], all_logits=bool(drafts), decode=True)
         if drafts:
             assert source is not None
             accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)

@@ -256,8 +256,8 @@ def test_decoding_stops_at_the_context(
     positions: list[int] = []
     real = steps_module.forward
 
-    def counting(model: Any, state: Any, ids: list[int], all_logits: bool = False) -> Any:
-        out = real(model, state, ids, all_logits)
+    def counting(model: Any, state: Any, ids: list[int], all_logits: bool = False, decode: bool = False) -> Any:
+        out = real(model, state, ids, all_logits, decode)
         positions.append(len(state))
         return out
 

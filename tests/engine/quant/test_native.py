@@ -1,0 +1,158 @@
+"""The native decode step (engine/quant/native_step.cpp) for fp16-cpu models.
+
+It is built here (a C++ compiler is part of this project's set-up, as for torch.compile),
+so a failure to build fails this file.  What it must keep: each decode row bit for bit as
+a one-row call gives it (so speculative verification cannot change a greedy reply), the
+same keys and values in the cache, and agreement with the eager path within a floor
+(its sums run in another order than torch's, so not the same bits)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine import quant
+from engine.model import kv
+from engine.model.kv import KVState
+from engine.quant import native
+
+
+def fp16_model(path: Path | str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return quant.quantize_cpu(model, "fp16-cpu")
+
+
+def eager(model: Any, state: KVState, tokens: list[int]) -> torch.Tensor:
+    """Logits of one-token decode steps with the compiled steps turned off (the eager path)."""
+    fast = kv.fast_forward(model)
+    assert fast is not None
+    keep, fast.scripted = fast.scripted, None
+    try:
+        return torch.stack([kv.forward(model, state, [t], decode=True)[-1] for t in tokens])
+    finally:
+        fast.scripted = keep
+
+
+def test_the_native_step_builds_on_this_machine() -> None:
+    assert native.module(wait=True) is not None, native.status()
+    assert native.status() == "built"
+    assert native.build_name().startswith("brisk_step_")
+
+
+def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
+    model = fp16_model(tiny_dir)
+    assert native.module(wait=True) is not None
+    together, alone = KVState(), KVState()
+    prompt, tokens = list(range(5, 30)), [7, 40, 3, 99, 12]
+    kv.forward(model, together, prompt)
+    kv.forward(model, alone, prompt)
+    rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
+    ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
+    assert rows.shape == ones.shape and torch.equal(rows, ones)
+    for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    # the last row only (logits_to_keep=1) is the same row
+    last = kv.forward(model, together, [8, 9], decode=True)
+    kv.forward(model, alone, [8], decode=True)
+    assert torch.equal(last[-1], kv.forward(model, alone, [9], decode=True)[-1])
+
+
+def test_native_steps_agree_with_the_eager_path(tiny_dir: Path) -> None:
+    model = fp16_model(tiny_dir)
+    fast = kv.fast_forward(model)
+    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    ours, theirs = KVState(), KVState()
+    prompt, tokens = list(range(5, 25)), [7, 40, 3, 99, 12, 61, 8, 8, 30, 2]
+    kv.forward(model, ours, prompt)
+    kv.forward(model, theirs, prompt)
+    calls = []
+    rows = fast.scripted.rows
+    fast.scripted.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
+    mine = torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in tokens])
+    del fast.scripted.rows
+    assert len(calls) == len(tokens)
+    reference = eager(model, theirs, tokens)
+    assert not torch.equal(mine, torch.zeros_like(mine))
+    torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-4)
+    assert torch.equal(mine.argmax(-1), reference.argmax(-1))
+    for a, b in zip(ours.cache.layers, theirs.cache.layers, strict=True):
+        torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.values, b.values, rtol=1e-4, atol=1e-5)
+    assert len(ours) == len(theirs) == 30
+
+
+def test_a_branch_and_a_cropped_cache_decode_as_a_fresh_one(tiny_dir: Path) -> None:
+    model = fp16_model(tiny_dir)
+    assert native.module(wait=True) is not None
+    state = KVState()
+    kv.forward(model, state, list(range(5, 25)))
+    kv.forward(model, state, [3, 4, 5, 6], all_logits=True, decode=True)
+    branch = KVState.from_snapshot(state.snapshot(22), state.tokens, 22)  # copy on first write
+    state.crop(22)  # rejected drafts
+    fresh = KVState()
+    kv.forward(model, fresh, list(range(5, 25)))
+    kv.forward(model, fresh, [3, 4], all_logits=True, decode=True)
+    expected = kv.forward(model, fresh, [50], decode=True)
+    assert torch.equal(kv.forward(model, state, [50], decode=True), expected)
+    assert torch.equal(kv.forward(model, branch, [50], decode=True), expected)
+
+
+def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = fp16_model(tiny_dir)
+    fast = kv.fast_forward(model)
+    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    calls = []
+    rows = fast.scripted.rows
+    fast.scripted.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
+    kv.forward(model, KVState(), [4, 5, 6])  # a prompt: the eager path
+    kv.forward(model, KVState(), [4])  # a one-token prompt: the TorchScript step
+    assert calls == []
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    step = kv.fast_forward(plain).scripted  # type: ignore[union-attr]
+    assert step is not None and step.rows(torch.tensor([[1]]), kv.new_cache(), False) is None
+    assert kv.forward(plain, KVState(), [4], decode=True).shape[-1] == plain.config.vocab_size
+
+
+def test_without_the_native_step_decode_falls_back_to_the_torchscript_step(
+    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = fp16_model(tiny_dir)
+    ours, theirs = KVState(), KVState()
+    kv.forward(model, ours, list(range(5, 15)))
+    kv.forward(model, theirs, list(range(5, 15)))
+    monkeypatch.setattr(native, "ENABLED", False)
+    assert native.module() is None and native.status().startswith("off")
+    fast = kv.fast_forward(model)
+    assert fast is not None and fast.scripted is not None
+    scripted = torch.stack([fast.scripted(torch.tensor([[t]]), ours.cache)[0, -1] for t in (3, 4)])  # type: ignore[index]
+    ours.tokens.extend([3, 4])
+    assert torch.equal(torch.stack([kv.forward(model, theirs, [t], decode=True)[-1] for t in (3, 4)]), scripted)
+
+
+@pytest.mark.bundled
+def test_native_greedy_decode_agrees_with_eager_on_the_bundled_model() -> None:
+    from engine.api import ModelSpec
+    from engine.model.loader import load_model
+
+    loaded = load_model(ModelSpec(dtype="float32", device="cpu"))
+    model = quant.load_quantized_model(loaded.source, "fp16-cpu", torch.float32, torch.device("cpu")).model
+    assert native.module(wait=True) is not None
+    messages = [{"role": "user", "content": "Write a short story about a fox who learns to sail."}]
+    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    ours, theirs = KVState(), KVState()
+    token = int(kv.forward(model, ours, prompt)[-1].argmax())
+    kv.forward(model, theirs, prompt)
+    matches, steps = 0, 48
+    for _ in range(steps):  # teacher-forced on the eager path's own greedy tokens
+        mine = int(kv.forward(model, ours, [token], decode=True)[-1].argmax())
+        reference = int(eager(model, theirs, [token])[-1].argmax())
+        matches += mine == reference
+        token = reference
+    assert matches / steps >= 0.95  # kernels differ between CPUs: a floor, not the words

@@ -3,8 +3,9 @@
 Two tables, each printed and returned as JSON:
 
 * **Bandwidth.**  The machine's memory read bandwidth (summing a 256 MB float32
-  tensor, median of 5), then per mode (float32 packed, fp16-cpu, int8-cpu,
-  int4-cpu): weight bytes read per decode step (``engine.quant.weight_bytes``
+  tensor, median of 5), then per mode (float32 packed, fp16-cpu with its native
+  decode step and, for comparison, with the TorchScript step it replaces,
+  int8-cpu, int4-cpu): weight bytes read per decode step (``engine.quant.weight_bytes``
   less the input embedding, of which a step reads one row), decode tok/s
   (median of one-token steps after a 64-token prompt, through
   ``engine.model.kv.forward``) and the fraction of the bandwidth limit reached:
@@ -35,8 +36,10 @@ import torch
 
 from engine.api import ModelSpec
 from engine.bench.common import table
+from engine.quant import native
 
 MODES = ("none", "fp16-cpu", "int8-cpu", "int4-cpu")
+VARIANT_NAMES = {"none": "float32 (packed)", "fp16-cpu": "fp16-cpu (native step)"}
 STEPS = 24
 WARM = 12
 
@@ -132,25 +135,36 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.model.loader import load_model
 
     runs = max(1, int(getattr(args, "runs", 3) or 3))
+    native_enabled = native.ENABLED
     gbs = bandwidth_gbs()
     rows = []
     models = {}
     for mode in MODES:
         loaded = load_model(ModelSpec(quant=mode, dtype="float32" if mode in ("none", "fp16-cpu") else "auto"))
         models[mode] = loaded.model
-    speeds: dict[str, list[float]] = {m: [] for m in MODES}
+    built = native.module(wait=True) is not None
+    # (label, mode, native step on): fp16-cpu with its native step and with the TorchScript step it replaces
+    variants = [(VARIANT_NAMES.get(m, m), m, True) for m in MODES]
+    if built:
+        variants.insert(2, ("fp16-cpu (TorchScript step)", "fp16-cpu", False))
+    speeds: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     for _ in range(runs):
-        for mode, model in models.items():
-            speeds[mode].append(1 / statistics.median(step_times(model, 8)))
-    for mode, model in models.items():
+        for label, mode, on in variants:
+            native.ENABLED = on and native_enabled
+            try:
+                speeds[label].append(1 / statistics.median(step_times(models[mode], 8)))
+            finally:
+                native.ENABLED = native_enabled
+    for label, mode, _ in variants:
         from engine import quant
 
+        model = models[mode]
         embed = model.get_input_embeddings().weight
         read = quant.weight_bytes(model) - embed.numel() * embed.element_size()
-        tps = statistics.median(speeds[mode])
+        tps = statistics.median(speeds[label])
         rows.append(
             {
-                "mode": "float32 (packed)" if mode == "none" else mode,
+                "mode": label,
                 "MB read per step": round(read / 1e6, 1),
                 "tok/s (median)": round(tps, 2),
                 "GB/s reached": round(read * tps / 1e9, 2),

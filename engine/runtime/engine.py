@@ -56,6 +56,7 @@ from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
 from engine.runtime.serving import Serving, conversation_key
 from engine.runtime.speculative import DraftModel
+from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
 
 __all__ = [
@@ -150,6 +151,7 @@ class Engine(Serving):
     # -- engine thread ----------------------------------------------------------
     def _loop(self) -> None:
         """Serve the queue until ``shutdown``, prefilling again while it is empty; nothing here ends the thread."""
+        claim_threads()  # this thread's torch thread count, whatever another thread set before it started
         while True:
             kind, item = self._next()
             if kind == "stop":

@@ -31,6 +31,37 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def default_threads() -> int:
+    """The engine's torch thread count: ``OMP_NUM_THREADS`` if set, else the physical cores it may run on.
+
+    Not ``torch.get_num_threads()``: a thread's first torch op takes the count last set by any
+    thread (the answer cache's embedder sets one for itself), so a later engine thread would start
+    with that.
+    """
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in cpus:  # hyperthreads of one core count once, as torch's own default does
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{topology}/physical_package_id") as a, open(f"{topology}/core_id") as b:
+                cores.add((a.read().strip(), b.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))
+
+
+def claim_threads() -> None:
+    """Set the calling (engine) thread's torch thread count to :func:`default_threads`; the governor starts anew."""
+    global _GOVERNOR
+    import torch
+
+    torch.set_num_threads(default_threads())
+    _GOVERNOR = None
+
+
 def isolated(work: Callable[[], T]) -> T:
     """``work()`` on a new thread that ends with it; its result, or its exception re-raised here."""
     box: dict[str, Any] = {}

@@ -98,3 +98,31 @@ def test_isolated_runs_on_another_thread_and_reraises() -> None:
     assert isolated(lambda: threading.current_thread().name) == "brisk-isolated"
     with pytest.raises(ZeroDivisionError):
         isolated(lambda: 1 / 0)
+
+
+def test_default_threads_follows_omp_num_threads_or_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.default_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores = threads.default_threads()
+    assert 1 <= cores <= len(threads.os.sched_getaffinity(0))
+
+
+def test_a_new_engine_thread_takes_the_default_count_whatever_another_thread_set(tiny_dir: object) -> None:
+    """A thread's first torch op takes the count last set by any thread (the answer cache's embedder sets 1)."""
+    import queue
+
+    import torch
+
+    from tests.support.engine_runner import EngineRunner
+
+    isolated(lambda: torch.set_num_threads(1))  # as the embedder does on its own thread
+    assert isolated(torch.get_num_threads) == 1  # a new thread now starts with one
+    runner = EngineRunner(str(tiny_dir))
+    try:
+        seen: queue.Queue[int] = queue.Queue()
+        runner.engine.call(lambda _engine: seen.put(torch.get_num_threads()))
+        assert seen.get(timeout=60) == threads.default_threads()
+    finally:
+        runner.close()
+        isolated(lambda: torch.set_num_threads(threads.default_threads()))

@@ -14,7 +14,7 @@ step), all candidates side by side, each on a KV cache of its own:
   along every kernel path a reply takes, since some modes compute differently
   for one row and for many (int8-cpu dequantizes to a bfloat16 GEMM above
   ``GEMV_ROWS`` rows and runs its int8 GEMV kernel at or below; fp16-cpu's
-  one-token step is a TorchScript call): the first ``PROMPT_TOKENS`` tokens of a
+  decode steps run the native step, ``engine.quant.native``): the first ``PROMPT_TOKENS`` tokens of a
   fixed text in one forward (a prompt's prefill), the rest of its first
   ``AGREE_TOKENS`` in chunks of ``CHUNK`` (the small-batch kernels a
   speculative verify uses), then one-token steps fed float32's own greedy

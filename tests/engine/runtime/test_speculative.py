@@ -219,3 +219,27 @@ def test_bundled_greedy_identical_with_speculation(bundled_engine: EngineRunner,
     assert token_ids(spec) == token_ids(plain)
     if source != "lookup":
         assert done(spec).metrics.drafted > 0
+
+
+@pytest.mark.bundled
+def test_bundled_fp16_greedy_identical_with_speculation_on_the_native_step() -> None:
+    """As ``make run`` decodes: fp16-cpu, plain steps and verification in the native step."""
+    from engine.model import kv
+    from engine.quant import native
+
+    assert native.module(wait=True) is not None, native.status()
+    runner = EngineRunner("", quant="fp16-cpu")
+    try:
+        assert getattr(runner.engine.loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu"
+        calls = []
+        fast = kv.fast_forward(runner.engine.loaded.model)  # made once per model; the engine uses this one
+        rows = fast.scripted.rows
+        fast.scripted.rows = lambda *a, **k: calls.append(a[0].shape[1]) or rows(*a, **k)
+        for messages in (QUOTE, [{"role": "user", "content": f"Summarise in one sentence: {DOC}"}]):
+            plain = run(runner, messages, "off", n=60)
+            spec = run(runner, messages, "auto", n=60)
+            assert token_ids(spec) == token_ids(plain)
+        assert done(spec).metrics.drafted > 0
+        assert 1 in calls and max(calls) > 1  # plain steps and verifications both ran natively
+    finally:
+        runner.close()

@@ -61,9 +61,18 @@ def build_name() -> str:
     return f"brisk_step_{digest.hexdigest()[:16]}"
 
 
+def compiler() -> str | None:
+    """The C++ compiler torch's cpp_extension would use (``CXX``, else ``c++``), or None when there is none."""
+    import shutil
+
+    return shutil.which(os.environ.get("CXX") or "c++")
+
+
 def _build() -> None:
     global _module, _error
     try:
+        if compiler() is None:
+            raise FileNotFoundError("no C++ compiler found (install g++ or clang, or set CXX)")
         from torch.utils.cpp_extension import load
 
         here = str(Path(sys.executable).parent)  # the ninja of this environment (the pip package)

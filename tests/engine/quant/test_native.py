@@ -19,6 +19,10 @@ from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
 
+# Where no C++ compiler exists the app runs the TorchScript step (tests/engine/quant/test_scripted.py);
+# everywhere else these must pass.
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the TorchScript step runs")
+
 
 def fp16_model(path: Path | str) -> Any:
     from transformers import AutoModelForCausalLM
@@ -36,6 +40,19 @@ def eager(model: Any, state: KVState, tokens: list[int]) -> torch.Tensor:
         return torch.stack([kv.forward(model, state, [t], decode=True)[-1] for t in tokens])
     finally:
         fast.scripted = keep
+
+
+def test_without_a_compiler_the_native_step_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_error", None)
+    monkeypatch.setattr(native, "_thread", None)
+    monkeypatch.setattr(native, "_done", threading.Event())
+    assert native.compiler() is None
+    assert native.module(wait=True) is None
+    assert "no C++ compiler" in native.status() and "TorchScript" in native.status()
 
 
 def test_the_native_step_builds_on_this_machine() -> None:

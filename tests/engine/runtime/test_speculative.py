@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -222,6 +224,7 @@ def test_bundled_greedy_identical_with_speculation(bundled_engine: EngineRunner,
 
 
 @pytest.mark.bundled
+@pytest.mark.skipif(not shutil.which(os.environ.get("CXX") or "c++"), reason="no C++ compiler: no native step")
 def test_bundled_fp16_greedy_identical_with_speculation_on_the_native_step() -> None:
     """As ``make run`` decodes: fp16-cpu, plain steps and verification in the native step."""
     from engine.model import kv

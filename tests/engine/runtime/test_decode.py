@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -107,3 +108,67 @@ def test_stream_text_holds_back_what_may_change() -> None:
     assert rest, "a byte-level tokenizer splits a multi-byte character"
     assert euro.add([first]) == "", "an incomplete UTF-8 character is not shown"
     assert euro.add(rest) == "€"
+
+
+def _stream_matches_full_decode(tok: Any, ids: list[int], chunks: list[int]) -> StreamText:
+    """Feed ``ids`` in pieces of the given sizes; after each, ``text`` must be the decode of everything so far."""
+    stream = StreamText(tok)
+    stream.next_try = 6  # checkpoints early and often
+    out, i, k = "", 0, 0
+    while i < len(ids):
+        piece = ids[i : i + chunks[k % len(chunks)]]
+        i, k = i + len(piece), k + 1
+        out += stream.add(piece)
+        assert stream.text == tok.decode(ids[:i], skip_special_tokens=True)
+    assert out + stream.flush() == tok.decode(ids, skip_special_tokens=True)
+    return stream
+
+
+@pytest.mark.parametrize("which", ["tiny", "bundled"])
+def test_stream_text_decodes_incrementally_and_equals_a_full_decode(
+    which: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import random
+
+    from engine.runtime import detokenize
+
+    if which == "tiny":
+        tok = make_tokenizer()
+    else:
+        from engine.api import ModelSpec
+        from engine.model.loader import load_model
+
+        tok = load_model(ModelSpec(dtype="float32", device="cpu")).tokenizer
+    monkeypatch.setattr(detokenize, "CHECKPOINT", 5)
+    monkeypatch.setattr(detokenize, "WINDOW", 3)
+    text = (
+        "Café crème, naïve façade — 東京 and 😀🎉 emoji; code: `def f(x): return x ** 2`  \n\n"
+        "Spaces  , before . punctuation ! and 'quotes' don't change. Ünïcödé ½ ∑ → done."
+    ) * 3
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    stream = _stream_matches_full_decode(tok, ids, [1, 1, 2, 1, 3])
+    assert stream.settled_ids > 0, "checkpoints were taken: later tokens decode only the text after them"
+    rng = random.Random(7)
+    vocab = len(tok)
+    for _ in range(3):  # arbitrary ids, incomplete characters and special tokens among them
+        noise = [rng.randrange(vocab) for _ in range(120)]
+        _stream_matches_full_decode(tok, noise, [1, 2, 1, 4])
+
+
+def test_stream_text_without_checkpoints_for_a_tokenizer_that_a_split_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.runtime import detokenize
+
+    class FirstCharacterDropped:  # as sentencepiece drops a leading space, whatever comes first here
+        def __init__(self, tok: Any) -> None:
+            self.tok = tok
+
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return str(self.tok.decode(ids, skip_special_tokens=skip_special_tokens))[1:]
+
+    monkeypatch.setattr(detokenize, "CHECKPOINT", 4)
+    tok = FirstCharacterDropped(make_tokenizer())
+    ids = make_tokenizer()(" one two three four five six seven eight nine ten" * 4, add_special_tokens=False)[
+        "input_ids"
+    ]
+    stream = _stream_matches_full_decode(tok, ids, [1])
+    assert stream.settled_ids == 0 and stream.failures == detokenize.GIVE_UP

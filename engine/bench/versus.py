@@ -5,7 +5,8 @@ prompt (stories) and on a grounded one (rewrite or extract from a given
 text), and TTFT on a long (~1,900-token) system prompt: cold (no cache holds it) and
 warm (a new chat with the same system prompt and another question).  Three
 columns, measured by the same client code at the client, greedy, interleaved
-prompt by prompt so drift hits each alike:
+prompt by prompt (each prompt on every column before the next) so drift hits
+each alike:
 
 - ``brisk (defaults)``: the local engine as ``make run`` starts it: the
   ``auto`` quantization mode (measured at first load, see ``brisk doctor``;
@@ -45,33 +46,46 @@ GROUNDED = {
 }
 
 
-def measure(client: Client, speculative: str, max_tokens: int) -> dict[str, list[float]]:
-    """One round on one column: decode tok/s per prompt kind, TTFT cold and warm on the long system prompt."""
-    out: dict[str, list[float]] = {"open": [], "grounded": [], "ttft_cold_ms": [], "ttft_warm_ms": []}
-    sampling = Sampling(max_tokens=max_tokens)
-    for kind, prompts in (("open", OPEN), ("grounded", GROUNDED)):
-        for prompt in prompts.values():
-            done = client.ask(
-                [{"role": "user", "content": prompt}],
-                sampling,
-                conversation_id=uuid.uuid4().hex,
-                speculative=speculative,
-                answer_cache=False,
-            )
-            if done.metrics.tokens_per_s:
-                out[kind].append(done.metrics.tokens_per_s)
-    short = Sampling(max_tokens=16)
-    for i, prompt in enumerate(PEER_PROMPTS):
-        system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
-        # cold: a system prompt no cache holds; warm: a new chat with that system prompt and another question
-        follow_up = PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]
-        for key, question in (("ttft_cold_ms", prompt), ("ttft_warm_ms", follow_up)):
-            messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-            done = client.ask(
-                messages, short, conversation_id=uuid.uuid4().hex, speculative=speculative, answer_cache=False
-            )
-            if done.metrics.ttft_s is not None:
-                out[key].append(1000 * done.metrics.ttft_s)
+def items() -> list[tuple[str, str | int]]:
+    """One round's measurements, in order: each decode prompt, then each TTFT question (cold, then warm)."""
+    decode: list[tuple[str, str | int]] = [
+        (k, p) for k, ps in (("open", OPEN), ("grounded", GROUNDED)) for p in ps.values()
+    ]
+    return decode + [("ttft", i) for i in range(len(PEER_PROMPTS))]
+
+
+def measure_item(
+    client: Client, speculative: str, item: tuple[str, str | int], max_tokens: int
+) -> dict[str, list[float]]:
+    """One measurement on one column: a decode prompt's tok/s, or one TTFT question cold and warm."""
+    kind, what = item
+    out: dict[str, list[float]] = {}
+    if kind != "ttft":
+        done = client.ask(
+            [{"role": "user", "content": str(what)}],
+            Sampling(max_tokens=max_tokens),
+            conversation_id=uuid.uuid4().hex,
+            speculative=speculative,
+            answer_cache=False,
+        )
+        if done.metrics.tokens_per_s:
+            out[kind] = [done.metrics.tokens_per_s]
+        return out
+    i = int(what)
+    system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
+    # cold: a system prompt no cache holds; warm: a new chat with that system prompt and another question
+    follow_up = PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]
+    for key, question in (("ttft_cold_ms", PEER_PROMPTS[i]), ("ttft_warm_ms", follow_up)):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        done = client.ask(
+            messages,
+            Sampling(max_tokens=16),
+            conversation_id=uuid.uuid4().hex,
+            speculative=speculative,
+            answer_cache=False,
+        )
+        if done.metrics.ttft_s is not None:
+            out[key] = [1000 * done.metrics.ttft_s]
     return out
 
 
@@ -105,10 +119,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 loaded = local.load(spec)
                 info = {"model": loaded.model_name, "dtype": loaded.dtype, "quant": loaded.info.quant}
-                for label, speculative in ((f"brisk (defaults: {source})", source), ("brisk (speculation off)", "off")):
-                    merge(columns.setdefault(label, {}), measure(local, speculative, max_tokens))
-            if peer is not None:
-                merge(columns.setdefault(peer_label, {}), measure(peer, "off", max_tokens))
+                sides: list[tuple[str, Client, str]] = [
+                    (f"brisk (defaults: {source})", local, source),
+                    ("brisk (speculation off)", local, "off"),
+                ]
+                if peer is not None:
+                    sides.append((peer_label, peer, "off"))
+                # interleaved item by item, so that a machine whose speed drifts slows each column alike
+                for item in items():
+                    for label, client, speculative in sides:
+                        merge(columns.setdefault(label, {}), measure_item(client, speculative, item, max_tokens))
     finally:
         if peer is not None:
             peer.close()

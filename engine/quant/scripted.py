@@ -112,7 +112,8 @@ class ScriptedDecode:
         self._parts: list[Any] = []  # the Fp16Linear layers collected from, and the sum of their versions
         self._parts_version = 0
         self._changes = -1  # Fp16Linear.changes when the versions were last summed
-        self._norm_modules: list[Any] = []  # the norms collected from, in the order of _collected[0]
+        self._norm_params: list[dict[str, Any]] = []  # the norms' parameter dicts, in the order of _collected[0]
+        self._writable: tuple[int, int] | None = None  # (id, length) of the last cache.layers found writable
         self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
         self._rotary: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
 
@@ -152,7 +153,7 @@ class ScriptedDecode:
                 raise ValueError("keys and values, or gate and up, of different widths")
         norms.append(self._norm(inner.norm, eps))
         modules.append(inner.norm)
-        self._norm_modules = modules
+        self._norm_params = [m._parameters for m in modules]  # a dict lookup a step, not Module.__getattr__
         weights.append(self._packed(self.model.lm_head, Fp16Linear))
         self._parts = [
             p
@@ -190,7 +191,9 @@ class ScriptedDecode:
             if sum(p.version for p in self._parts) != self._parts_version:
                 return False
             self._changes = Fp16Linear.changes
-        return all(m.weight is w and w.dtype == torch.float32 for m, w in zip(self._norm_modules, norms, strict=True))
+        return all(
+            p.get("weight") is w and w.dtype == torch.float32 for p, w in zip(self._norm_params, norms, strict=True)
+        )
 
     @staticmethod
     def _norm(norm: Any, eps: set[float]) -> torch.Tensor:
@@ -225,12 +228,15 @@ class ScriptedDecode:
         if self._collected is None:
             return None
         layers = cache.layers
-        while len(layers) < len(self.model.model.layers):
-            layers.append(cache.layer_class_to_replicate())
-        if not all(
-            callable(getattr(layer, "reserve", None)) and callable(getattr(layer, "advance", None)) for layer in layers
-        ):
-            return None  # not a cache that lets a caller write into its buffers
+        if self._writable != (id(layers), len(layers)):
+            while len(layers) < len(self.model.model.layers):
+                layers.append(cache.layer_class_to_replicate())
+            if not all(
+                callable(getattr(layer, "reserve", None)) and callable(getattr(layer, "advance", None))
+                for layer in layers
+            ):
+                return None  # not a cache that lets a caller write into its buffers
+            self._writable = (id(layers), len(layers))
         return list(layers)
 
     def _stepper(self) -> Any | None:

@@ -25,6 +25,7 @@ annotations of the scripted function.
 
 # ruff: noqa: UP006 (TorchScript reads typing.List in the scripted function's annotations)
 import functools
+import logging
 import os
 import warnings
 from typing import Any, List, Optional  # noqa: UP035
@@ -36,6 +37,7 @@ from engine.quant import native
 from engine.quant.apply import layout_version
 from engine.quant.kernels import Fp16Linear
 
+log = logging.getLogger(__name__)
 ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
 # Rotary types whose cos/sin of a position do not depend on the sequence's length (tabled once)
 STATIC_ROPE = ("default", "linear", "llama3")
@@ -246,9 +248,13 @@ class ScriptedDecode:
             return None
         if self._native is None or self._native[0] is not self._collected:
             norms, weights, (q_size, kv_size, intermediate), eps = self._collected
-            step = built.Stepper(
-                norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
-            )
+            try:
+                step = built.Stepper(
+                    norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
+                )
+            except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): TorchScript runs
+                log.warning("native decode step not used for this model: %s", str(exc).splitlines()[0])
+                step = None
             self._native = (self._collected, step)
         return self._native[1]
 
@@ -290,7 +296,12 @@ class ScriptedDecode:
         like = embedding.new_empty(1, self._collected[2][1] // head_dim, n, head_dim)  # shaped as the keys written
         bufs = [layer.reserve(n, like) for layer in layers]
         keys, values = [b.keys for b in bufs], [b.values for b in bufs]
-        logits = step.forward(ids[0], embedding, cos, sin, keys, values, past, all_rows)
+        try:
+            logits = step.forward(ids[0], embedding, cos, sin, keys, values, past, all_rows)
+        except RuntimeError as exc:  # its checks failed: nothing counted in the cache; the other paths run
+            log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
+            self._native = (self._collected, None)
+            return None
         for layer in layers:
             layer.advance(n)
         return logits.unsqueeze(0)

@@ -173,3 +173,28 @@ def test_native_greedy_decode_agrees_with_eager_on_the_bundled_model() -> None:
         matches += mine == reference
         token = reference
     assert matches / steps >= 0.95  # kernels differ between CPUs: a floor, not the words
+
+
+def test_a_native_step_that_fails_is_set_aside_and_decode_goes_on(tiny_dir: Path) -> None:
+    model = fp16_model(tiny_dir)
+    fast = kv.fast_forward(model)
+    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    ours, theirs = KVState(), KVState()
+    kv.forward(model, ours, list(range(5, 15)))
+    kv.forward(model, theirs, list(range(5, 15)))
+    kv.forward(model, ours, [3], decode=True)  # builds the native step
+    kv.forward(model, theirs, [3], decode=True)
+
+    class Broken:
+        calls = 0
+
+        def forward(self, *args: Any) -> torch.Tensor:
+            Broken.calls += 1
+            raise RuntimeError("KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim]")
+
+    fast.scripted._native = (fast.scripted._collected, Broken())
+    mine = torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in (4, 5)])  # TorchScript steps now
+    assert Broken.calls == 1 and fast.scripted._native[1] is None
+    assert len(ours) == len(theirs) + 2 == 13
+    reference = torch.stack([fast.scripted(torch.tensor([[t]]), theirs.cache)[0, -1] for t in (4, 5)])  # type: ignore[index]
+    assert torch.equal(mine, reference)

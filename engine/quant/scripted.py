@@ -1,4 +1,11 @@
-"""A TorchScript decode step for fp16-cpu models: one call for all layers of a one-token step.
+"""Compiled decode steps for fp16-cpu models: one call for all layers of a step.
+
+``ScriptedDecode`` holds two: :meth:`ScriptedDecode.rows`, the native C++ step
+(``engine.quant.native``, ``native_step.cpp``) for decode tokens, a plain step or a
+speculative step's token and drafts, whenever it is built; and ``__call__``, the
+TorchScript one-token step below, which runs where the native step is not built and for
+one-token prompts.  Both read the same collected weights and write into the same KV
+buffers.
 
 At batch 1 on a small CPU, the Python between kernels costs as much as the kernels
 (measured on the bundled model: about half of a 40 ms step is the interpreter calling

@@ -51,12 +51,33 @@ class Buffer:
         return int(self.keys.shape[-2])
 
 
+class _CutView:
+    """``keys`` or ``values`` of a :class:`GrowingLayer`: after an ``advance``, cut from its buffer when read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, layer: GrowingLayer | None, owner: type | None = None) -> Any:
+        if layer is None:
+            return self
+        if layer._stale:
+            layer._cut()
+        return getattr(layer, self.slot)
+
+    def __set__(self, layer: GrowingLayer, value: torch.Tensor | None) -> None:
+        if layer._stale:
+            layer._cut()
+        setattr(layer, self.slot, value)
+
+
 class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends in place and copies only on a branch."""
 
     # ``keys``/``values`` are views of the first ``length`` positions of ``buf``; :meth:`advance`
     # only counts, and the views are cut when next read (a decode step advances 30 layers or so,
     # and most steps never read the views).
+    keys = _CutView()  # type: ignore[assignment]
+    values = _CutView()  # type: ignore[assignment]
     _keys: torch.Tensor | None = None
     _values: torch.Tensor | None = None
     _stale = False
@@ -65,30 +86,6 @@ class GrowingLayer(DynamicLayer):
         super().__init__()
         self.buf: Buffer | None = None
         self.length = 0
-
-    @property  # type: ignore[override]
-    def keys(self) -> torch.Tensor | None:
-        if self._stale:
-            self._cut()
-        return self._keys
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        if self._stale:
-            self._cut()
-        self._keys = value
-
-    @property  # type: ignore[override]
-    def values(self) -> torch.Tensor | None:
-        if self._stale:
-            self._cut()
-        return self._values
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        if self._stale:
-            self._cut()
-        self._values = value
 
     def _cut(self) -> None:
         self._stale = False

@@ -8,6 +8,7 @@ and exact.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -64,3 +65,13 @@ def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def load_fp16(path: Path | str) -> Any:
+    """The model at ``path`` in float32, with its linears made fp16-cpu layers (fused), as the app loads it."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import quant
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return quant.quantize_cpu(model, "fp16-cpu")

@@ -18,17 +18,11 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
+from tests.support.tiny import load_fp16
 
 # Where no C++ compiler exists the app runs the TorchScript step (tests/engine/quant/test_scripted.py);
 # everywhere else these must pass.
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the TorchScript step runs")
-
-
-def fp16_model(path: Path | str) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return quant.quantize_cpu(model, "fp16-cpu")
 
 
 def eager(model: Any, state: KVState, tokens: list[int]) -> torch.Tensor:
@@ -62,7 +56,7 @@ def test_the_native_step_builds_on_this_machine() -> None:
 
 
 def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     assert native.module(wait=True) is not None
     together, alone = KVState(), KVState()
     prompt, tokens = list(range(5, 30)), [7, 40, 3, 99, 12]
@@ -80,7 +74,7 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
 
 
 def test_native_steps_agree_with_the_eager_path(tiny_dir: Path) -> None:
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
     assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
     ours, theirs = KVState(), KVState()
@@ -104,7 +98,7 @@ def test_native_steps_agree_with_the_eager_path(tiny_dir: Path) -> None:
 
 
 def test_a_branch_and_a_cropped_cache_decode_as_a_fresh_one(tiny_dir: Path) -> None:
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     assert native.module(wait=True) is not None
     state = KVState()
     kv.forward(model, state, list(range(5, 25)))
@@ -122,7 +116,7 @@ def test_a_branch_and_a_cropped_cache_decode_as_a_fresh_one(tiny_dir: Path) -> N
 def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
     assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
     calls = []
@@ -140,7 +134,7 @@ def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:
 def test_without_the_native_step_decode_falls_back_to_the_torchscript_step(
     tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     ours, theirs = KVState(), KVState()
     kv.forward(model, ours, list(range(5, 15)))
     kv.forward(model, theirs, list(range(5, 15)))
@@ -176,7 +170,7 @@ def test_native_greedy_decode_agrees_with_eager_on_the_bundled_model() -> None:
 
 
 def test_a_native_step_that_fails_is_set_aside_and_decode_goes_on(tiny_dir: Path) -> None:
-    model = fp16_model(tiny_dir)
+    model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
     assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
     ours, theirs = KVState(), KVState()

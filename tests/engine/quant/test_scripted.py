@@ -14,13 +14,7 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import Fp16Group, Fp16Linear
-
-
-def fp16_tiny(tiny_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    return quant.quantize_cpu(model, "fp16-cpu")
+from tests.support.tiny import load_fp16
 
 
 def test_a_group_computes_once_for_its_parts_and_matches_separate_layers() -> None:
@@ -56,7 +50,7 @@ def test_a_group_computes_once_for_its_parts_and_matches_separate_layers() -> No
 
 
 def test_fp16_model_is_fused_and_its_saved_copy_reloads_fused(tiny_dir: Path, tmp_path: Path) -> None:
-    model = fp16_tiny(tiny_dir)
+    model = load_fp16(tiny_dir)
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
     assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group is not None
     assert mlp.gate_proj.group is mlp.up_proj.group is not None and mlp.down_proj.group is None
@@ -80,7 +74,7 @@ def _decode(model: Any, state: KVState, tokens: list[int], scripted: bool) -> to
 
 
 def test_scripted_steps_equal_eager_steps_through_the_cache_and_a_branch(tiny_dir: Path) -> None:
-    model = fp16_tiny(tiny_dir)
+    model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
     assert fast is not None and fast.scripted is not None
     prompt, steps = list(range(5, 25)), [7, 40, 3, 99, 12, 61, 8, 8, 30, 2]
@@ -102,7 +96,7 @@ def test_scripted_step_runs_only_where_it_fits(tiny_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, DynamicCache
 
     ids = torch.tensor([[4]])
-    fp16 = fp16_tiny(tiny_dir)
+    fp16 = load_fp16(tiny_dir)
     fast = kv.fast_forward(fp16)
     assert fast is not None and fast.scripted is not None
     assert fast.scripted(ids, kv.new_cache()) is not None
@@ -121,7 +115,7 @@ def test_scripted_step_runs_only_where_it_fits(tiny_dir: Path) -> None:
 
 
 def test_scripted_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Path) -> None:
-    model = fp16_tiny(tiny_dir)
+    model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
     assert fast is not None and fast.scripted is not None
     prompt = list(range(5, 15))

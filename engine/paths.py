@@ -8,6 +8,7 @@ and KV snapshots go in ``cache/`` inside it.
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import platformdirs
@@ -34,13 +35,19 @@ def settings_path() -> Path:
     return data_dir() / "settings.json"
 
 
+def private_name(path: Path) -> Path:
+    """A sibling of ``path`` that no other process (or call) uses: ``NAME.tmp-<pid>-<token>``."""
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def atomic_write(path: Path, data: bytes | str, encoding: str = "utf-8") -> None:
     """Write ``data`` to ``path`` so readers see the old file or the new one, never half of it.
 
-    Writes a temporary file beside ``path`` and renames it over; on any failure
-    (disk full, read-only folder) the temporary file is removed and the error raised.
+    Writes a private temporary file beside ``path`` (:func:`private_name`, so two processes
+    writing at once never share one) and renames it over; on any failure (disk full,
+    read-only folder) the temporary file is removed and the error raised.
     """
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = private_name(path)
     try:
         if isinstance(data, str):
             tmp.write_text(data, encoding=encoding)

@@ -1,30 +1,31 @@
 """The answer cache's tables in the app's SQLite file (the same file as the chat history).
 
-:class:`CacheStore` owns three tables and touches no other: ``answer_cache``
-(one row per answer), ``answer_cache_stats`` (hit counters) and
-``answer_cache_meta`` (its own schema version, so it migrates independently of
-the chat tables).  Its constructor switches the file to WAL, sets a busy
-timeout and runs the pending :data:`MIGRATIONS` (one ``BEGIN IMMEDIATE``
-transaction each).  Every write runs in a ``BEGIN IMMEDIATE`` transaction, so
-two connections (engine and GUI) wait for each other instead of failing or
-losing rows.
+:class:`CacheStore` owns two tables and touches no other: ``answer_cache``
+(one row per answer) and ``answer_cache_stats`` (hit counters).  It opens the
+file through ``engine.storage.db`` with the schema :data:`ANSWERS`, exactly as
+the chat history does: the same checks (a file that is not Brisk's is refused
+and left as it was), markers, WAL, busy timeout and error messages, so
+whichever of the CLI and the window starts first, the other opens the file.
+A file the CLI made before this (the cache's tables with their version in
+``answer_cache_meta``, no markers) is adopted with its answers.  Every write
+runs in a ``BEGIN IMMEDIATE`` transaction, so two connections (engine and GUI,
+or two processes) wait for each other instead of failing or losing rows.
 
-A cache is disposable: when its table is damaged (wrong columns, a corrupt
-page, a schema from a newer Brisk) it is dropped and created again, and the
-conversations and messages in the same file are left as they were.  A corrupt
-page that SQLite cannot free is unlinked from the schema and the file vacuumed.
-Any other failure raises :class:`CacheError`, whose message says what to do.
-A store may be shared between threads; calls are serialised by a lock.
+A cache is disposable: when its tables are damaged (wrong columns, a corrupt
+page) they are dropped and created again through
+:meth:`~engine.storage.db.SQLiteFile.drop_cache`, which can drop no other
+table; the conversations and messages in the same file are left as they were.
+A cache written by a newer Brisk is left alone and the cache is off.  Every
+failure raises :class:`CacheError`, whose message says what to do.  A store
+may be shared between threads; calls are serialised by a lock.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,7 +33,9 @@ from typing import Any, TypeVar
 import numpy as np
 from sqlite_utils import Database
 
-ENTRIES, STATS, META = "answer_cache", "answer_cache_stats", "answer_cache_meta"
+from engine.storage.db import CACHE, CACHE_TABLES, LEGACY_CACHE_META, Schema, SQLiteFile, StoreError, is_corrupt
+
+ENTRIES, STATS, META = "answer_cache", "answer_cache_stats", LEGACY_CACHE_META
 HUGE_CHARS = 2000  # longer normalised questions are kept only as their hash
 COUNTERS = ("lookups", "exact_hits", "semantic_hits", "saved_s")
 _COLUMNS = {
@@ -113,139 +116,104 @@ def _v2(db: Database) -> None:
     db.execute(f"CREATE INDEX {ENTRIES}_unembedded ON {ENTRIES} (model_key) WHERE embedding IS NULL")
 
 
+def _legacy_version(db: Database) -> int:
+    """The version a file from before the shared bookkeeping kept in ``answer_cache_meta`` (0: none)."""
+    if not db[META].exists():
+        return 0
+    row = db.execute(f"SELECT value FROM {META} WHERE key = 'schema_version'").fetchone()
+    try:
+        return max(0, int(row[0])) if row else 0
+    except (TypeError, ValueError):  # not a number: take the tables as current; the health check decides
+        return len(MIGRATIONS)
+
+
 MIGRATIONS: list[Callable[[Database], None]] = [_v1, _v2]
-
-
-def _is_corrupt(exc: BaseException) -> bool:
-    name = getattr(exc, "sqlite_errorname", "")
-    return name in {"SQLITE_CORRUPT", "SQLITE_NOTADB"} or "malformed" in str(exc)
+ANSWERS = Schema(CACHE, MIGRATIONS, legacy_version=_legacy_version, legacy_tables=(META,))
+assert {ENTRIES, STATS, META} <= CACHE_TABLES  # engine.storage.db may drop only these when they are damaged
 
 
 class CacheStore:
     def __init__(self, path: str | Path, busy_timeout_s: float = 10.0) -> None:
         self.path = Path(path)
-        self._lock = threading.RLock()
-        self.rebuilt = 0  # how many times a damaged table was rebuilt (shown to the user once)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
-                raise sqlite3.OperationalError("the file cannot switch to WAL (is it on a network share?)")
-            conn.execute("PRAGMA synchronous = NORMAL")
-        except sqlite3.Error as exc:
-            raise CacheError(
-                f"Cannot open the answer cache in {self.path}: {exc}. "
-                "Check that the folder is writable, or turn the answer cache off in Settings."
-            ) from exc
-        self.db = Database(conn)
-        self._prepare()
+            self.file = SQLiteFile(self.path, busy_timeout_ms=int(busy_timeout_s * 1000), label="answer cache")
+        except StoreError as exc:
+            raise CacheError(str(exc)) from exc
+        self.db = self.file.db
+        self._lock = self.file.lock
+        self.rebuilt = int(self.file.cache_dropped)  # times damaged tables were rebuilt (shown to the user once)
+        try:
+            if self.file.read_only:
+                raise CacheError(
+                    f"The answer cache in {self.path} is read-only, so it is off. "
+                    "Check the permissions of the file and its folder."
+                )
+            with self.file.op("set up the answer cache"):
+                self.db.execute("PRAGMA synchronous = NORMAL")
+            self._prepare()
+        except BaseException:
+            self.file.close()
+            raise
 
     def close(self) -> None:
-        with self._lock:
-            self.db.conn.close()
+        try:
+            self.file.close()
+        except StoreError as exc:
+            raise CacheError(str(exc)) from exc
 
     # -- schema --------------------------------------------------------------------------------
 
-    @contextmanager
-    def _write(self) -> Iterator[Database]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
-
-    def _version(self) -> int:
-        self.db.execute(f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-        row = self.db.execute(f"SELECT value FROM {META} WHERE key = 'schema_version'").fetchone()
-        return int(row[0]) if row else 0
-
     def _prepare(self) -> None:
+        """Bring the tables up to date; damaged ones are dropped and built again, once."""
         with self._lock:
-            try:
-                with self._write():
-                    version = self._version()
-                if version > len(MIGRATIONS) or (version and not self._healthy()):
-                    self._rebuild()
-                    return
-                for number in range(version, len(MIGRATIONS)):
-                    with self._write() as db:
-                        if self._version() > number:  # another connection migrated first
-                            continue
-                        MIGRATIONS[number](db)
-                        db.execute(
-                            f"INSERT OR REPLACE INTO {META} (key, value) VALUES ('schema_version', ?)", [number + 1]
-                        )
-            except sqlite3.DatabaseError as exc:
-                if not _is_corrupt(exc):
-                    raise self._error("prepare the answer cache", exc) from exc
+            for attempt in (0, 1):
+                try:
+                    self.file.migrate(ANSWERS)
+                    if self._healthy():
+                        return
+                except StoreError as exc:
+                    if attempt or not is_corrupt(exc):
+                        raise CacheError(str(exc)) from exc
+                if attempt:
+                    raise CacheError(
+                        f"The answer cache in {self.path} is still damaged after it was rebuilt. "
+                        "Turn the answer cache off in Settings, or move brisk.db aside to start anew."
+                    )
                 self._rebuild()
 
     def _healthy(self) -> bool:
-        columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({ENTRIES})").fetchall()}
-        if columns != set(_COLUMNS):
-            return False
-        try:
-            for table in (ENTRIES, STATS):
-                if self.db.execute(f"PRAGMA quick_check({table})").fetchone()[0] != "ok":
-                    return False
-        except sqlite3.DatabaseError:
-            return False
-        return True
+        with self.file.op("check the answer cache"):
+            columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({ENTRIES})").fetchall()}
+            if columns != set(_COLUMNS) or not self.db[STATS].exists():
+                return False
+            try:
+                return all(self.db.execute(f"PRAGMA quick_check({t})").fetchone()[0] == "ok" for t in (ENTRIES, STATS))
+            except sqlite3.DatabaseError:
+                return False
 
     def _rebuild(self) -> None:
-        """Drop the cache's own tables (nothing else) and create them again."""
+        """Drop the cache's own tables (nothing else can be dropped) and let the migrations make them again."""
         self.rebuilt += 1
-        names = [ENTRIES, STATS, META]
         try:
-            with self._write() as db:
-                for name in names:
-                    db.execute(f"DROP TABLE IF EXISTS {name}")
-        except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
-                raise self._error("rebuild the damaged answer cache", exc) from exc
-            self._unlink_damaged(names)
-        self._prepare()
-
-    def _unlink_damaged(self, names: list[str]) -> None:
-        # SQLite cannot walk a corrupt b-tree to free it: remove the table from the schema, then VACUUM
-        # copies only what the schema still names (the chat tables, unchanged) into a clean file.
-        marks = ", ".join("?" for _ in names)
-        try:
-            self.db.execute("PRAGMA writable_schema = ON")
-            with self._write() as db:
-                db.execute(f"DELETE FROM sqlite_master WHERE tbl_name IN ({marks})", names)
-            self.db.execute("PRAGMA writable_schema = OFF")
-            self.db.execute("VACUUM")
-        except sqlite3.DatabaseError as exc:
+            self.file.drop_cache()
+        except StoreError as exc:
             raise CacheError(
                 f"The answer cache in {self.path} is damaged and could not be rebuilt ({exc}). "
-                "Close Brisk and run `sqlite3 brisk.db 'DROP TABLE answer_cache'`, or turn the cache off."
+                "Turn the answer cache off in Settings, or close Brisk and move brisk.db aside."
             ) from exc
-
-    def _error(self, action: str, exc: BaseException) -> CacheError:
-        hint = (
-            "Another Brisk window holds the database; try again in a moment."
-            if "locked" in str(exc) or "busy" in str(exc)
-            else "Check the disk has space and the data folder is writable, or turn the answer cache off."
-        )
-        return CacheError(f"Could not {action} ({exc}). {hint}")
 
     def _run(self, action: str, fn: Callable[[Database], T], write: bool = False) -> T:
         """Run one operation; a damaged table is rebuilt and the operation run once more."""
         with self._lock:
             for attempt in (0, 1):
                 try:
-                    if not write:
-                        return fn(self.db)
-                    with self._write() as db:
+                    with self.file.op(action, write=write) as db:
                         return fn(db)
-                except sqlite3.DatabaseError as exc:
-                    if attempt or not _is_corrupt(exc):
-                        raise self._error(action, exc) from exc
-                    self._rebuild()
+                except StoreError as exc:
+                    if attempt or not is_corrupt(exc):
+                        raise CacheError(str(exc)) from exc
+                self._rebuild()
+                self._prepare()
             raise AssertionError("unreachable")
 
     # -- entries -------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """Chat history: conversations and their messages, in the SQLite file of ``engine.storage.db``.
 
 :class:`Store` opens the file with :func:`engine.storage.db.connect` and the
-chat history's schema (``engine.storage.schema``): the file is checked before
-anything is written, a damaged, foreign or newer file is refused and left
-byte-for-byte as it was, and a file the user cannot write is opened read-only.
+chat history's schema (``engine.storage.schema``), the same way the answer
+cache opens it, so whichever starts first the other opens the file (one the
+CLI made before markers is adopted with its answers).  The file is checked
+before anything is written: a damaged, foreign or newer file is refused and
+left byte-for-byte as it was (damage confined to the answer cache's tables
+drops only those), and a file the user cannot write is opened read-only.
 
 Every public method raises :class:`StoreError` (never a bare ``sqlite3``
 error) with a message that says what happened and what to do; a missing id

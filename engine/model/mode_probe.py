@@ -41,7 +41,11 @@ if it stays noisy float32 is used for this run and nothing is saved. A trusted
 choice is saved in ``cache/cpu_mode.json`` under ``key`` (model fingerprint,
 CPU model, torch version, dtype asked for) with ``PROBE_VERSION``, so later
 loads skip the probe (``built`` is then None and the loader loads the recorded
-mode); a record of another version is measured again, never read. The record
+mode); a record of another version, or of a mode not among ``candidates``, is
+measured again, never used.  The file is read through
+``engine.datafiles.load_state`` (:func:`check_records`): a record of this
+version naming an unknown mode or dtype, or a file of any other shape, is moved
+aside to ``cpu_mode.json.bad`` with one warning and the mode is measured again. The record
 (``ModelInfo.mode_probe``) holds the figures per mode (agreement overall and
 per path), the ``reason`` in words and whether it was ``saved``.
 """
@@ -59,6 +63,8 @@ from typing import Any
 
 import torch
 
+from engine.api import QUANT_MODES
+from engine.datafiles import StateError, load_state, string_map
 from engine.model.kv import KVState, forward
 from engine.paths import atomic_write, cache_dir
 from engine.quant.kernels import GEMV_ROWS
@@ -79,6 +85,7 @@ THREADS = 1  # timed on one thread: a busy sibling core cannot stall it at every
 PATHS = ("prompt", "chunks", "steps")
 REFERENCE = ("none", "float32")
 RECORDS = "cpu_mode.json"
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 Candidate = tuple[str, str]  # (quant mode, dtype name)
 Build = Callable[[str, str], tuple[Any, dict[str, Any]]]
@@ -264,24 +271,37 @@ def decide(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
     return best, f"{best} decodes {speedup:.2f}x as fast as float32 and keeps the answers ({detail})"
 
 
+def check_records(value: Any) -> dict[str, Any]:
+    """Validator of ``cpu_mode.json``: an object of records; this version's name a known mode and dtype.
+
+    Records of other versions are kept as they are (measured again, never read).
+    """
+    records = string_map(value, lambda _key, record: isinstance(record, dict))
+    for key, record in records.items():
+        if record.get("probe") != PROBE_VERSION:
+            continue
+        where = f"record {key[:60]!r}"
+        if record.get("mode") not in QUANT_MODES:
+            raise StateError(f"{where}: unknown mode {str(record.get('mode'))[:40]!r}")
+        if record.get("dtype") not in DTYPE_NAMES:
+            raise StateError(f"{where}: unknown dtype {str(record.get('dtype'))[:40]!r}")
+        if not all(isinstance(record.get(k), str) for k in ("chosen", "reason", "machine")):
+            raise StateError(f"{where}: chosen, reason and machine must be text")
+    return records
+
+
 def _read() -> dict[str, Any]:
-    try:
-        records = json.loads((cache_dir() / RECORDS).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return records if isinstance(records, dict) else {}
+    return load_state(cache_dir() / RECORDS, check_records) or {}
 
 
 def recorded(key: str) -> dict[str, Any] | None:
     record = _read().get(key)
-    if isinstance(record, dict) and record.get("probe") == PROBE_VERSION and record.get("mode"):
-        return record
-    return None
+    return record if isinstance(record, dict) and record.get("probe") == PROBE_VERSION else None
 
 
 def all_records() -> dict[str, Any]:
     """Every saved choice on this machine (for ``brisk doctor``)."""
-    return {k: v for k, v in _read().items() if isinstance(v, dict) and v.get("probe") == PROBE_VERSION}
+    return {k: v for k, v in _read().items() if v.get("probe") == PROBE_VERSION}
 
 
 def _save(key: str, record: dict[str, Any]) -> bool:
@@ -299,8 +319,9 @@ def choose_mode(
     key: str, candidates: list[Candidate], build: Build, tokenizer: Any
 ) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None]:
     """(mode, dtype name, record, the chosen model as ``build`` returned it or None when taken from the record)."""
-    if (earlier := recorded(key)) is not None:
-        return earlier["mode"], earlier["dtype"], earlier, None
+    earlier = recorded(key)
+    if earlier is not None and (earlier["mode"], earlier["dtype"]) in candidates:
+        return earlier["mode"], earlier["dtype"], earlier, None  # else it cannot run here: measured again
     assert candidates and candidates[0] == REFERENCE, "float32 is the reference"
     start = time.perf_counter()
     threads = torch.get_num_threads()

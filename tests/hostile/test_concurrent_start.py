@@ -1,0 +1,119 @@
+"""Several Brisk processes starting at once on one empty data folder (issue 22, defect 3).
+
+Each converter or quantizer writes under a private name and publishes by rename, under a file lock:
+every process answers (exit 0), there is one converted folder and one copy per mode, no temporary
+folder is left, and the processes that waited said that another Brisk is preparing the model.  A
+process killed in the middle of a conversion leaves nothing that breaks the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.hostile.conftest import BRISK
+from tests.support import ROOT
+from tests.support.tiny import make_tiny_model
+
+HANG_S = 600  # four real first starts share two cores: minutes, never this long
+WAITED = "another brisk is preparing the model"
+
+
+def start(data: Path, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", BRISK_DATA_DIR=str(data), OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [*BRISK, "ask", "hi", "--json", "--max-tokens", "2", "--no-answer-cache", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def finish(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    deadline = time.monotonic() + HANG_S
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for other in procs:
+                other.kill()
+            pytest.fail(f"{len(procs)} Brisk processes started together did not finish in {HANG_S} s")
+        results.append((proc.returncode, out, err))
+    return results
+
+
+def answered(out: str) -> bool:
+    return any(json.loads(line).get("type") == "done" for line in out.splitlines() if line.startswith("{"))
+
+
+def leftovers(data: Path) -> list[str]:
+    return sorted(str(p.relative_to(data)) for p in data.rglob("*") if ".tmp" in p.name)
+
+
+def test_four_first_starts_share_one_conversion(data: Path) -> None:
+    """The bundled GGUF converted once (and its quantized copies built once) for four processes."""
+    results = finish([start(data) for _ in range(4)])
+    for code, out, err in results:
+        assert code == 0 and answered(out), f"exit {code}: {err[-3000:]}"
+        assert "Traceback" not in err, err[-3000:]
+    models = data / "cache" / "models"
+    assert len([p for p in models.iterdir() if p.is_dir()]) == 1, sorted(p.name for p in models.iterdir())
+    assert leftovers(data) == []
+    assert any(WAITED in err.lower() for _, _, err in results), "no process said it waited for another"
+    assert sum(err.lower().count(WAITED) for _, _, err in results) <= 3 * len(results)  # once per lock at most
+
+
+@pytest.mark.parametrize("quant", ["int8-cpu", "fp16-cpu"])
+def test_four_first_starts_share_one_quantized_copy(data: Path, tmp_path: Path, quant: str) -> None:
+    tiny = make_tiny_model(tmp_path / "tiny")
+    results = finish([start(data, "--model", str(tiny), "--quant", quant) for _ in range(4)])
+    for code, out, err in results:
+        assert code == 0 and answered(out), f"exit {code}: {err[-3000:]}"
+    copies = [p for p in (data / "cache" / "quant").rglob("*") if p.is_dir() and p.name.startswith(quant)]
+    assert len(copies) == 1 and (copies[0] / "quant.json").is_file() and (copies[0] / "model.safetensors").is_file()
+    assert leftovers(data) == []
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (as a killed Brisk's is)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_temporary_folders_of_killed_processes_are_removed(data: Path, tmp_path: Path) -> None:
+    tiny = make_tiny_model(tmp_path / "tiny")
+    first = finish([start(data, "--model", str(tiny), "--quant", "int8-cpu")])[0]
+    assert first[0] == 0, first[2][-3000:]
+    copy = next(p for p in (data / "cache" / "quant").rglob("int8-cpu-*") if p.is_dir())
+    (copy / "quant.json").unlink()  # the copy must be built again, as after a kill before publishing
+    stale = copy.with_name(f"{copy.name}.tmp-{dead_pid()}-0badc0de")
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half a copy")
+    code, out, err = finish([start(data, "--model", str(tiny), "--quant", "int8-cpu")])[0]
+    assert code == 0 and answered(out), f"exit {code}: {err[-3000:]}"
+    assert leftovers(data) == [] and (copy / "quant.json").is_file()
+
+
+@pytest.mark.parametrize("after", ["locks", "cache/models"])
+def test_a_first_start_killed_midway_leaves_nothing_that_breaks_the_next(data: Path, after: str) -> None:
+    """kill -9 once the conversion has begun (lock taken) or once it is published: the next start answers."""
+    proc = start(data)
+    deadline = time.monotonic() + HANG_S
+    while not any((data / after).glob("*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling for the stage to begin, not waiting a fixed time
+    assert proc.poll() is None, "the first start ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    code, out, err = finish([start(data)])[0]
+    assert code == 0 and answered(out), f"exit {code}: {err[-3000:]}"
+    assert "Traceback" not in err and leftovers(data) == []

@@ -10,7 +10,10 @@ dtype the spec names or, for ``auto``, the one :func:`choose_dtype` picks
 (on a CPU measured once by :mod:`engine.model.dtype_probe`); with
 ``quant="auto"`` the fastest CPU mode among ``AUTO_CANDIDATES``, measured once
 by :mod:`engine.model.mode_probe`; float32 CPU linears packed for oneDNN; then
-the end-of-turn ids and chat template checked (:mod:`engine.model.facts`).
+the end-of-turn ids and chat template checked (:mod:`engine.model.facts`).  The
+chat template is tried on a few conversations right after the tokenizer loads,
+bounded (:mod:`engine.model.template`): one that fails is refused before any
+weights load.
 ``LoadedModel.identity`` fingerprints weights, dtype, mode, device and kernels
 so that caches of different models never mix; ``info`` carries the load facts.
 
@@ -35,6 +38,7 @@ import torch
 from engine.api import ModelSpec
 from engine.model.facts import check_special_tokens, count_parameters
 from engine.model.source import ModelLoadError, Progress, bundled_model_path, converted_dir, resolve
+from engine.model.template import check_template, template_file
 from engine.paths import weights_fingerprint
 
 __all__ = [
@@ -109,6 +113,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
             f"Could not load a tokenizer for {spec.source or name}: {exc}. A hub id needs a connection "
             "the first time; offline, give a local folder or .gguf file."
         ) from exc
+    check_template(tokenizer, template_file(location, spec.source))  # a stranger's template, tried bounded
     progress(0.8, "Loading weights")
     dtype = choose_dtype(spec.dtype, device)
     weights_id = weights_fingerprint(location)

@@ -15,6 +15,12 @@ placeholders for the contents, and each stretch of text between the
 template's control tokens is tokenised with special tokens not parsed (the
 same stretches the tokenizer would split at, so only the injected strings
 change).
+
+Templates come from model folders and are untrusted: every render goes through
+:func:`engine.model.template.render_chat`, which gives the same text as
+``apply_chat_template`` but ends a template that runs too long or makes too
+much with a ``ChatTemplateError`` (a ``ValueError`` naming the template), so a
+reply fails with that message and the engine goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.model.kv import common_prefix
+from engine.model.template import render_chat
 
 
 @dataclass(frozen=True)
@@ -45,12 +52,12 @@ def render(
     ``tools`` (JSON schemas, ``engine.tools.tool_schemas``) go to the template's ``tools``
     argument; without them the template is called exactly as before.
     """
-    extra = {"tools": tools} if tools else {}
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False, **extra)
+    tools = tools or None
     specials = special_strings(tokenizer)
     if not any(s in str(m.get("content", "")) for m in messages for s in specials):
+        text = render_chat(tokenizer, messages, add_generation_prompt, tools)
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return _render_guarded(tokenizer, messages, add_generation_prompt, specials, extra)
+    return _render_guarded(tokenizer, messages, add_generation_prompt, specials, tools)
 
 
 def content_ids(tokenizer: Any, text: str) -> list[int]:
@@ -72,7 +79,7 @@ def _render_guarded(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool,
     specials: tuple[str, ...],
-    extra: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
 ) -> list[int]:
     """Render with placeholders for the contents; control tokens only from the template's own text."""
     texts = [str(m.get("content", "")) for m in messages]
@@ -81,9 +88,7 @@ def _render_guarded(
         mark += "\ue000"
     holders = [f"{mark}{i}\ue001" for i in range(len(messages))]
     placeheld = [{**m, "content": h} for m, h in zip(messages, holders, strict=True)]
-    template = tokenizer.apply_chat_template(
-        placeheld, add_generation_prompt=add_generation_prompt, tokenize=False, **extra
-    )
+    template = render_chat(tokenizer, placeheld, add_generation_prompt, tools)
     holder = re.compile(re.escape(mark) + r"(\d+)\ue001")
     control = re.compile("|".join(re.escape(s) for s in specials))
     ids: list[int] = []

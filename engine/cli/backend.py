@@ -3,7 +3,8 @@
 The local engine (the default) or an OpenAI-compatible server (``--base-url
 URL``, with ``--model NAME`` as the server's model id and ``--api-key KEY`` or
 the ``BRISK_API_KEY`` variable, ``--server-timeout`` for a server that stops
-sending; only http(s), and the key is never printed).
+sending, ``--allow-insecure-key`` to send a key over plain http to another
+host; only http(s), and the key is never printed).
 Tools (``--tools NAME,...|all``, ``--mcp COMMAND``, ``--grant DIR``,
 ``--sequential-tools``, ``--allow-private-fetch``) and the answer cache
 (``--no-answer-cache``, ``--fresh``) shape the local engine's requests.
@@ -11,7 +12,8 @@ Tools (``--tools NAME,...|all``, ``--mcp COMMAND``, ``--grant DIR``,
 Every value is checked before a model loads (``backend_problems``): flags that
 a server cannot honour (``--quant``, ``--tools``...) are refused with
 ``--base-url`` rather than silently ignored, and unknown tool names are
-refused with the list of known ones.  A name that is not built in, given with
+refused with the list of known ones (names taken from the settings enable
+nothing when no tool has them, as in the window).  A name that is not built in, given with
 ``--mcp``, is looked up by starting the MCP servers once before loading
 (``mcp_problems``).  ``load_client`` gives a :class:`Client` with the model
 loaded, or raises :class:`LoadError` with a message for the user.
@@ -20,6 +22,7 @@ loaded, or raises :class:`LoadError` with a message for the user.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import threading
 import time
@@ -59,9 +62,14 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server-timeout",
         type=float,
-        default=120.0,
+        default=None,
         metavar="SECONDS",
-        help="give up on a server that sends nothing for this long (default 120)",
+        help="give up on a server that sends no event for this long (default 300 for the first, then 60)",
+    )
+    parser.add_argument(
+        "--allow-insecure-key",
+        action="store_true",
+        help="send the API key over plain http:// to a host that is not this machine (anyone on the way can read it)",
     )
 
 
@@ -108,8 +116,13 @@ def tool_settings(args: argparse.Namespace) -> ToolSettings:
     )
 
 
-def answer_cache_settings(args: argparse.Namespace) -> AnswerCacheSettings:
-    return AnswerCacheSettings(enabled=not getattr(args, "no_answer_cache", False))
+def answer_cache_settings(args: argparse.Namespace, settings: Settings | None = None) -> AnswerCacheSettings:
+    """On unless ``--no-answer-cache``; the similarity threshold and age limit are the settings'."""
+    enabled = not getattr(args, "no_answer_cache", False)
+    if settings is None:
+        return AnswerCacheSettings(enabled=enabled)
+    ttl_s = settings.answer_cache_ttl_days * 24 * 3600.0
+    return AnswerCacheSettings(enabled=enabled, threshold=settings.answer_cache_threshold, ttl_s=ttl_s)
 
 
 def backend_problems(args: argparse.Namespace) -> list[str]:
@@ -122,8 +135,8 @@ def backend_problems(args: argparse.Namespace) -> list[str]:
             check_base_url(args.base_url)
         except RemoteError as exc:
             problems.append(f"--base-url: {exc}")
-        timeout = getattr(args, "server_timeout", 120.0)
-        if not timeout > 0:
+        timeout = getattr(args, "server_timeout", None)
+        if timeout is not None and not 0 < timeout < float("inf"):
             problems.append(f"--server-timeout must be a number of seconds above 0, not {timeout}")
         local = [f for f, (name, unset) in LOCAL_ONLY.items() if getattr(args, name, unset) not in (unset, None, [])]
         if local:
@@ -139,7 +152,7 @@ def backend_problems(args: argparse.Namespace) -> list[str]:
     if raw is not None and not tool_names(args):
         problems.append(f"--tools {raw!r} names no tool; give NAME,... ({', '.join(BUILTIN_NAMES)}) or all")
     unknown = [n for n in tool_names(args) if n != "all" and n not in BUILTIN_NAMES]
-    if unknown and not getattr(args, "mcp", None):
+    if unknown and not getattr(args, "mcp", None) and not getattr(args, "tools_from_settings", False):
         problems.append(_unknown_tools(unknown, []))
     for folder in getattr(args, "grant", None) or ():
         if not Path(folder).expanduser().is_dir():
@@ -160,8 +173,8 @@ def mcp_problems(args: argparse.Namespace) -> list[str]:
     """Tool names that are neither built in nor listed by a ``--mcp`` server (which are started once to ask)."""
     unknown = [n for n in tool_names(args) if n != "all" and n not in BUILTIN_NAMES]
     commands = getattr(args, "mcp", None) or ()
-    if not unknown or not commands or is_remote(args):
-        return []
+    if not unknown or not commands or is_remote(args) or getattr(args, "tools_from_settings", False):
+        return []  # names from the settings are not checked: like the window, a name no server lists enables nothing
     from engine.tools.mcp_client import McpHub, ServerSpec
 
     hub = McpHub(connect_timeout_s=20.0)
@@ -182,14 +195,19 @@ def mcp_problems(args: argparse.Namespace) -> list[str]:
 def backend_factory(args: argparse.Namespace, settings: Settings) -> BackendFactory:
     """The backend the command line asks for: a server at ``--base-url``, else the local engine."""
     if is_remote(args):
-        from engine.remote import remote_backend
+        from engine.remote import Limits, remote_backend
 
-        timeout = getattr(args, "server_timeout", 120.0)
-        return remote_backend(args.base_url, getattr(args, "model", None) or None, api_key(args), read_timeout=timeout)
+        limits = Limits.from_env()  # RemoteError for a bad BRISK_REMOTE_* value: load_client says it
+        timeout = getattr(args, "server_timeout", None)
+        if timeout is not None:
+            limits = dataclasses.replace(limits, first_event_s=timeout, event_gap_s=timeout)
+        if getattr(args, "allow_insecure_key", False):
+            limits = dataclasses.replace(limits, allow_insecure_key=True)
+        return remote_backend(args.base_url, getattr(args, "model", None) or None, api_key(args), limits=limits)
     return local_backend(
         prefix_cache_bytes=settings.prefix_cache_mb << 20,
         tools=tool_settings(args),
-        answer_cache=answer_cache_settings(args),
+        answer_cache=answer_cache_settings(args, settings),
     )
 
 

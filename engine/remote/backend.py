@@ -25,16 +25,27 @@ blocked in ``recv``), so the server sees the closed connection and stops
 generating; a cancel that comes before the response headers closes it as soon
 as they arrive.
 
-The API key is sent only in the ``Authorization`` header: it is never logged,
-never in ``repr`` and never in a message (see :func:`engine.remote.errors.redact`).
+Bounded, by :class:`~engine.remote.limits.Limits` (defaults there, overrides
+from ``BRISK_REMOTE_*``): the worker waits for each event (a chunk, not a
+byte) at most ``first_event_s`` for the first and ``event_gap_s`` after, and
+``reply_s`` for the whole reply; the :class:`~engine.remote.guard.Guard` under
+the SDK refuses an event or a body past its size cap while it arrives, and
+any redirect to another server before it is sent.  Each ends the reply with
+one ``Error`` that keeps the text so far.  The model listing at load has a
+deadline of its own.
+
+The API key is sent only in the ``Authorization`` header, and not at all over
+plain http to a host that is not this machine unless allowed
+(:func:`engine.remote.guard.check_key`; else ``load`` fails, saying why): it is
+never logged, never in ``repr`` and never in a message (see
+:func:`engine.remote.errors.redact`), and a reply that echoes it shows
+``***`` (:class:`engine.remote.errors.KeyFilter`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import queue
-import socket
 import threading
 import time
 from collections import OrderedDict
@@ -46,7 +57,9 @@ import openai
 
 from engine.api import Done, Error, Loaded, LoadFailed, Metrics, ModelInfo, ModelSpec, OnEvent, Request, Started, Token
 
-from .errors import RemoteError, check_base_url, describe, redact
+from .errors import KeyFilter, RemoteError, check_base_url, describe, redact
+from .guard import Guard, check_key, shutdown_socket
+from .limits import Limits
 from .metrics import ReplyStats
 
 _STOP = object()
@@ -66,50 +79,68 @@ class RemoteResult:
 
 
 def make_client(
-    base_url: str, api_key: str | None, connect_timeout: float = 10.0, read_timeout: float = 120.0
-) -> openai.OpenAI:
-    """An SDK client for ``base_url`` that never retries on its own and never reads ``OPENAI_*`` keys."""
-    return openai.OpenAI(
-        base_url=check_base_url(base_url),
+    base_url: str, api_key: str | None, limits: Limits, read_s: float | None = None
+) -> tuple[openai.OpenAI, Guard]:
+    """An SDK client for ``base_url`` behind a :class:`Guard`; it never retries and never reads ``OPENAI_*`` keys."""
+    where = check_base_url(base_url)
+    guard = Guard(where, limits)
+    read = read_s if read_s is not None else max(limits.first_event_s, limits.event_gap_s)
+    timeout = httpx2.Timeout(read, connect=min(limits.connect_s, read))
+    http = openai.DefaultHttpxClient(timeout=timeout, event_hooks=guard.hooks())
+    client = openai.OpenAI(
+        base_url=where,
         api_key=api_key or "no-key",  # servers without auth ignore the header; the SDK needs some value
         max_retries=0,
-        timeout=httpx2.Timeout(read_timeout, connect=connect_timeout),
+        timeout=timeout,
+        http_client=http,
     )
+    return client, guard
 
 
 def list_models(
-    base_url: str, api_key: str | None = None, timeout: float = 10.0, *, client: openai.OpenAI | None = None
+    base_url: str,
+    api_key: str | None = None,
+    timeout: float = 20.0,
+    *,
+    client: tuple[openai.OpenAI, Guard] | None = None,
+    limits: Limits | None = None,
 ) -> list[str]:
-    """The model ids a server lists at ``/v1/models``, in its order; :class:`RemoteError` says why not."""
+    """The model ids a server lists at ``/v1/models``, in its order, within ``timeout`` s in all; else RemoteError."""
     where = check_base_url(base_url)
     own = client is None
-    client = client or make_client(where, api_key, connect_timeout=timeout, read_timeout=timeout)
+    if client is None:
+        limits = limits or Limits.from_env()
+        check_key(where, api_key, limits.allow_insecure_key)
+        client = make_client(where, api_key, limits, read_s=timeout)
+    sdk, guard = client
+    box: queue.Queue[tuple[bool, Any]] = queue.Queue()
+
+    def ask() -> None:
+        try:
+            page = sdk.models.list()
+            box.put((True, [str(m.id) for m in page.data if getattr(m, "id", None)]))
+        except BaseException as exc:  # noqa: BLE001 - handed back below, said as one message
+            box.put((False, exc))
+
+    threading.Thread(target=ask, name="brisk-remote-models", daemon=True).start()
     try:
-        page = client.models.list()
-        return [str(m.id) for m in page.data if getattr(m, "id", None)]
-    except Exception as exc:  # every failure becomes one message for the user
-        raise RemoteError(redact(describe(exc, where=where, read_timeout=timeout), api_key)) from None
+        ok, value = box.get(timeout=timeout)
+    except queue.Empty:
+        guard.shutdown_all()  # a body still dripping in: its reader wakes and ends
+        raise RemoteError(
+            f"The server at {where} did not list its models (/v1/models) within {timeout:g} s. "
+            "It may be overloaded or not an OpenAI-compatible server: check the URL and try again."
+        ) from None
     finally:
         if own:
-            client.close()
+            sdk.close()
+    if not ok:
+        raise RemoteError(redact(describe(value, where=where, read_timeout=timeout), api_key)) from None
+    return list(value)
 
 
 def _finish(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
-
-
-def _shutdown(response: httpx2.Response | None) -> None:
-    """Close the response's TCP connection now, waking a thread blocked reading it."""
-    if response is None:
-        return
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the plain socket's, also under TLS
-    else:
-        with contextlib.suppress(Exception):
-            response.close()
 
 
 class _Reader:
@@ -140,7 +171,7 @@ class _Reader:
                 self.response = stream.response
                 closed = self.closed
             if closed:
-                _shutdown(stream.response)
+                shutdown_socket(stream.response)
                 stream.close()
                 return
             for chunk in stream:
@@ -153,7 +184,7 @@ class _Reader:
         with self.lock:
             self.closed = True
             response = self.response
-        _shutdown(response)
+        shutdown_socket(response)
 
 
 class RemoteBackend:
@@ -166,8 +197,7 @@ class RemoteBackend:
         model: str | None = None,
         api_key: str | None = None,
         *,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 120.0,
+        limits: Limits | None = None,
         include_usage: bool = True,
         extra_body: dict[str, Any] | None = None,
     ) -> None:
@@ -175,10 +205,16 @@ class RemoteBackend:
         self.on_event = on_event
         self.model = model or ""
         self._api_key = api_key or None
-        self.read_timeout = read_timeout
+        self.refusal = ""  # set when this server must not be used as configured: load says it, nothing is sent
+        try:
+            self.limits = limits or Limits.from_env()
+            check_key(self.base_url, self._api_key, self.limits.allow_insecure_key)
+        except RemoteError as exc:
+            self.limits = limits or Limits()
+            self.refusal = str(exc)
         self.include_usage = include_usage
         self.extra_body = dict(extra_body or {})
-        self.client = make_client(self.base_url, self._api_key, connect_timeout, read_timeout)
+        self.client, self.guard = make_client(self.base_url, None if self.refusal else self._api_key, self.limits)
         self.loaded: Loaded | None = None
         self.last_result: RemoteResult | None = None
         self.results: OrderedDict[str, RemoteResult] = OrderedDict()  # the last few, by request id
@@ -235,14 +271,18 @@ class RemoteBackend:
                 self._serve(payload)
 
     def _message(self, exc: BaseException) -> str:
-        text = describe(exc, where=self.base_url, model=self.model, read_timeout=self.read_timeout)
+        read_s = max(self.limits.first_event_s, self.limits.event_gap_s)
+        text = describe(exc, where=self.base_url, model=self.model, read_timeout=read_s)
         return redact(text, self._api_key)
 
     def _load(self, spec: ModelSpec) -> None:
         t0 = time.perf_counter()
         wanted = spec.source or self.model
+        if self.refusal:
+            self.on_event(LoadFailed(self.refusal))
+            return
         try:
-            models = list_models(self.base_url, self._api_key, client=self.client)
+            models = list_models(self.base_url, self._api_key, client=(self.client, self.guard))
         except RemoteError as exc:
             self.on_event(LoadFailed(str(exc)))
             return
@@ -288,35 +328,41 @@ class RemoteBackend:
             params["extra_body"] = extra
         return params
 
-    def _end(self, request: Request, stats: ReplyStats, t: float, reason: str, error: str = "") -> None:
+    def _end(
+        self, request: Request, stats: ReplyStats, shown: KeyFilter, t: float, reason: str, error: str = ""
+    ) -> None:
+        t_rel = t - request.submitted_at
+        tail = shown.flush()  # a held-back end that turned out not to be the key
+        if tail:
+            self.on_event(Token(request.id, t_rel, tail))
         metrics = stats.metrics(t)
-        result = RemoteResult(request.id, stats.text, reason, metrics, stats.server(), error)
+        result = RemoteResult(request.id, shown.text, reason, metrics, stats.server(), error)
         self.last_result = result
         self.results[request.id] = result
         while len(self.results) > _KEEP_RESULTS:
             self.results.popitem(last=False)
-        t_rel = t - request.submitted_at
         if error:
-            self.on_event(Error(request.id, t_rel, error, stats.text))
+            self.on_event(Error(request.id, t_rel, error, shown.text))
         else:
-            self.on_event(Done(request.id, t_rel, stats.text, reason, metrics))
+            self.on_event(Done(request.id, t_rel, shown.text, reason, metrics))
 
     def _serve(self, request: Request) -> None:
         t0 = request.submitted_at
         stats = ReplyStats(t0)
+        shown = KeyFilter(self._api_key)  # what the user sees: the reply with the key taken out
         self.on_event(Started(request.id, time.perf_counter() - t0))
         with self._lock:
             cancelled = request.id in self._cancelled
         if cancelled:
             self._forget(request.id)
-            self._end(request, stats, time.perf_counter(), "cancelled")
+            self._end(request, stats, shown, time.perf_counter(), "cancelled")
             return
         problems = request.sampling.problems()
         if not self.loaded:
             problems = ["no server model is loaded yet: wait for the connection or pick a server in Settings"]
         if problems:
             message = "Cannot send this request: " + "; ".join(problems) + "."
-            self._end(request, stats, time.perf_counter(), "error", message)
+            self._end(request, stats, shown, time.perf_counter(), "error", message)
             return
         items: queue.Queue[tuple[Any, ...]] = queue.Queue()
         reader = _Reader(self.client, self._params(request), items)
@@ -326,7 +372,7 @@ class RemoteBackend:
                 items.put(("cancel", None, time.perf_counter()))
         reader.thread.start()
         try:
-            self._pump(request, stats, reader, items)
+            self._pump(request, stats, shown, reader, items)
         finally:
             self._forget(request.id)
             if reader.dropped_usage:
@@ -337,17 +383,55 @@ class RemoteBackend:
             self._active.pop(request_id, None)
             self._cancelled.discard(request_id)
 
-    def _pump(self, request: Request, stats: ReplyStats, reader: _Reader, items: queue.Queue[tuple[Any, ...]]) -> None:
+    def _late(self, first: bool, gap: float, t_sent: float, now: float) -> str:
+        """The message for a reply that ran past one of its deadlines (see :mod:`engine.remote.limits`)."""
+        if now - t_sent >= self.limits.reply_s:
+            return (
+                f"The reply from {self.base_url} ran past {self.limits.reply_s:g} s, the most Brisk waits for one "
+                "reply; it stopped there and the text so far is kept. Ask for a shorter reply (max tokens), "
+                "or raise BRISK_REMOTE_REPLY_S."
+            )
+        if first:
+            return (
+                f"The server at {self.base_url} sent nothing of a reply for {gap:g} s after the request; "
+                "it stopped there. A big model on a busy server can be slow to start: try again, or wait longer "
+                "with --server-timeout (or BRISK_REMOTE_FIRST_EVENT_S)."
+            )
+        return (
+            f"The server at {self.base_url} stopped sending for {gap:g} s in the middle of the reply "
+            "(bytes that complete no event do not count); the partial reply is kept. It may be overloaded or "
+            "stuck: try again, or allow longer gaps with --server-timeout (or BRISK_REMOTE_EVENT_GAP_S)."
+        )
+
+    def _pump(
+        self,
+        request: Request,
+        stats: ReplyStats,
+        shown: KeyFilter,
+        reader: _Reader,
+        items: queue.Queue[tuple[Any, ...]],
+    ) -> None:
+        """Hand the reader's chunks on as tokens until the reply ends, is cancelled, or runs past a deadline."""
         t0 = request.submitted_at
+        t_sent = t_last = time.perf_counter()
+        first = True
         while True:
-            kind, payload, t = items.get()
+            gap = self.limits.first_event_s if first else self.limits.event_gap_s
+            deadline = min(t_last + gap, t_sent + self.limits.reply_s)
+            try:
+                kind, payload, t = items.get(timeout=max(0.0, deadline - time.perf_counter()))
+            except queue.Empty:
+                reader.close()
+                now = time.perf_counter()
+                self._end(request, stats, shown, now, "error", self._late(first, gap, t_sent, now))
+                return
             if kind == "cancel":
                 reader.close()
-                self._end(request, stats, t, "cancelled")
+                self._end(request, stats, shown, t, "cancelled")
                 return
             if kind == "fail":
                 reader.close()
-                self._end(request, stats, t, "error", self._message(payload))
+                self._end(request, stats, shown, t, "error", self._message(payload))
                 return
             if kind == "end":
                 if stats.finish_reason is None:
@@ -356,25 +440,34 @@ class RemoteBackend:
                         f"(after {len(stats.times)} tokens); the partial reply is kept. "
                         "Check the server's log and try again."
                     )
-                    self._end(request, stats, t, "error", cut)
+                    self._end(request, stats, shown, t, "error", cut)
                 else:
-                    self._end(request, stats, t, _finish(stats.finish_reason))
+                    self._end(request, stats, shown, t, _finish(stats.finish_reason))
                 return
+            first, t_last = False, t
             try:
                 texts = stats.add(payload, t)
             except Exception as exc:  # a chunk that is not a chat-completion chunk
                 reader.close()
-                self._end(request, stats, t, "error", self._message(exc))
+                self._end(request, stats, shown, t, "error", self._message(exc))
                 return
             for text in texts:
-                self.on_event(Token(request.id, t - t0, text))
+                out = shown.feed(text)
+                if out:
+                    self.on_event(Token(request.id, t - t0, out))
 
 
 def remote_backend(base_url: str, model: str | None = None, api_key: str | None = None, **options: Any) -> Any:
-    """A factory for :class:`engine.client.Client`: ``Client(remote_backend(url, model, key))``."""
-    check_base_url(base_url)
+    """A factory for :class:`engine.client.Client`: ``Client(remote_backend(url, model, key))``.
+
+    What would only fail at load (a bad ``BRISK_REMOTE_*`` value, a key bound for plain http elsewhere) raises
+    :class:`RemoteError` here, before anything is started or sent.
+    """
+    where = check_base_url(base_url)
+    limits = options.pop("limits", None) or Limits.from_env()
+    check_key(where, api_key, limits.allow_insecure_key)
 
     def make(on_event: OnEvent) -> RemoteBackend:
-        return RemoteBackend(on_event, base_url, model, api_key, **options)
+        return RemoteBackend(on_event, base_url, model, api_key, limits=limits, **options)
 
     return make

@@ -6,9 +6,11 @@ without a trailing slash, ``/v1`` added when no path is given) or raises
 (or the transport under it) raised into one sentence that says what happened
 and what to do: connection refused, DNS failure, 401/403, 404, 429 (with when
 to retry, from ``Retry-After``), 5xx, a stream cut in the middle, a malformed
-chunk, a read timeout.  ``redact(text, secret)`` removes the API key from any
-text; every message this package builds goes through it, so a server that
-echoes the key back ("Incorrect API key provided: sk-...") does not leak it.
+chunk, a read timeout, and :class:`Refused` (Brisk's own stop, its message
+already said for the user).  ``redact(text, secret)`` removes the API key from
+any text; every message this package builds goes through it, so a server that
+echoes the key back ("Incorrect API key provided: sk-...") does not leak it,
+and :class:`KeyFilter` does the same for the streamed reply itself.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import openai
 
 class RemoteError(Exception):
     """A server could not be used; the message is meant for the user and never holds the API key."""
+
+
+class Refused(Exception):
+    """Brisk stopped talking to a server on purpose (a redirect elsewhere, a reply too big); the message is final."""
 
 
 class MalformedChunk(Exception):
@@ -61,6 +67,55 @@ def redact(text: str, secret: str | None) -> str:
     for n in range(len(secret) - 1, 7, -1):
         text = text.replace(secret[:n], "***").replace(secret[-n:], "***")
     return text
+
+
+class KeyFilter:
+    """Streamed text with the key taken out as it arrives, even when the key comes split over several deltas.
+
+    ``feed(delta)`` returns what may be shown now.  When the text shown so far
+    (its last ``SHOWN - 1`` characters) and the delta end in the first
+    ``SHOWN`` or more characters of the key, that end is held back until the
+    next delta says whether the key follows; a key that completes is then
+    hidden by :func:`redact` (which hides any 8 or more of its characters).
+    So at most ``SHOWN - 1`` characters of a key ever show, and ordinary text
+    ("s", " ask") is never held.  ``flush()`` returns the held end (redacted);
+    ``text`` is all that was returned.  Without a key text passes unchanged.
+    """
+
+    SHOWN = 4
+
+    def __init__(self, secret: str | None) -> None:
+        self.secret = secret or ""
+        self.held = ""
+        self.shown_end = ""  # the last SHOWN - 1 characters returned
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def feed(self, delta: str) -> str:
+        if not self.secret:
+            self.parts.append(delta)
+            return delta
+        pending = (self.held + delta).replace(self.secret, "***")
+        joined = self.shown_end + pending
+        keep = 0
+        for n in range(min(len(self.secret) - 1, len(joined)), self.SHOWN - 1, -1):
+            if joined.endswith(self.secret[:n]):
+                keep = min(n, len(pending))
+                break
+        self.held = pending[len(pending) - keep :]
+        return self._show(redact(pending[: len(pending) - keep], self.secret))
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return self._show(redact(held, self.secret))
+
+    def _show(self, out: str) -> str:
+        self.parts.append(out)
+        self.shown_end = (self.shown_end + out)[-(self.SHOWN - 1) :]
+        return out
 
 
 def retry_after_s(headers: object) -> float | None:
@@ -122,6 +177,9 @@ def _with_server(message: str, server: str) -> str:
 
 def describe(exc: BaseException, *, where: str, model: str = "", read_timeout: float | None = None) -> str:
     """One user-facing sentence for ``exc`` raised while talking to ``where`` (a base URL); never holds the key."""
+    refused = next((e for e in _chain(exc) if isinstance(e, Refused)), None)
+    if refused is not None:
+        return str(refused)
     if isinstance(exc, MalformedChunk):
         return f"The server at {where} sent a chunk that is not a chat-completion chunk ({exc}); the reply stops there."
     if isinstance(exc, json.JSONDecodeError):

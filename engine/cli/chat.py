@@ -5,7 +5,8 @@ Both check every value before the model loads (a problem exits with
 (``--json``: one object per line; tool calls as ``{"type": "tool", ...}``
 events), and end with a non-zero exit when a request failed or a line of input
 was not UTF-8; a bad line ends the conversation there, after the replies to
-the lines before it.  A failed reply's partial text (kept in the JSON error
+the lines before it.  Every flag left out takes its value from the user's
+settings (``engine.cli.common.apply_settings``).  A failed reply's partial text (kept in the JSON error
 event's ``partial_text``) stays in the conversation's history.  The backend
 (the local engine or a server at ``--base-url``) is chosen in
 ``engine.cli.backend``.
@@ -23,8 +24,10 @@ from engine.cli.common import (
     EXIT_MODEL,
     EXIT_REQUEST,
     InputError,
+    apply_settings,
     fail,
     fail_problems,
+    load_settings,
     model_spec,
     print_event,
     print_warnings,
@@ -35,11 +38,11 @@ from engine.cli.common import (
     system_text,
 )
 from engine.client import LoadError
-from engine.storage import Settings
 
 
 def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
-    settings = Settings()
+    settings = load_settings(args.json)
+    apply_settings(args, settings, args.json)
     problems = request_problems(args, settings)
     if problems:
         return fail_problems(problems, args.json)

@@ -7,6 +7,16 @@ Text from the user (an argument, a line of standard input, a ``--system
 input it was and how to convert it, rather than decoded with replacement
 characters, because a silently altered prompt gives a reply to something the
 user never wrote (and the refusal costs one ``iconv``).
+
+The flags default to the user's ``settings.json`` (read by
+``engine.storage.Settings``; :func:`load_settings`, :func:`apply_settings`):
+every flag left out takes the setting's value (model, device, dtype, quant,
+system prompt, sampling, prefix cache, speculative source, draft model, tools,
+granted folders, MCP servers, answer cache), and a flag given wins.  Two
+exceptions, as documented: the CLI is greedy and unseeded unless
+``--temperature``/``--seed`` say otherwise, and without a settings file there is
+no system prompt.  A bad or unreadable settings file is one warning and the
+defaults, never a stopped command.
 """
 
 from __future__ import annotations
@@ -36,12 +46,16 @@ from engine.api import (
     Warning,
     prompt_counts,
 )
-from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems
+from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems, is_remote
+from engine.paths import settings_path
+from engine.safe_read import NotRegularFile, read_regular
 from engine.storage import Settings
+from engine.tools.run import clip, echo_arguments
 
 EXIT_MODEL = 2
 EXIT_REQUEST = 3
 SYSTEM_FILE_LIMIT = 1 << 20  # bytes; a system prompt has to fit a context of a few thousand tokens
+RESULT_ECHO_CHARS = 2_000  # of a tool's result in the printed [tool ...] line (--json carries it whole)
 CONVERT_HINT = "Convert it to UTF-8 (for example with `iconv -f latin1 -t utf-8`) and try again."
 
 
@@ -97,6 +111,62 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
         draft_quant=getattr(args, "draft_quant", None) or "none",
         quant=getattr(args, "quant", None) or "auto",
     )
+
+
+def load_settings(as_json: bool) -> Settings:
+    """The user's settings; what was wrong in the file is printed as warnings (defaults used), never raised."""
+    try:
+        settings, problems = Settings.load_with_problems()
+    except Exception as exc:  # a file the loader chokes on must not stop the command line
+        problems = [f"{settings_path().name} could not be read ({type(exc).__name__}); using the default settings"]
+        settings = Settings()
+    print_warnings([Warning("settings", problem) for problem in problems], as_json)
+    return settings
+
+
+def apply_settings(args: argparse.Namespace, settings: Settings, as_json: bool) -> None:
+    """Give every flag the command line left out the value ``settings`` has for it (flags given win).
+
+    Settings of the local engine (model, quantization, caches, tools) apply only without
+    ``--base-url``.  A granted folder from the settings that no longer exists is left out with a warning.
+    """
+
+    def default(name: str, value: object, unset: object = None) -> None:
+        if hasattr(args, name) and getattr(args, name) in (unset, None) and value not in (None, "", []):
+            setattr(args, name, value)
+
+    if getattr(args, "system", None) is None and settings_path().is_file():
+        args.system = settings.system_prompt or None
+    if is_remote(args):
+        return
+    for name in ("model", "device", "dtype", "quant", "draft_quant"):
+        default(name, getattr(settings, name))
+    default("draft_model", settings.draft_model, "")
+    if getattr(args, "tools", None) is None and settings.tools_enabled:
+        args.tools = ",".join(settings.tools_enabled)
+        args.tools_from_settings = True  # names no server lists enable nothing, as in the window
+    default("mcp", list(settings.mcp_servers))
+    flags = {
+        "no_prefix_cache": not settings.prefix_cache,
+        "sequential_tools": not settings.parallel_tools,
+        "allow_private_fetch": settings.fetch_allow_private,
+        "no_answer_cache": not settings.answer_cache,
+    }
+    for name, on in flags.items():
+        if hasattr(args, name) and on:
+            setattr(args, name, True)
+    if getattr(args, "grant", None) is None and settings.granted_dirs:
+        folders = [d for d in settings.granted_dirs if Path(d).expanduser().is_dir()]
+        gone = [d for d in settings.granted_dirs if d not in folders]
+        if gone:
+            print_warnings(
+                [
+                    Warning("settings", f"granted folder {d!r} in the settings does not exist; it is left out")
+                    for d in gone
+                ],
+                as_json,
+            )
+        args.grant = folders or None
 
 
 def speculative_source(args: argparse.Namespace, settings: Settings) -> str:
@@ -164,16 +234,24 @@ def decode_utf8(what: str, data: bytes) -> str:
 
 
 def system_text(value: str | None) -> str | None:
-    """``--system TEXT`` as given, or ``@FILE``'s text (at most ``SYSTEM_FILE_LIMIT`` bytes of UTF-8)."""
+    """``--system TEXT`` as given, or ``@FILE``'s text (at most ``SYSTEM_FILE_LIMIT`` bytes of UTF-8).
+
+    ``@FILE`` must be a regular file: a named pipe, a device or a socket is refused before it is
+    opened (``engine.safe_read``), so ``@/dev/zero`` or a FIFO nobody writes to cannot hang the run.
+    """
     if not value or not value.startswith("@"):
         return value
     path = Path(value[1:]).expanduser()
     try:
-        with path.open("rb") as file:
-            data = file.read(SYSTEM_FILE_LIMIT + 1)  # never more: @/dev/zero must not fill the memory
+        data, more = read_regular(path, SYSTEM_FILE_LIMIT)
+    except NotRegularFile as exc:
+        raise InputError(
+            f"The system prompt file {path} is {exc.kind}, not a regular file; Brisk reads --system @FILE only "
+            "from a regular file. Save the prompt to a file and give that."
+        ) from None
     except OSError as exc:
         raise InputError(f"Cannot read the system prompt file {path}: {exc.strerror or exc}.") from None
-    if len(data) > SYSTEM_FILE_LIMIT:
+    if more:
         raise InputError(
             f"The system prompt file {path} is larger than {SYSTEM_FILE_LIMIT >> 20} MB; "
             "a system prompt has to fit the model's context. Use a shorter file."
@@ -214,10 +292,11 @@ def print_event(event: Event, as_json: bool) -> None:
     elif isinstance(event, Token):
         sys.stdout.write(event.text)
         sys.stdout.flush()
-    elif isinstance(event, ToolCall):
-        args = json.dumps(dict(event.arguments), ensure_ascii=False)
-        outcome = event.result if event.ok else f"failed: {event.result}"
-        print(f"[tool {event.name} {args} -> {outcome} ({event.end - event.start:.3f} s)]", file=sys.stderr)
+    elif isinstance(event, ToolCall):  # a line for a person: long arguments and results are cut
+        args = echo_arguments(dict(event.arguments))
+        outcome = clip(event.result, RESULT_ECHO_CHARS) if event.ok else f"failed: {clip(event.result)}"
+        line = f"[tool {clip(event.name, 80)} {args} -> {outcome} ({event.end - event.start:.3f} s)]"
+        print(line, file=sys.stderr)
     elif isinstance(event, Done):
         sys.stdout.write("\n")
         print(" · ".join(summary(event.metrics)), file=sys.stderr)

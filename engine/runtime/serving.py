@@ -116,7 +116,7 @@ class Serving:
         if view is not None and calls:  # the user's own /NAME lines run first; the model sees the results
             reply.emit(Started(request.id, t_prompt, len(prompt.ids), prompt.truncated, 0))
             started = True
-            rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit))
+            rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit, *self._fit()))
             messages = tool_turns.with_slash_results(messages, kept, rounds.turns[-1])
             prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
             drafters = self._drafters(request, len(prompt.ids))
@@ -134,7 +134,7 @@ class Serving:
                 break
             assert view is not None
             model_turns += 1
-            turn = tool_turns.run_turn(parsed.calls, view, request, reply.emit)
+            turn = tool_turns.run_turn(parsed.calls, view, request, reply.emit, *self._fit())
             rounds.turns.append(turn)
             if self._is_cancelled(request.id):
                 finish = "cancelled"
@@ -159,6 +159,11 @@ class Serving:
     def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
         assert self.loaded is not None
         return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+
+    def _fit(self) -> tuple[Any, int]:
+        """What tool results are measured and cut against: the tokenizer and the context length."""
+        assert self.loaded is not None
+        return self.loaded.tokenizer, self.loaded.context_length
 
     def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
         """The draft sources for this request, best first (``auto``: all that are available)."""

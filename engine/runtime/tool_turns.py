@@ -17,6 +17,11 @@ per result, or, for a chat template that cannot render those, the same as
 plain text.  :class:`Rounds` adds up the rounds of one reply into its
 :class:`~engine.api.Metrics` (tool wall and sequential time, ``tool:NAME``
 spans, every round's prefill and decode).
+
+A turn's results are cut to a share of the model's context, measured in its
+tokens (:func:`fit_results`; :func:`run_turn` does it when given the tokenizer
+and the context length): together they fill at most a quarter of it, so a
+huge tool result leaves the conversation and the reply their room.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.api import Metrics, Request, Span, ToolCall, ToolSettings, Warning
+from engine.runtime.prompt import content_ids
 from engine.tools import (
     Call,
     Parsed,
@@ -45,6 +51,7 @@ from engine.tools import (
 )
 
 P = TypeVar("P")
+RESULT_SHARE = 4  # one turn's tool results together fill at most 1/RESULT_SHARE of the model's context
 
 
 def settings_problems(settings: ToolSettings) -> list[str]:
@@ -103,12 +110,37 @@ class ToolBox:
 
 
 def run_turn(
-    calls: tuple[Call, ...] | list[Call], view: Registry, request: Request, emit: Callable[[ToolCall], None]
+    calls: tuple[Call, ...] | list[Call],
+    view: Registry,
+    request: Request,
+    emit: Callable[[ToolCall], None],
+    tokenizer: Any = None,
+    context: int = 0,
 ) -> TurnResult:
-    """Run one turn's calls (concurrently unless ``request.parallel_tools`` is false), each ending in a ``ToolCall``."""
-    return run_calls(
+    """Run one turn's calls (concurrently unless ``request.parallel_tools`` is false), each ending in a ``ToolCall``;
+    with ``tokenizer`` and ``context`` the results are cut to their share of the context (:func:`fit_results`)."""
+    turn = run_calls(
         calls, view, parallel=request.parallel_tools, t0=request.submitted_at, on_event=emit, request_id=request.id
     )
+    return fit_results(turn, tokenizer, context)
+
+
+def fit_results(turn: TurnResult, tokenizer: Any, context: int) -> TurnResult:
+    """``turn`` with each result cut, in ``tokenizer``'s tokens, so that together they fill at most
+    ``context // RESULT_SHARE`` tokens; a cut result says so.  Without a tokenizer or a context: as it is."""
+    if tokenizer is None or context <= 0 or not turn.results:
+        return turn
+    budget = max(64, context // RESULT_SHARE // len(turn.results))
+    results = []
+    for result in turn.results:
+        ids = content_ids(tokenizer, result.text)
+        if len(ids) <= budget:
+            results.append(result)
+            continue
+        note = f"\n[cut from {len(ids):,} tokens]"
+        keep = max(1, budget - len(content_ids(tokenizer, note)))
+        results.append(dataclasses.replace(result, text=tokenizer.decode(ids[:keep]) + note))
+    return dataclasses.replace(turn, results=tuple(results))
 
 
 def slash_calls(messages: list[dict[str, Any]], view: Registry) -> tuple[str, tuple[Call, ...]]:

@@ -4,7 +4,10 @@ Every path, relative or absolute, is resolved to its real path (``..`` and
 symlinks followed) and must lie inside the real path of a granted folder;
 anything else is refused, whatever the path says.  A search walks without
 following symlinked folders and checks each file's real path again.  Reads
-are of text files (UTF-8, no NUL bytes) up to ``max_read_bytes``.
+are of text files (UTF-8, no NUL bytes) up to ``max_read_bytes``, through
+:func:`engine.safe_read.read_regular`: a named pipe, a device or a socket in
+a granted folder is refused before it is opened (never a thread blocked on
+it), skipped by a search and listed with what it is.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from engine.safe_read import NotRegularFile, kind_of, read_regular
 from engine.tools.registry import Tool, ToolError
 
 MAX_READ_BYTES = 200_000
@@ -70,12 +74,17 @@ class Folders:
 
 
 def read_text(folders: Folders, real: Path, max_bytes: int = MAX_READ_BYTES) -> str:
-    with open(real, "rb") as handle:
-        data = handle.read(max_bytes + 1)
+    try:
+        data, more = read_regular(real, max_bytes)
+    except NotRegularFile as exc:
+        raise ToolError(
+            f"{folders.show(real)} is {exc.kind}, not a regular file; only regular text files can be read"
+        ) from None
+    except OSError as exc:
+        raise ToolError(f"{folders.show(real)} could not be read: {exc.strerror or exc}") from None
     if b"\x00" in data[:8192]:
         raise ToolError(f"{folders.show(real)} is not a text file")
-    more = len(data) > max_bytes
-    text = data[:max_bytes].decode("utf-8", errors="replace")
+    text = data.decode("utf-8", errors="replace")
     if more:
         text += f"\n[truncated: the file is larger than {max_bytes} bytes]"
     return text
@@ -88,7 +97,7 @@ def _walk(folders: Folders, top: Path) -> Iterator[Path]:
         for name in sorted(filenames):
             real = Path(os.path.realpath(os.path.join(dirpath, name)))
             if folders.inside(real) is None or not real.is_file():
-                continue  # a symlink out of the granted folders
+                continue  # a symlink out of the granted folders, or a pipe, device or socket
             scanned += 1
             if scanned > MAX_FILES_SCANNED:
                 return
@@ -101,14 +110,16 @@ def search(folders: Folders, top: Path, text: str) -> str:
     needle = text.lower()
     hits: list[str] = []
     for real in _walk(folders, top) if top.is_dir() else [top]:
-        if real.stat().st_size > MAX_SEARCH_FILE_BYTES:
-            continue
         shown = folders.show(real)
         if needle in real.name.lower():
             hits.append(f"{shown}: (name matches)")
         try:
-            data = real.read_bytes()
-        except OSError:
+            if real.stat().st_size > MAX_SEARCH_FILE_BYTES:
+                continue
+            data, more = read_regular(real, MAX_SEARCH_FILE_BYTES)
+        except OSError:  # a special file (a pipe, a device) or one that cannot be read: nothing to search
+            continue
+        if more:  # it grew since the stat
             continue
         if b"\x00" in data[:8192]:
             continue
@@ -126,7 +137,15 @@ def listing(folders: Folders, real: Path) -> str:
         target = Path(os.path.realpath(entry))
         if folders.inside(target) is None:
             continue
-        lines.append(f"{entry.name}/" if target.is_dir() else f"{entry.name} ({target.stat().st_size} bytes)")
+        try:
+            info = target.stat()
+        except OSError:  # a broken link
+            continue
+        kind = kind_of(info.st_mode)
+        if kind is None:
+            lines.append(f"{entry.name} ({info.st_size} bytes)")
+        else:
+            lines.append(f"{entry.name}/" if kind == "a folder" else f"{entry.name} ({kind}, not readable)")
     return f"{folders.show(real)}:\n" + ("\n".join(lines) if lines else "(empty)")
 
 

@@ -13,6 +13,12 @@ give error results; nothing here raises into the chat.  :meth:`McpHub.tools`
 gives the ready servers' tools as registry :class:`Tool` objects whose
 functions are async and run on the hub's loop.
 
+A stdio server speaks through :func:`engine.tools.mcp_stdio.bounded_stdio`:
+one message is read up to 4 MB (a larger reply fails its call at once), and
+what a server writes on stdout that is not MCP is dropped and counted; when
+its session ends, one warning line (logger ``engine.tools.mcp_client``) names
+the server and what was dropped, instead of a traceback per line.
+
 The plain values (:class:`ServerSpec`, :class:`ServerState`, :class:`McpTool`,
 ``STATUSES``) live in :mod:`engine.tools.mcp_spec` and are importable from
 here; turning what a server sends back into text (tool lists, call results,
@@ -24,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import shlex
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -33,9 +41,11 @@ from typing import IO, Any
 
 from engine.tools.mcp_replies import list_tools, result_text, root_cause, stderr_size, stderr_tail
 from engine.tools.mcp_spec import STATUSES, McpTool, ServerSpec, ServerState
+from engine.tools.mcp_stdio import Strays
 from engine.tools.registry import Tool, ToolError
 
 __all__ = ["STATUSES", "McpHub", "McpTool", "ServerSpec", "ServerState"]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +57,7 @@ class _Server:
     stop: asyncio.Event | None = None
     task: asyncio.Task[None] | None = None
     errlog: IO[str] | None = None
+    strays: Strays = field(default_factory=Strays)  # what its stdout held that was not MCP
 
 
 class McpHub:
@@ -225,6 +236,18 @@ class McpHub:
             if server.errlog is not None:
                 server.errlog.close()
                 server.errlog = None
+            if server.strays:
+                log.warning("%s", self._dropped(server))
+                server.strays = Strays()
+
+    def _dropped(self, server: _Server) -> str:
+        """One line: which server, what it wrote that was dropped, what to do."""
+        spec = server.spec
+        where = spec.url or shlex.join(spec.command)
+        return (
+            f"MCP server {spec.name!r} ({where[:200]}) wrote {server.strays.summary()}; they were dropped. "
+            "A server must write only MCP messages on stdout (its logs belong on stderr)."
+        )
 
     def _transport(self, server: _Server) -> Any:
         spec = server.spec
@@ -233,14 +256,20 @@ class McpHub:
 
             return streamable_http_client(spec.url)
         from mcp import StdioServerParameters
-        from mcp.client.stdio import stdio_client
 
         # closed when the session ends (in _session's finally); the server's stderr goes there for messages
         server.errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")  # noqa: SIM115
         params = StdioServerParameters(
             command=spec.command[0], args=list(spec.command[1:]), env=dict(spec.env or {}) or None, cwd=spec.cwd
         )
-        return stdio_client(params, errlog=server.errlog)
+        if sys.platform == "win32":  # the SDK's own transport (unbounded) where process groups do not exist
+            from mcp.client.stdio import stdio_client
+
+            return stdio_client(params, errlog=server.errlog)
+        from engine.tools.mcp_stdio import bounded_stdio
+
+        server.strays = Strays()
+        return bounded_stdio(params, server.errlog, server.strays)
 
     def _explain(self, server: _Server, what: str, since: int = 0) -> str:
         spec = server.spec
@@ -249,6 +278,8 @@ class McpHub:
         tail = stderr_tail(server.errlog, since)
         if tail:
             text += f" Its last output: {tail}"
+        if server.strays:
+            text += f" It also wrote {server.strays.summary()}."
         return text + " Check the command or URL and restart it in the tools panel."
 
     async def _stop(self, server: _Server) -> None:

@@ -9,7 +9,12 @@ a timeout becomes an error :class:`CallResult`; the other calls go on.  Results
 keep the calls' order.  Times are ``time.perf_counter()`` minus the caller's
 ``t0`` (the request's submission), so they sit on the same clock as events'
 ``t``.  Each call's :class:`engine.api.ToolCall` event goes to ``on_event`` as
-the call ends, on the caller's thread.
+the call ends, on the caller's thread.  A result longer than
+``MAX_RESULT_CHARS`` is cut to that; wherever a call's arguments are echoed as
+text (a log line, the results written into a user message, the CLI's
+``[tool ...]`` line) they go through :func:`clip`, which keeps a few hundred
+characters and says how many were left out, so a 1 MB argument is never
+echoed whole.
 """
 
 from __future__ import annotations
@@ -31,6 +36,23 @@ from engine.tools.registry import Registry, Tool, ToolError, check_arguments
 
 log = logging.getLogger(__name__)
 MAX_RESULT_CHARS = 32_000
+ECHO_CHARS = 300  # what an echo of a call's arguments keeps
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to its first ``limit`` characters, with how many were left out (short text as it is)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
+
+
+def echo_arguments(arguments: Any, limit: int = ECHO_CHARS) -> str:
+    """A call's arguments as JSON for a log or a message, cut by :func:`clip`."""
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = str(arguments)
+    return clip(text, limit)
 
 
 @dataclass(frozen=True)
@@ -134,7 +156,7 @@ async def run_calls_async(
             try:
                 on_event(result.event(request_id))
             except Exception:
-                log.exception("the on_event callback failed for tool %s", call.name)
+                log.exception("the on_event callback failed for tool %s", clip(call.name, 80))
         return result
 
     if parallel:
@@ -242,6 +264,6 @@ def results_as_text(turn: TurnResult) -> str:
     """The results as plain text, for a user message (slash lines with a template that has no tool role)."""
     lines = []
     for r in turn.results:
-        args = json.dumps(r.arguments, ensure_ascii=False)
+        args = echo_arguments(r.arguments)
         lines.append(f"Tool {r.name} {args} {'returned' if r.ok else 'failed'}:\n{r.text}")
     return "\n\n".join(lines)

@@ -75,8 +75,14 @@ def test_ask_argument_that_is_not_utf8_is_refused() -> None:
     assert b"prompt argument is not valid UTF-8" in run.stderr and b"Traceback" not in run.stderr
 
 
-def test_system_file_from_dev_zero_is_refused_without_reading_it_all() -> None:
+def test_system_file_from_dev_zero_or_a_huge_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
     run = brisk("ask", "hi", "--system", "@/dev/zero")
+    assert run.returncode == EXIT_REQUEST
+    assert "character device, not a regular file" in run.stderr and "Traceback" not in run.stderr
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as file:
+        file.truncate(10 << 30)  # 10 GB, sparse: costs nothing on disk
+    run = brisk("ask", "hi", "--system", f"@{huge}")
     assert run.returncode == EXIT_REQUEST
     assert "larger than 1 MB" in run.stderr and "Traceback" not in run.stderr
 

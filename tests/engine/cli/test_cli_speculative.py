@@ -41,7 +41,7 @@ def sent(monkeypatch: pytest.MonkeyPatch, argv: list[str], settings: Settings | 
     recorder = Recorder()
     monkeypatch.setattr(chat_cli, "load_client", lambda args, settings, spec: recorder)
     if settings is not None:
-        monkeypatch.setattr(chat_cli, "Settings", lambda: settings)
+        monkeypatch.setattr(chat_cli, "load_settings", lambda as_json: settings)
     args = build_parser().parse_args(argv)
     assert args.func(args) == 0
     (request,) = recorder.requests
@@ -74,7 +74,7 @@ def test_chat_sends_the_same_source_every_turn(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_draft_from_the_settings_needs_a_draft_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chat_cli, "Settings", lambda: Settings(speculative="draft"))
+    monkeypatch.setattr(chat_cli, "load_settings", lambda as_json: Settings(speculative="draft"))
     monkeypatch.setattr(chat_cli, "load_client", lambda *a: pytest.fail("the request must be refused before loading"))
     assert chat_cli.cmd_ask(parse(["ask", "hi", "--json"])) == chat_cli.EXIT_REQUEST
 

@@ -68,7 +68,9 @@ def publish_dir(tmp: Path, target: Path) -> None:
     folder, and removed after the new one is in place.
     """
     old: Path | None = None
-    if target.exists():
+    if target.is_symlink():  # a link planted in the cache: drop the link, never what it points to
+        target.unlink()
+    elif target.exists():
         old = private_name(target)
         os.replace(target, old)
     target.parent.mkdir(parents=True, exist_ok=True)

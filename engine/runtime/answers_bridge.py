@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import queue
 import threading
 import time
@@ -43,8 +44,19 @@ from engine.datafiles import load_state, string_map
 from engine.paths import atomic_write, cache_dir, database_path
 from engine.runtime.reply_events import ReplyEvents
 
+log = logging.getLogger("brisk.answers")
+
 IDENTITIES_FILE = "answer-cache-models.json"
 STORE_WAIT_S = 2.0  # longest a lookup waits for the engine to keep the reply it has just sent
+PAUSE_AFTER_ERROR_S = 60.0  # after a failed read or write (a file locked by another program) the cache rests
+
+
+def expected_failure(exc: BaseException) -> bool:
+    """A failure whose message already says what happened (the store's own errors): no traceback for it."""
+    from engine.answer_cache.store import CacheError
+    from engine.storage.db import StoreError
+
+    return isinstance(exc, CacheError | StoreError)
 
 
 def cache_config(settings: AnswerCacheSettings) -> Any:
@@ -94,6 +106,7 @@ class AnswerGate:
         self.on_event = on_event
         self.forward = forward  # puts an item on the engine's queue
         self.valid = valid
+        self._paused_until = 0.0  # monotonic time before which the cache is skipped after a failed read or write
         self.cache: Any = None  # AnswerCache once opened (on the gate thread); None when off or unusable
         self._lock = threading.RLock()  # the cache is used from the gate and the engine thread
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -152,7 +165,10 @@ class AnswerGate:
             self.cache = AnswerCache(database_path(), cache_config(self.settings), embedder=embedder)
             self._known = _read_known()
         except Exception as exc:  # the cache only saves time: replies come from the model
-            traceback.print_exc()
+            if expected_failure(exc):  # a locked, damaged or foreign file: its message says it all, in one line
+                log.warning("The answer cache is off: %s", exc)
+            else:
+                traceback.print_exc()
             self.on_event(Warning("cache", f"The answer cache is off ({exc}); every reply comes from the model."))
 
     def _answer(self, request: Request) -> bool:
@@ -160,6 +176,8 @@ class AnswerGate:
         with self._lock:
             identity = self._expected
         if self.cache is None or identity is None or not request.answer_cache or request.fresh:
+            return False
+        if time.monotonic() < self._paused_until:  # the file failed a moment ago (locked): do not wait on it again
             return False
         if not self.valid(request) or has_slash_calls(request) or request.messages[-1].get("role") != "user":
             return False
@@ -171,6 +189,8 @@ class AnswerGate:
         with self._lock:
             hit = self.cache.lookup(key, quiet=True)
             error, self.cache.last_error = self.cache.last_error, None
+            if error:
+                self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
         if error and not self._warned:
             self._warned = True
             self.on_event(
@@ -248,7 +268,13 @@ class AnswerGate:
 
         key = CacheKey.for_request(identity, request)
         with self._lock:
-            return self.cache.put(key, text, list(ids), generation_s) is not None
+            if time.monotonic() < self._paused_until:
+                return False
+            try:
+                return self.cache.put(key, text, list(ids), generation_s) is not None
+            except Exception:
+                self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
+                raise
 
     def drafts(self, question: str, identity: Any, limit: int = 3) -> list[list[int]]:
         """Token ids of the earlier answers nearest ``question`` (speculative drafts)."""

@@ -32,7 +32,7 @@ from engine.model.kv import KVState
 from engine.model.loader import LoadedModel
 from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
-from engine.runtime.answers_bridge import AnswerGate
+from engine.runtime.answers_bridge import AnswerGate, expected_failure
 from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
@@ -268,7 +268,8 @@ class Serving:
         try:
             kept = self.answer_gate.put(self.identity, request, result.text, result.ids, generation_s)
         except Exception as exc:  # the answer cache only saves time
-            traceback.print_exc()
+            if not expected_failure(exc):  # the store's own errors say it all in one line
+                traceback.print_exc()
             self.on_event(Warning("cache", f"The answer could not be kept in the answer cache ({exc})."))
             kept = False
         if not kept:

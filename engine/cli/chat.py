@@ -47,7 +47,7 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
     if problems:
         return fail_problems(problems, args.json)
     try:
-        system = system_text(args.system)
+        system = system_text(args.system, getattr(args, "system_is_text", False))
     except InputError as exc:
         return fail(str(exc), args.json, EXIT_REQUEST)
     problems = mcp_problems(args)

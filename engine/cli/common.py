@@ -137,6 +137,7 @@ def apply_settings(args: argparse.Namespace, settings: Settings, as_json: bool) 
 
     if getattr(args, "system", None) is None and settings_path().is_file():
         args.system = settings.system_prompt or None
+        args.system_is_text = True  # the window's prompt is text, even when it starts with "@"
     if is_remote(args):
         return
     for name in ("model", "device", "dtype", "quant", "draft_quant"):
@@ -181,7 +182,10 @@ def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
     """
     flags = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
     given = {name: value for name in flags if (value := getattr(args, name, None)) is not None}
-    base = dataclasses.replace(settings.sampling(), temperature=0.0, seed=None)
+    # greedy means the model's own argmax: a window's repetition penalty would change it silently
+    base = dataclasses.replace(
+        settings.sampling(), temperature=0.0, seed=None, repetition_penalty=Sampling().repetition_penalty
+    )
     return dataclasses.replace(base, **given, stop=tuple(getattr(args, "stop", None) or ()))
 
 
@@ -233,13 +237,15 @@ def decode_utf8(what: str, data: bytes) -> str:
         ) from None
 
 
-def system_text(value: str | None) -> str | None:
+def system_text(value: str | None, literal: bool = False) -> str | None:
     """``--system TEXT`` as given, or ``@FILE``'s text (at most ``SYSTEM_FILE_LIMIT`` bytes of UTF-8).
+
+    ``literal``: the value is text as it stands (the settings' system prompt), never a file name.
 
     ``@FILE`` must be a regular file: a named pipe, a device or a socket is refused before it is
     opened (``engine.safe_read``), so ``@/dev/zero`` or a FIFO nobody writes to cannot hang the run.
     """
-    if not value or not value.startswith("@"):
+    if literal or not value or not value.startswith("@"):
         return value
     path = Path(value[1:]).expanduser()
     try:

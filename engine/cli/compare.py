@@ -107,7 +107,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if problems:
         return fail_problems(problems, args.json)
     try:
-        system = system_text(args.system)
+        system = system_text(args.system, getattr(args, "system_is_text", False))
     except InputError as exc:
         return fail(str(exc), args.json, EXIT_REQUEST)
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": args.prompt}]

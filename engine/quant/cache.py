@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -91,12 +92,19 @@ def waiting(progress: Callable[[float, str], None], fraction: float) -> Callable
 
 
 def remove_tree(path: Path) -> None:
-    """``shutil.rmtree(path)``, refused unless ``path`` resolves to a folder inside ``cache/`` (never a link)."""
-    cache = cache_dir().resolve()
-    resolved = path.resolve()
-    if path.is_symlink() or resolved == cache or not resolved.is_relative_to(cache):
-        raise ValueError(f"refusing to remove {path}: it is not a folder inside {cache}")
-    shutil.rmtree(resolved, ignore_errors=True)
+    """``shutil.rmtree(path)``, refused unless ``path`` is a folder inside ``cache/`` by its name (never a link).
+
+    The check is on the path as written (no ``..``, under the cache folder), not on where links lead, so a
+    user who moved ``cache/models`` to another disk with a link keeps working; a planted link is itself
+    refused, and ``rmtree`` never follows links inside the folder.  A path that does not exist is no work.
+    """
+    if not os.path.lexists(path):
+        return
+    roots = {Path(os.path.abspath(cache_dir())), cache_dir().resolve()}  # as named, and as quant_dir names it
+    target = Path(os.path.abspath(path))
+    if path.is_symlink() or target in roots or not any(target.is_relative_to(root) for root in roots):
+        raise ValueError(f"refusing to remove {path}: it is not a folder inside {cache_dir()}")
+    shutil.rmtree(target, ignore_errors=True)
 
 
 def _whole(value: object, low: int = 1, high: int = MAX_FEATURES) -> bool:

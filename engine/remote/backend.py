@@ -57,7 +57,7 @@ import openai
 
 from engine.api import Done, Error, Loaded, LoadFailed, Metrics, ModelInfo, ModelSpec, OnEvent, Request, Started, Token
 
-from .errors import KeyFilter, RemoteError, check_base_url, describe, redact
+from .errors import KeyFilter, RemoteError, check_base_url, describe, redact, secret_key
 from .guard import Guard, check_key, shutdown_socket
 from .limits import Limits
 from .metrics import ReplyStats
@@ -349,7 +349,7 @@ class RemoteBackend:
     def _serve(self, request: Request) -> None:
         t0 = request.submitted_at
         stats = ReplyStats(t0)
-        shown = KeyFilter(self._api_key)  # what the user sees: the reply with the key taken out
+        shown = KeyFilter(secret_key(self._api_key))  # what the user sees: the reply with the key taken out
         self.on_event(Started(request.id, time.perf_counter() - t0))
         with self._lock:
             cancelled = request.id in self._cancelled

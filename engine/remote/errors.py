@@ -69,6 +69,15 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
+def secret_key(api_key: str | None) -> str | None:
+    """The key worth filtering from replies: a real secret, not a placeholder such as ``ollama`` or ``EMPTY``.
+
+    Local servers take any key, and their docs use short words; filtering those would rewrite ordinary
+    text ("Install ***"), and a short word cannot be told apart from the reply anyway.
+    """
+    return api_key if api_key and len(api_key) >= 16 else None
+
+
 class KeyFilter:
     """Streamed text with the key taken out as it arrives, even when the key comes split over several deltas.
 

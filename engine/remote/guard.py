@@ -51,7 +51,8 @@ def is_loopback(host: str) -> bool:
     if name == "localhost" or name.endswith(".localhost"):
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback
+        address = ipaddress.ip_address(name)
+        return address.is_loopback or address.is_unspecified  # 0.0.0.0 and :: reach this machine (vLLM prints them)
     except ValueError:
         return False
 

@@ -27,19 +27,19 @@ class Run(subprocess.CompletedProcess[str]):
     elapsed: float
 
 
-def run_cli(
-    *args: str,
+def run_python(
+    argv: list[str],
     data_dir: Path,
     timeout: float = 180,
     stdin: str | None = None,
     env: dict[str, str] | None = None,
 ) -> Run:
-    """Run ``brisk ARGS`` on ``data_dir``; a run past ``timeout`` fails the test (it would have hung a user)."""
+    """Run ``python ARGV`` on ``data_dir``; a run past ``timeout`` fails the test (it would have hung a user)."""
     full_env = dict(os.environ, HF_HUB_OFFLINE="1", BRISK_DATA_DIR=str(data_dir), **(env or {}))
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            [*BRISK, *args],
+            [sys.executable, *argv],
             input=stdin,
             capture_output=True,
             text=True,
@@ -49,10 +49,21 @@ def run_cli(
             check=False,
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"brisk {' '.join(args)} ran past {timeout} s: {exc.stderr!r}"[-2000:])
+        pytest.fail(f"python {' '.join(argv)} ran past {timeout} s: {exc.stderr!r}"[-2000:])
     result = Run(done.args, done.returncode, done.stdout, done.stderr)
     result.elapsed = time.perf_counter() - start
     return result
+
+
+def run_cli(
+    *args: str,
+    data_dir: Path,
+    timeout: float = 180,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
+) -> Run:
+    """Run ``brisk ARGS`` on ``data_dir`` (``python -m app.cli``), bounded by ``timeout``."""
+    return run_python([*BRISK[1:], *args], data_dir, timeout, stdin, env)
 
 
 def integrity(path: Path) -> str:

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from engine.quant import native
-from tests.hostile.conftest import Run, run_cli
+from tests.hostile.conftest import Run, run_cli, run_python
 from tests.support import ROOT
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the TorchScript step runs")
@@ -35,20 +35,9 @@ BUILD_BOUND = 900.0  # a build from scratch takes about 30 s on a quiet machine
 
 def run_native(data: Path, root: Path, *args: str, timeout: float = BOUND, **env: str) -> Run:
     """``python -m engine.quant.native ARGS`` on ``data`` with extensions in ``root``."""
-    full_env = dict(os.environ, BRISK_DATA_DIR=str(data), TORCH_EXTENSIONS_DIR=str(root), **env)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "engine.quant.native", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=full_env,
-            cwd=ROOT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"python -m engine.quant.native ran past {timeout} s: {exc.stderr!r}"[-2000:])
-    return Run(done.args, done.returncode, done.stdout, done.stderr)
+    return run_python(
+        ["-m", "engine.quant.native", *args], data, timeout, env={"TORCH_EXTENSIONS_DIR": str(root), **env}
+    )
 
 
 def doctor_line(run: Run) -> str:

@@ -128,7 +128,10 @@ def check_meta(value: Any) -> dict[str, Any]:
     mode = meta.get("mode")
     if mode not in MODES or mode == "none":
         raise StateError(f"mode {str(mode)[:40]!r} is not a quantization mode")
-    if type(meta.get("format")) is not int or not all(isinstance(meta.get(k), str) for k in ("dtype", "source")):
+    # the cache's keys (absent from a copy saved by hand; _valid then finds no match and rebuilds)
+    if ("format" in meta and type(meta["format"]) is not int) or not all(
+        isinstance(meta[k], str) for k in ("dtype", "source") if k in meta
+    ):
         raise StateError("format must be a whole number, dtype and source texts")
     if "int4_layout" in meta and not isinstance(meta["int4_layout"], str):
         raise StateError("int4_layout must be text")

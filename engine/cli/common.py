@@ -182,10 +182,7 @@ def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
     """
     flags = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
     given = {name: value for name in flags if (value := getattr(args, name, None)) is not None}
-    # greedy means the model's own argmax: a window's repetition penalty would change it silently
-    base = dataclasses.replace(
-        settings.sampling(), temperature=0.0, seed=None, repetition_penalty=Sampling().repetition_penalty
-    )
+    base = dataclasses.replace(settings.sampling(), temperature=0.0, seed=None)
     return dataclasses.replace(base, **given, stop=tuple(getattr(args, "stop", None) or ()))
 
 

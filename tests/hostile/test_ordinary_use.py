@@ -1,6 +1,6 @@
 """Ordinary set-ups that the hostile fixes must not refuse or change: a placeholder API key on a local
-server, a server address of 0.0.0.0, a window system prompt that starts with "@", a window repetition
-penalty (the CLI stays greedy), and a cache folder moved to another disk with a link."""
+server, a server address of 0.0.0.0, a window system prompt that starts with "@", and a cache folder moved to
+another disk with a link."""
 
 from __future__ import annotations
 
@@ -53,19 +53,6 @@ def test_a_system_prompt_from_the_settings_is_text_even_with_an_at_sign(server: 
     assert run.returncode == 0, run.stderr
     body = server.requests[-1]
     assert body["messages"][0] == {"role": "system", "content": prompt}
-
-
-def test_the_cli_stays_greedy_whatever_the_windows_repetition_penalty() -> None:
-    import argparse
-
-    from engine.cli.common import sampling_from
-    from engine.storage.settings import Settings
-
-    settings = Settings(repetition_penalty=1.3, temperature=0.8, seed=5)
-    sampling = sampling_from(argparse.Namespace(), settings)
-    assert (sampling.temperature, sampling.seed, sampling.repetition_penalty) == (0.0, None, 1.0)
-    flagged = sampling_from(argparse.Namespace(repetition_penalty=1.2), settings)
-    assert flagged.repetition_penalty == 1.2
 
 
 def test_a_cache_folder_moved_to_another_disk_by_a_link_still_works(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

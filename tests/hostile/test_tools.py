@@ -64,7 +64,9 @@ def test_files_tool_refuses_special_files_at_once_and_leaves_no_thread(specials:
         assert "not a regular file" in result.text, result.text
     assert "named pipe (FIFO)" in turn.results[0].text and "socket" in turn.results[2].text
     assert turn.wall_s < 30.0, "a call waited out its timeout: the FIFO was opened"
-    assert not [t for t in threading.enumerate() if t.name == "tool:files" and t.is_alive()]
+    for thread in [t for t in threading.enumerate() if t.name == "tool:files"]:
+        thread.join(timeout=5.0)  # a refused call's thread ends at once; one blocked in open() would not
+        assert not thread.is_alive(), "a files call is still blocked"
     listing, found = run_calls(
         [Call("files", {"path": ""}), Call("files", {"search": "marmalade"})], registry
     ).results  # a listing names what each entry is; a search skips the specials and finds the text

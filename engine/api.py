@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 SOURCES: tuple[str, ...] = ("off", "auto", "lookup", "answers", "draft")
-QUANT_MODES: tuple[str, ...] = ("none", "fp16-cpu", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
+QUANT_MODES: tuple[str, ...] = ("none", "fp16-cpu", "q8-cpu", "int8-cpu", "int4-cpu", "bnb-int8", "bnb-nf4", "bnb-fp4")
 QUANT_CHOICES: tuple[str, ...] = ("auto", *QUANT_MODES)  # what a user may ask for: auto measures at first load
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")

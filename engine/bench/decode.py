@@ -38,8 +38,8 @@ from engine.api import ModelSpec
 from engine.bench.common import table
 from engine.quant import native
 
-MODES = ("none", "fp16-cpu", "int8-cpu", "int4-cpu")
-VARIANT_NAMES = {"none": "float32 (packed)", "fp16-cpu": "fp16-cpu (native step)"}
+MODES = ("none", "fp16-cpu", "q8-cpu", "int8-cpu", "int4-cpu")
+VARIANT_NAMES = {"none": "float32 (packed)", "fp16-cpu": "fp16-cpu (native step)", "q8-cpu": "q8-cpu (native step)"}
 STEPS = 24
 WARM = 12
 

@@ -97,9 +97,9 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
             quant.require(spec.quant, device)  # before converting or downloading anything
     except (quant.QuantUnavailable, ValueError) as exc:
         raise ModelLoadError(f"{exc} Choose another quantization in Settings or --quant.") from exc
-    if spec.quant == "fp16-cpu" and spec.dtype not in ("auto", "float32"):
+    if spec.quant in ("fp16-cpu", "q8-cpu") and spec.dtype not in ("auto", "float32"):
         raise ModelLoadError(
-            f"fp16-cpu keeps float16 weights and computes in float32, so it does not run with precision "
+            f"{spec.quant} keeps its own weights and computes in float32, so it does not run with precision "
             f"{spec.dtype}: set Precision to auto or float32 (--dtype), or choose another quantization."
         )
     location, name = resolve(spec.source, progress)
@@ -129,8 +129,8 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         dtype = DTYPES[dtype_name] if dtype_name else dtype
     if mode in quant.INT_MODES and dtype is None:
         dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
-    if mode in (*quant.BNB_MODES, "fp16-cpu") and dtype is None:
-        dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations
+    if mode in (*quant.BNB_MODES, "fp16-cpu", "q8-cpu") and dtype is None:
+        dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations; q8-cpu quantizes float32 ones
     if built is None:
         built = _build(AutoModelForCausalLM, location, mode, dtype or torch.float32, device, progress, pack=False)
     model, qinfo = built
@@ -206,7 +206,13 @@ def _build(
     return model, qinfo
 
 
-AUTO_CANDIDATES = (("none", "float32"), ("fp16-cpu", "float32"), ("int8-cpu", "bfloat16"), ("none", "bfloat16"))
+AUTO_CANDIDATES = (
+    ("none", "float32"),
+    ("fp16-cpu", "float32"),
+    ("q8-cpu", "float32"),
+    ("int8-cpu", "bfloat16"),
+    ("none", "bfloat16"),
+)
 
 
 def _auto_mode(
@@ -253,7 +259,7 @@ def load_draft(spec: ModelSpec, target: LoadedModel) -> LoadedModel:
     drafted token is verified by the target; sampled replies keep the target's distribution);
     it only changes how many drafts are accepted."""
     # the target's dtype for what is not quantized; fp16-cpu computes in float32 whatever the target does
-    dtype = "float32" if spec.draft_quant == "fp16-cpu" else str(target.dtype).removeprefix("torch.")
+    dtype = "float32" if spec.draft_quant in ("fp16-cpu", "q8-cpu") else str(target.dtype).removeprefix("torch.")
     draft = load_model(ModelSpec(source=spec.draft, device=target.device.type, dtype=dtype, quant=spec.draft_quant))
     ours, theirs = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
     if ours != theirs:

@@ -34,6 +34,7 @@ from engine.quant.kernels import (
     Fp16Linear,
     Int4Linear,
     Int8Linear,
+    Q8Linear,
     int4_layout,
 )
 from engine.quant.modes import (
@@ -68,6 +69,7 @@ __all__ = [
     "Fp16Linear",
     "Int4Linear",
     "Int8Linear",
+    "Q8Linear",
     "QuantLoad",
     "QuantUnavailable",
     "availability",

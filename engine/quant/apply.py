@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from engine.quant.kernels import INT4_GROUP, Fp16Group, Fp16Linear, Int4Linear, Int8Linear
+from engine.quant.kernels import INT4_GROUP, Fp16Group, Fp16Linear, Int4Linear, Int8Linear, Q8Linear
 from engine.quant.modes import BNB_MODES, CPU_MODES, check_mode, require
 
 if TYPE_CHECKING:
@@ -68,6 +68,11 @@ def quantize_cpu(
                 continue
             if mode == "fp16-cpu":
                 kind = "fp16"
+            elif mode == "q8-cpu":
+                if not Q8Linear.fits(module):
+                    skipped.append(name)
+                    continue
+                kind = "q8"
             elif mode == "int8-cpu" or (name == head_name and head == "int8"):
                 kind = "int8"
             elif Int4Linear.fits(module, group_size):
@@ -78,6 +83,8 @@ def quantize_cpu(
             new: nn.Module
             if kind == "fp16":
                 new = Fp16Linear.from_linear(module, pack=False)
+            elif kind == "q8":
+                new = Q8Linear.from_linear(module)
             elif kind == "int8":
                 new = Int8Linear.from_linear(module)
             else:

@@ -51,13 +51,18 @@ from engine.datafiles import (
 )
 from engine.paths import atomic_write, cache_dir, weights_fingerprint
 from engine.quant.apply import bnb_config, fuse_fp16, quantize_cpu, swap_module
-from engine.quant.kernels import Fp16Linear, Int4Linear, Int8Linear, int4_layout
+from engine.quant.kernels import Fp16Linear, Int4Linear, Int8Linear, Q8Linear, int4_layout
 from engine.quant.modes import CPU_MODES, MODES, require
 
 FORMAT = 1  # bump when the saved layout changes; old caches are then rebuilt
 META = "quant.json"
 WAITING = "Another Brisk is preparing the model; waiting for it to finish"
-KINDS = {"fp16-cpu": ("fp16",), "int8-cpu": ("int8",), "int4-cpu": ("int4", "int8")}  # layer kinds per mode
+KINDS = {
+    "fp16-cpu": ("fp16",),
+    "q8-cpu": ("q8",),
+    "int8-cpu": ("int8",),
+    "int4-cpu": ("int4", "int8"),
+}  # layer kinds per mode
 MAX_FEATURES = 1 << 20  # no linear layer is wider; a bigger number in quant.json is damage
 
 log = logging.getLogger("brisk.quant")
@@ -155,7 +160,7 @@ def _valid(folder: Path, expected: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def save_quantized(model: Any, folder: Path, meta: dict[str, Any] | None = None) -> None:
-    """Write an fp16-cpu/int8-cpu/int4-cpu model to ``folder``: config, ``model.safetensors``, ``quant.json``.
+    """Write an fp16-cpu/q8-cpu/int8-cpu/int4-cpu model to ``folder``: config, ``model.safetensors``, ``quant.json``.
 
     Every tensor of the state dict is saved under its module name (packed int weights,
     scales, and the unquantized rest); tensors shared by several names are saved once.
@@ -203,6 +208,8 @@ def load_quantized(folder: Path, dtype: torch.dtype, meta: dict[str, Any] | None
         for name, spec in meta["layers"].items():
             if spec["kind"] == "fp16":
                 swap_module(model, name, Fp16Linear(spec["in"], spec["out"], spec["bias"]))
+            elif spec["kind"] == "q8":
+                swap_module(model, name, Q8Linear(spec["in"], spec["out"], spec["bias"]))
             elif spec["kind"] == "int8":
                 swap_module(model, name, Int8Linear(spec["in"], spec["out"], spec["bias"]))
             else:

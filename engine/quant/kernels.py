@@ -14,6 +14,12 @@ Contract:
   are GEMV kernels: for more than ``GEMV_ROWS`` rows (a prefill chunk) an int8
   layer dequantizes to bf16 and runs a GEMM instead; int4 has no such path (its
   packed layout is private to the kernel), so int4 prefill is slower than bf16.
+* :class:`Q8Linear` (``q8-cpu``) holds 8-bit weights with a float32 step and minimum per
+  group of ``Q8_GROUP`` inputs; its input is quantized per group to 15-bit integers at run
+  time and the two are multiplied by the native step's integer kernel (``engine.quant.native``,
+  ``q8_linear``), the same code the native decode step runs, so prefill and decode multiply
+  alike.  Where the native step is not built, the same arithmetic runs in torch (slower;
+  results agree to float32 rounding).
 * :func:`int4_layout` fingerprints the int4 kernel's packed layout on this torch and CPU.
 
 Which of these can run here is ``engine.quant.modes``' job; putting them into a model
@@ -235,6 +241,132 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+Q8_GROUP = 32  # inputs that share one step and minimum in q8 weights, and one step in the activations
+X_LEVELS = 16383  # q8 activations: integers in -16383..16383 (15 bits) per group
+
+
+def q8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 q [out, in], float32 steps d and minimums m [out, in / 32]) with weight ~ d * q + m per group.
+
+    Each group takes the closer of two grids: its range in 255 steps (weights from a 4-bit
+    GGUF, 15 steps from minimum to maximum as Q4_0/Q4_1/Q4_K store them, land on q = 17 times
+    their 4-bit value) or its largest magnitude in 127 steps either side of zero, m = -128 d
+    (weights from a Q8_0 GGUF land on their own values).  Either is exact, up to float32
+    rounding, for weights that came from such a file.
+    """
+    groups = weight.detach().float().reshape(weight.shape[0], -1, Q8_GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    ranged = (high - low) / 255.0
+    centred = groups.abs().amax(dim=-1) / 127.0
+    choices = []
+    for step, base in ((ranged, low), (centred, -128.0 * centred)):
+        safe = torch.where(step > 0, step, torch.ones_like(step))
+        q = torch.round((groups - base[..., None]) / safe[..., None]).clamp(0, 255)
+        error = (q * step[..., None] + base[..., None] - groups).abs().amax(dim=-1)
+        choices.append((q, step, base, error))
+    (q1, d1, m1, e1), (q2, d2, m2, e2) = choices
+    second = e2 < e1
+    q = torch.where(second[..., None], q2, q1).to(torch.uint8)
+    return q.reshape(weight.shape), torch.where(second, d2, d1).contiguous(), torch.where(second, m2, m1).contiguous()
+
+
+def q8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(integers in -16383..16383 as int32 [..., in], float32 steps [..., in / 32]) with x ~ step * q per group.
+
+    The native kernel quantizes the same way (round half to even)."""
+    groups = x.float().reshape(*x.shape[:-1], x.shape[-1] // Q8_GROUP, Q8_GROUP)
+    top = groups.abs().amax(dim=-1)
+    step = top / X_LEVELS
+    inverse = torch.where(top > 0, X_LEVELS / torch.where(top > 0, top, torch.ones_like(top)), torch.zeros_like(top))
+    q = torch.round(groups * inverse[..., None]).clamp(-X_LEVELS, X_LEVELS).to(torch.int32)
+    return q.reshape(x.shape), step
+
+
+class Q8Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` in 8 bits, a float32 step and minimum per group of 32 inputs.
+
+    Float32 in and out.  The input is quantized per group to 15-bit integers, each group's
+    product is summed exactly in int32 (the native kernel, ``engine.quant.native``) and scaled
+    by the two steps, and the minimum's term is added: float32 rounding only, so its output
+    stays as close to float32's as fp16-cpu's.  Reads about 1.25 bytes a weight.
+    """
+
+    qweight: torch.Tensor
+    steps: torch.Tensor
+    mins: torch.Tensor
+    bias: torch.Tensor | None
+    changes = 0  # every change to any layer's ``version``, as Fp16Linear.changes
+    _TENSORS = frozenset({"qweight", "steps", "mins", "bias"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in Q8Linear._TENSORS:  # new weights: whoever collected the old ones looks again
+            self.__dict__["version"] = self.__dict__.get("version", 0) + 1
+            Q8Linear.changes += 1
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self.__dict__["version"] = self.__dict__.get("version", 0) + 1
+        Q8Linear.changes += 1
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.__dict__["version"] = 0  # counts new weights (see Fp16Linear)
+        if in_features % Q8_GROUP:
+            raise ValueError(f"q8 layers take inputs in groups of {Q8_GROUP}; this one has {in_features}.")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.uint8))
+        self.register_buffer("steps", torch.zeros(out_features, in_features // Q8_GROUP))
+        self.register_buffer("mins", torch.zeros(out_features, in_features // Q8_GROUP))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+
+    @staticmethod
+    def fits(linear: nn.Linear) -> bool:
+        return linear.in_features % Q8_GROUP == 0
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Q8Linear:
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
+        layer.qweight, layer.steps, layer.mins = q8_weights(linear.weight)
+        if linear.bias is not None:
+            layer.bias = linear.bias.detach().float().clone()
+        return layer
+
+    def parts(self) -> list[torch.Tensor]:
+        """(weights, steps, minimums, bias or an empty tensor): what the native kernels take for this layer."""
+        return [self.qweight, self.steps, self.mins, self.bias if self.bias is not None else _EMPTY]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.quant import native
+
+        built = native.module()
+        if built is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            return built.q8_linear(x, self.parts())
+        return q8_reference(x.float(), self.parts()).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+_EMPTY = torch.empty(0)
+
+
+def q8_reference(x: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    """What ``q8_linear`` computes, in torch (the integer sums exact; float sums in another order)."""
+    qweight, steps, mins, bias = parts
+    flat = x.reshape(-1, x.shape[-1])
+    q, xs = q8_activations(flat)
+    groups = flat.shape[-1] // Q8_GROUP
+    qi = q.reshape(-1, groups, Q8_GROUP).double()
+    wi = qweight.reshape(-1, groups, Q8_GROUP).double()
+    dots = torch.einsum("ngk,ogk->nog", qi, wi)  # exact: every sum is below 2**53
+    y = (dots * steps.double()[None] * xs.double()[:, None]).sum(-1)
+    y = y + (qi.sum(-1) * xs.double()) @ mins.double().T
+    if bias.numel():
+        y = y + bias.double()
+    return y.float().reshape(*x.shape[:-1], qweight.shape[0])
 
 
 class Int4Linear(nn.Module):

@@ -7,6 +7,14 @@ Modes (``MODES``, the same tuple as ``engine.api.QUANT_MODES``):
   fbgemm's packed fp16 GEMM (``quantized::linear_dynamic_fp16``, x86 CPUs).  Every
   ``nn.Linear`` (the output head included) is converted; the weights are packed once
   at load and kept only in that form.  CPU only.
+* ``q8-cpu``: 8-bit weights with a float32 step and minimum per group of 32 inputs
+  (exact for weights from a 4-bit GGUF), the activations quantized per group to 15-bit
+  integers at run time, each group's product summed exactly in int32 by the CPU's
+  integer dot product (AVX-512 VNNI, else AVX2) in Brisk's native step
+  (``engine.quant.native``), float32 across groups; about 1.25 bytes a weight against
+  fp16-cpu's 2.  Where the native step is not built the same arithmetic runs in torch,
+  slowly.  Every ``nn.Linear`` whose inputs are a multiple of 32 (the head included) is
+  converted.  CPU only.
 * ``int8-cpu``: weight-only int8, one scale per output channel, run by torch's
   ``aten._weight_int8pack_mm``.  CPU only.
 * ``int4-cpu``: weight-only int4, asymmetric (scale and zero point) per group of
@@ -45,18 +53,25 @@ import torch
 from torch import nn
 
 from engine.api import QUANT_MODES
-from engine.quant.kernels import ACT_DTYPE, Fp16Linear, Int4Linear, Int8Linear
+from engine.quant.kernels import ACT_DTYPE, Fp16Linear, Int4Linear, Int8Linear, Q8Linear
 
 MODES: tuple[str, ...] = QUANT_MODES
 BNB_MODES = ("bnb-int8", "bnb-nf4", "bnb-fp4")
 INT_MODES = ("int8-cpu", "int4-cpu")
-CPU_MODES = ("fp16-cpu", *INT_MODES)  # torch's own CPU kernels: quantized by quantize_cpu, cached by save_quantized
+CPU_MODES = (
+    "fp16-cpu",
+    "q8-cpu",
+    *INT_MODES,
+)  # torch's own CPU kernels: quantized by quantize_cpu, cached by save_quantized
 BNB_MIN_CPU = (0, 48)
 
 DESCRIPTIONS = {
     "none": "Weights as loaded, in the dtype chosen by Precision.",
     "fp16-cpu": "Float16 weights, float32 arithmetic (fbgemm, x86 CPUs): half of float32's memory, "
     "nearly the same output (99 % next-token agreement on the bundled model).",
+    "q8-cpu": "8-bit weights with a step and minimum per group of 32 (exact for weights from a 4-bit GGUF), "
+    "15-bit activations, Brisk's native integer kernel (AVX-512 VNNI or AVX2): about 1.25 bytes a weight, "
+    "against fp16-cpu's 2.",
     "int8-cpu": "8-bit weights, one scale per output row (torch's CPU kernel), bfloat16 arithmetic.",
     "int4-cpu": "4-bit weights in groups of 32 (torch's CPU kernel); the output head stays 8-bit.",
     "bnb-int8": "bitsandbytes LLM.int8 (CUDA, or the CPU with bitsandbytes 0.48 or newer).",
@@ -140,18 +155,19 @@ def _int_reason(mode: str, device: torch.device) -> str | None:
         return "fp16-cpu runs on fbgemm, which this torch build does not have (torch ships it for x86 CPUs only)."
     makers: dict[str, Callable[[nn.Linear], nn.Module]] = {
         "fp16-cpu": Fp16Linear.from_linear,
+        "q8-cpu": Q8Linear.from_linear,
         "int8-cpu": Int8Linear.from_linear,
         "int4-cpu": Int4Linear.from_linear,
     }
     try:
-        err = _probe(makers[mode], device, torch.float32 if mode == "fp16-cpu" else ACT_DTYPE)
+        err = _probe(makers[mode], device, torch.float32 if mode in ("fp16-cpu", "q8-cpu") else ACT_DTYPE)
     except (RuntimeError, AttributeError, NotImplementedError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return (
             f"this torch build ({torch.__version__}) cannot run the {mode} kernel ({first}). "
             "Upgrade torch or choose another mode."
         )
-    if not err < (0.01 if mode == "fp16-cpu" else 0.3):
+    if not err < {"fp16-cpu": 0.01, "q8-cpu": 0.02}.get(mode, 0.3):
         return f"torch {torch.__version__}'s kernel for {mode} gives wrong results here (relative error {err:.2f})."
     return None
 

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("BRISK_NATIVE", "1") != "0"
 SOURCE = Path(__file__).with_name("native_step.cpp")
-FLAGS = ["-O3", "-march=native"]
+FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
 RECORD = "brisk-verified.json"  # beside the library: its sha256 after a test load passed
 BUILD_LOCK = "brisk-build.lock"  # in the build folder, held by the child that builds or tests
 BUILD_TIMEOUT = 900.0  # seconds for one child (a build takes about 30 s)
@@ -206,7 +206,9 @@ def _child(mode: str, folder_text: str, name: str) -> int:
                 from torch.utils.cpp_extension import load
 
                 stage = f"build with {os.environ.get('CXX') or 'c++'}"
-                loaded = load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+                loaded = load(
+                    name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+                )
             if not callable(getattr(loaded, "Stepper", None)) or Path(loaded.__file__) != so:
                 raise NativeError(f"{so} is not the native decode step (no Stepper)")
             data = {"name": name, "sha256": _digest(so), "size": so.stat().st_size, "torch": torch.__version__}

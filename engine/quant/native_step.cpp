@@ -1,10 +1,15 @@
-// Brisk's native decode step for fp16-cpu models (built and loaded by engine/quant/native.py).
+// Brisk's native decode step for fp16-cpu and q8-cpu models (built and loaded by engine/quant/native.py).
 //
 // One call runs a few decode tokens (a plain step, or a speculative step's token and drafts)
-// through every layer, the final norm and the head.  The projections are the app's own
-// fbgemm fp16 layers (quantized::linear_dynamic_fp16, q/k/v and gate/up fused); everything
-// between them (RMS norms, rotary embedding, writing keys and values into the KV cache,
-// attention, SiLU, residual adds) is plain C++ here instead of some 45 small torch ops a layer.
+// through every layer, the final norm and the head.  The projections are either the app's own
+// fbgemm fp16 layers (quantized::linear_dynamic_fp16, q/k/v and gate/up fused) or q8 layers:
+// 8-bit weights with a float32 step and minimum per group of 32 inputs, times activations quantized
+// at run time to 15-bit integers per group, summed exactly in int32 per group by the CPU's integer
+// dot product (AVX-512 VNNI, else AVX2's madd) and in float32 across groups.
+// Everything between the projections (RMS norms, rotary embedding, writing keys and values into
+// the KV cache, attention, SiLU, residual adds) is plain C++ here instead of some 45 small torch
+// ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (prefill), so a
+// prompt and a decode step multiply alike.
 //
 // Every token (row) is computed by the same code whatever the number of rows, each attending
 // to exactly the positions before it, so verifying k drafts in one call gives bit for bit the
@@ -24,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -103,28 +109,355 @@ void rms_rows(const float* h, const float* w, float* out, int64_t rows, int64_t 
   }
 }
 
+
+// ---- q8: 8-bit weights with a step and a minimum per group of 32 inputs, 15-bit activations --------
+//
+// Weights: uint8 q [out, in] and, per group of Q8_GROUP inputs, a float32 step d and minimum m, so
+// that w = d * q + m (weights that came from a 4-bit GGUF, Q4_0/Q4_1/Q4_K, lie on such a grid exactly).
+// Activations: each row's group of 32 is quantized at run time to integers x16 in -16383..16383 with
+// a step xs.  Then sum_j w_j x_j = d * xs * sum_j q_j x16_j + m * xs * sum_j x16_j, where the integer
+// sums are exact: only the float32 steps round.
+
+constexpr int64_t Q8_GROUP = 32;
+constexpr float X_LEVELS = 16383.f;
+
+struct Q8Rows {
+  std::vector<int16_t> x16;   // [rows, width]
+  std::vector<float> xs;      // [rows, groups]: the group's step
+  std::vector<float> xsum;    // [rows, groups]: xs * the sum of the group's x16 (for the minimum's term)
+  std::vector<int8_t> hi;     // AVX-512 VNNI: x16 = 128 * hi + lo, hi in -128..127,
+  std::vector<int8_t> lo;     //   lo in 0..127, both signed bytes for the integer dot product
+  std::vector<float> lanes;   // AVX-512 VNNI: per 64 inputs, 16 floats: the first group's xs x8, the next's x8
+};
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && (defined(__x86_64__) || defined(__i386__))
+#define BRISK_Q8_VNNI512 1
+#endif
+
+Q8Rows quantize_rows(const float* x, int64_t rows, int64_t width) {
+  const int64_t groups = width / Q8_GROUP;
+  Q8Rows out;
+  out.x16.resize(rows * width);
+  out.xs.resize(rows * groups);
+  out.xsum.resize(rows * groups);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = x + r * width + g * Q8_GROUP;
+      float top = 0.f;
+      for (int64_t j = 0; j < Q8_GROUP; ++j) top = std::max(top, std::fabs(v[j]));
+      const float step = top / X_LEVELS;
+      const float inv = step > 0.f ? X_LEVELS / top : 0.f;
+      int16_t* q = out.x16.data() + r * width + g * Q8_GROUP;
+      int32_t total = 0;
+      for (int64_t j = 0; j < Q8_GROUP; ++j) {
+        const int32_t k = std::clamp(static_cast<int32_t>(std::nearbyint(v[j] * inv)), -16383, 16383);
+        q[j] = static_cast<int16_t>(k);
+        total += k;
+      }
+      out.xs[r * groups + g] = step;
+      out.xsum[r * groups + g] = step * static_cast<float>(total);
+    }
+#ifdef BRISK_Q8_VNNI512
+  const int64_t pairs = width / 64;
+  out.hi.resize(rows * width);
+  out.lo.resize(rows * width);
+  for (int64_t j = 0; j < rows * width; ++j) {
+    const int32_t k = out.x16[j];
+    out.hi[j] = static_cast<int8_t>(k >> 7);  // arithmetic shift: the floor, so lo = k - 128 * hi is 0..127
+    out.lo[j] = static_cast<int8_t>(k & 127);
+  }
+  out.lanes.resize(rows * pairs * 16);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g2 = 0; g2 < pairs; ++g2)
+      for (int k = 0; k < 16; ++k) out.lanes[(r * pairs + g2) * 16 + k] = out.xs[r * groups + 2 * g2 + k / 8];
+#endif
+  return out;
+}
+
+#if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
+inline float hsum8(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+
+// One group's sum_j q_j x16_j as eight exact int32 partial sums.
+inline __m256i group_dot16(const uint8_t* w, const int16_t* x) {
+  const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+  const __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+  const __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16)));
+  return _mm256_add_epi32(p0, p1);  // |each| <= 4 * 255 * 16383 < 2**24: exact in float32 too
+}
+#endif
+
+// y[r * y_stride + o] = sum over groups of (d[o, g] * xs[r, g] * sum_j q[o, j] x16[r, j]) + m[o, g] * xsum[r, g]
+// (+ bias[o]), for ROWS activation rows from r0 and outputs o in [begin, end).  Each (r, o) is computed
+// by the same operations in the same order whatever the number of rows, the range or the thread, so a
+// row's result never depends on its company.  ROWS is a compile-time count so the sums stay in registers.
+#ifdef BRISK_Q8_VNNI512
+// OUTS weight rows from o times ROWS activation rows from r0, each (o, r) in its own sum: independent
+// chains of additions keep the CPU busy while one waits.  Per (o, r) the operations and their order
+// are the same whatever OUTS and ROWS, so results never depend on them.
+template <int ROWS, int OUTS>
+inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x,
+                    int64_t r0, int64_t width, int64_t o, float* y, int64_t y_stride) {
+  const int64_t groups = width / Q8_GROUP;
+  const int64_t pairs = width / 64;
+  // 64 inputs (two groups) an instruction: lanes 0-7 sum the first group, lanes 8-15 the second
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512 acc[OUTS][ROWS];
+  for (int k = 0; k < OUTS; ++k)
+    for (int r = 0; r < ROWS; ++r) acc[k][r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int k = 0; k < OUTS; ++k) {  // each weight row read front to back, as the prefetcher expects
+    const uint8_t* wrow = w + (o + k) * width;
+    const float* drow = wd + (o + k) * groups;
+    for (int64_t g2 = 0; g2 < pairs; ++g2) {
+      const __m512i wv = _mm512_loadu_si512(wrow + g2 * 64);
+      const __m512 sw = _mm512_permutexvar_ps(
+          pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
+#pragma GCC unroll 4
+      for (int r = 0; r < ROWS; ++r) {
+        const int64_t at = (r0 + r) * width + g2 * 64;
+        const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(x.hi.data() + at));
+        const __m512i low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(x.lo.data() + at));
+        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(high, 7), low);
+        const __m512 scale = _mm512_mul_ps(sw, _mm512_loadu_ps(x.lanes.data() + ((r0 + r) * pairs + g2) * 16));
+        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[k][r]);
+      }
+    }
+  }
+  for (int k = 0; k < OUTS; ++k) {
+    const uint8_t* wrow = w + (o + k) * width;
+    const float* drow = wd + (o + k) * groups;
+    const float* mrow = wm + (o + k) * groups;
+    for (int r = 0; r < ROWS; ++r) {
+      // the minimums' term, sum over groups of m * xsum, sixteen groups an instruction
+      const float* xsum = x.xsum.data() + (r0 + r) * groups;
+      __m512 sum = acc[k][r];
+      int64_t g = 0;
+      for (; g + 16 <= groups; g += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(mrow + g), _mm512_loadu_ps(xsum + g), sum);
+      if (g < groups) {
+        const __mmask16 some = static_cast<__mmask16>((1u << (groups - g)) - 1u);
+        sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(some, mrow + g), _mm512_maskz_loadu_ps(some, xsum + g), sum);
+      }
+      float odd = 0.f;
+      if (groups % 2) {  // an odd last group
+        const int64_t last = groups - 1;
+        const __m256i dot = group_dot16(wrow + last * Q8_GROUP, x.x16.data() + (r0 + r) * width + last * Q8_GROUP);
+        odd = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(drow[last] * x.xs[(r0 + r) * groups + last])));
+      }
+      const float v = _mm512_reduce_add_ps(sum) + odd;
+      y[(r0 + r) * y_stride + o + k] = bias != nullptr ? v + bias[o + k] : v;
+    }
+  }
+}
+#endif
+
+template <int ROWS>
+void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t r0,
+             int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
+#ifdef BRISK_Q8_VNNI512
+  constexpr int OUTS = ROWS == 1 ? 4 : (ROWS == 2 ? 2 : 1);
+  int64_t o = begin;
+  for (; o + OUTS <= end; o += OUTS) q8_vnni<ROWS, OUTS>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o < end; ++o) q8_vnni<ROWS, 1>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+#else
+  const int64_t groups = width / Q8_GROUP;
+  for (int64_t o = begin; o < end; ++o) {
+    const uint8_t* wrow = w + o * width;
+    const float* drow = wd + o * groups;
+    float result[ROWS];
+#if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
+    __m256 acc[ROWS];
+    for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+#pragma GCC unroll 4
+      for (int r = 0; r < ROWS; ++r) {
+        const __m256i dot = group_dot16(wrow + g * Q8_GROUP, x.x16.data() + (r0 + r) * width + g * Q8_GROUP);
+        const __m256 scale = _mm256_set1_ps(drow[g] * x.xs[(r0 + r) * groups + g]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) result[r] = hsum8(acc[r]) + dot(wm + o * groups, x.xsum.data() + (r0 + r) * groups, groups);
+#else
+    for (int r = 0; r < ROWS; ++r) {
+      float lanes[8] = {0};
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* wg = wrow + g * Q8_GROUP;
+        const int16_t* xg = x.x16.data() + (r0 + r) * width + g * Q8_GROUP;
+        const float scale = drow[g] * x.xs[(r0 + r) * groups + g];
+        for (int k = 0; k < 8; ++k) {
+          int32_t part = 0;
+          for (int j = 0; j < 4; ++j) part += static_cast<int32_t>(wg[4 * k + j]) * static_cast<int32_t>(xg[4 * k + j]);
+          lanes[k] += static_cast<float>(part) * scale;
+        }
+      }
+      result[r] = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])) +
+                  dot(wm + o * groups, x.xsum.data() + (r0 + r) * groups, groups);
+    }
+#endif
+    for (int r = 0; r < ROWS; ++r) y[(r0 + r) * y_stride + o] = bias != nullptr ? result[r] + bias[o] : result[r];
+  }
+#endif
+}
+
+// All n rows, in tiles of up to 4 (a weight row is read once a tile; a tile's sums fit in registers),
+// over blocks of 16 weight rows, so that a prompt's many tiles find a block's weights in the L1 cache.
+void q8_block(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t n,
+              int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
+  for (int64_t b0 = begin; b0 < end; b0 += 16) {
+    const int64_t b1 = std::min(end, b0 + 16);
+    int64_t r0 = 0;
+    for (; r0 + 4 <= n; r0 += 4) q8_tile<4>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
+    switch (n - r0) {
+      case 3: q8_tile<3>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 2: q8_tile<2>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 1: q8_tile<1>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      default: break;
+    }
+  }
+}
+
+// One q8 projection's parts (q/k/v, or gate/up, side by side; or one layer alone): uint8 weights
+// [out, in], float32 steps and minimums [out, in / 32], float32 bias [out] or an empty tensor.
+struct Q8Part {
+  at::Tensor w, d, m, b;
+};
+
+constexpr size_t Q8_TENSORS = 4;
+
+std::vector<Q8Part> q8_parts(const std::vector<at::Tensor>& flat) {
+  TORCH_CHECK(!flat.empty() && flat.size() % Q8_TENSORS == 0,
+              "q8 parts: (weights, steps, minimums, bias) for each part");
+  std::vector<Q8Part> parts;
+  int64_t width = -1;
+  for (size_t i = 0; i < flat.size(); i += Q8_TENSORS) {
+    const at::Tensor &w = flat[i], &d = flat[i + 1], &m = flat[i + 2], &b = flat[i + 3];
+    TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.device().is_cpu(),
+                "q8 weights: contiguous uint8 [out, in] on the CPU");
+    TORCH_CHECK(w.size(1) % Q8_GROUP == 0 && w.size(0) > 0, "q8 weights: inputs a multiple of 32");
+    TORCH_CHECK(width < 0 || w.size(1) == width, "q8 parts of one projection take the same inputs");
+    width = w.size(1);
+    for (const at::Tensor* t : {&d, &m})
+      TORCH_CHECK(t->dim() == 2 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
+                      t->size(0) == w.size(0) && t->size(1) == w.size(1) / Q8_GROUP,
+                  "q8 steps and minimums: contiguous float32 [out, in / 32] on the CPU");
+    TORCH_CHECK(b.numel() == 0 || (b.dim() == 1 && b.is_contiguous() && b.scalar_type() == at::kFloat &&
+                                   b.device().is_cpu() && b.size(0) == w.size(0)),
+                "q8 bias: empty, or contiguous float32 [out] on the CPU");
+    parts.push_back({w, d, m, b});
+  }
+  return parts;
+}
+
+// x [n, in] float32 -> [n, sum of the parts' outputs] float32, the parts' outputs side by side.
+at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& parts, const at::TensorOptions& options) {
+  const int64_t width = parts[0].w.size(1);
+  int64_t total = 0;
+  for (const auto& p : parts) total += p.w.size(0);
+  const Q8Rows rows = quantize_rows(x, n, width);
+  at::Tensor y = at::empty({n, total}, options);
+  float* yp = y.data_ptr<float>();
+  int64_t offset = 0;
+  for (const auto& p : parts) {
+    const int64_t out = p.w.size(0);
+    const uint8_t* w = p.w.data_ptr<uint8_t>();
+    const float* d = p.d.data_ptr<float>();
+    const float* m = p.m.data_ptr<float>();
+    const float* b = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
+    // tasks of about 32 KB of weights a row of activations: worth a thread, small enough to balance
+    const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, width * std::min<int64_t>(n, 4)));
+    at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
+      q8_block(w, d, m, b, rows, n, width, begin, end, yp + offset, total);
+    });
+    offset += out;
+  }
+  return y;
+}
+
+// For the eager path: x [..., in] float32 -> [..., out], through the same product as the step.
+at::Tensor q8_linear(const at::Tensor& x, const std::vector<at::Tensor>& flat) {
+  const std::vector<Q8Part> parts = q8_parts(flat);
+  const int64_t width = parts[0].w.size(1);
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && x.size(-1) == width,
+              "q8_linear: float32 input on the CPU whose last dimension is the weights' inputs");
+  const at::Tensor flat_x = x.reshape({-1, width}).contiguous();
+  const int64_t n = flat_x.size(0);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  at::Tensor y;
+  if (n == 0) {
+    int64_t total = 0;
+    for (const auto& p : parts) total += p.w.size(0);
+    y = at::empty({0, total}, x.options());
+  } else {
+    y = q8_product(flat_x.data_ptr<float>(), n, parts, x.options());
+  }
+  shape.back() = y.size(1);
+  return y.view(shape);
+}
+
 class Stepper {
  public:
+  // fp16-cpu: ``packed`` holds fbgemm's packed weights, four a layer (q/k/v, o, gate/up, down), then the head.
   Stepper(std::vector<at::Tensor> norms, const std::vector<py::object>& packed, int64_t head_dim, int64_t q_size,
           int64_t kv_size, int64_t intermediate, double eps, double scaling)
-      : norms_(std::move(norms)),
-        head_dim_(head_dim),
-        q_heads_(q_size / head_dim),
-        kv_heads_(kv_size / head_dim),
-        intermediate_(intermediate),
-        eps_(static_cast<float>(eps)),
-        scaling_(static_cast<float>(scaling)),
-        linear_(c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_dynamic_fp16", "")) {
-    TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024, "head_dim must be even and at most 1024");
-    TORCH_CHECK(q_size % head_dim == 0 && kv_size % head_dim == 0 && kv_heads_ > 0 && q_heads_ % kv_heads_ == 0,
-                "query heads must be a multiple of key/value heads");
-    TORCH_CHECK(norms_.size() % 2 == 1 && packed.size() == 2 * (norms_.size() - 1) + 1,
+      : Stepper(std::move(norms), head_dim, q_size, kv_size, intermediate, eps, scaling) {
+    TORCH_CHECK(packed.size() == 2 * (norms_.size() - 1) + 1,
                 "two norms and four packed weights a layer, then the final norm and the head");
-    for (const auto& t : norms_)
-      TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.scalar_type() == at::kFloat, "norms: contiguous float32");
+    linear_ = c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_dynamic_fp16", "");
     for (const auto& p : packed) weights_.emplace_back(py::cast<torch::jit::Object>(p)._ivalue());
   }
 
+  // q8-cpu: ``projections`` as above, each a list of (weights, scales, bias) parts (see q8_parts).
+  static Stepper q8(std::vector<at::Tensor> norms, const std::vector<std::vector<at::Tensor>>& projections,
+                    int64_t head_dim, int64_t q_size, int64_t kv_size, int64_t intermediate, double eps,
+                    double scaling) {
+    Stepper step(std::move(norms), head_dim, q_size, kv_size, intermediate, eps, scaling);
+    TORCH_CHECK(projections.size() == 2 * (step.norms_.size() - 1) + 1,
+                "two norms and four projections a layer, then the final norm and the head");
+    for (const auto& flat : projections) step.q8_.push_back(q8_parts(flat));
+    const int64_t layers = static_cast<int64_t>(step.norms_.size() / 2);
+    const int64_t width = step.norms_[0].size(0);
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t expect_in[4] = {width, q_size, width, intermediate};
+      const int64_t expect_out[4] = {q_size + 2 * kv_size, width, 2 * intermediate, width};
+      for (int k = 0; k < 4; ++k) {
+        const auto& parts = step.q8_[4 * i + k];
+        int64_t out = 0;
+        for (const auto& part : parts) out += part.w.size(0);
+        TORCH_CHECK(parts[0].w.size(1) == expect_in[k] && out == expect_out[k],
+                    "q8 projection of layer ", i, ": [", out, ", ", parts[0].w.size(1), "], expected [",
+                    expect_out[k], ", ", expect_in[k], "]");
+      }
+    }
+    TORCH_CHECK(step.q8_.back()[0].w.size(1) == width, "q8 head: its inputs must be the hidden width");
+    return step;
+  }
+
+ private:
+  Stepper(std::vector<at::Tensor> norms, int64_t head_dim, int64_t q_size, int64_t kv_size, int64_t intermediate,
+          double eps, double scaling)
+      : norms_(std::move(norms)),
+        head_dim_(head_dim),
+        q_heads_(head_dim > 0 ? q_size / head_dim : 0),
+        kv_heads_(head_dim > 0 ? kv_size / head_dim : 0),
+        intermediate_(intermediate),
+        eps_(static_cast<float>(eps)),
+        scaling_(static_cast<float>(scaling)) {
+    TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && head_dim <= 1024, "head_dim must be even and at most 1024");
+    TORCH_CHECK(q_size % head_dim == 0 && kv_size % head_dim == 0 && kv_heads_ > 0 && q_heads_ % kv_heads_ == 0,
+                "query heads must be a multiple of key/value heads");
+    TORCH_CHECK(intermediate > 0, "the MLP's width must be positive");
+    TORCH_CHECK(norms_.size() % 2 == 1 && norms_.size() >= 3, "two norms a layer, then the final norm");
+    for (const auto& t : norms_)
+      TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.scalar_type() == at::kFloat && t.device().is_cpu() &&
+                      t.size(0) == norms_[0].size(0),
+                  "norms: contiguous float32 on the CPU, all of the hidden width");
+  }
+
+ public:
   // Logits [rows, vocab] for tokens ``ids`` [n] (rows of ``embedding``) at positions past..past+n-1;
   // rows = n if all_rows else 1 (the last).  Writes keys and values of those positions into
   // ``keys``/``values`` (one [1, kv heads, capacity, head_dim] float32 buffer per layer).
@@ -134,6 +467,8 @@ class Stepper {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.numel() > 0, "ids: [n] int64");
     TORCH_CHECK(embedding.dim() == 2 && embedding.is_contiguous() && embedding.scalar_type() == at::kFloat,
                 "embedding: contiguous float32 [vocab, hidden]");
+    TORCH_CHECK(embedding.device().is_cpu() && embedding.size(1) == norms_[0].size(0),
+                "embedding: on the CPU, as wide as the norms");
     const int64_t n = ids.numel(), width = embedding.size(1), vocab = embedding.size(0), hd = head_dim_, half = hd / 2;
     const int64_t q_size = q_heads_ * hd, kv_size = kv_heads_ * hd, groups = q_heads_ / kv_heads_;
     const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
@@ -236,15 +571,17 @@ class Stepper {
     const int64_t rows = all_rows ? n : 1;
     at::Tensor y = at::empty({rows, width}, h.options());
     rms_rows(hp + (n - rows) * width, norms_.back().data_ptr<float>(), y.data_ptr<float>(), rows, width, eps_);
-    return linear(y, weights_.size() - 1);
+    return linear(y, projections() - 1);
   }
 
  private:
   at::Tensor linear(const at::Tensor& x, size_t i) const {
+    if (!q8_.empty()) return q8_product(x.data_ptr<float>(), x.size(0), q8_[i], x.options());
     torch::jit::Stack stack{c10::IValue(x), weights_[i]};
-    linear_.callBoxed(&stack);
+    linear_->callBoxed(&stack);
     return stack[0].toTensor();
   }
+  size_t projections() const { return q8_.empty() ? weights_.size() : q8_.size(); }
 
   static void add(float* h, const at::Tensor& y, int64_t count) {
     TORCH_CHECK(y.is_contiguous() && y.numel() == count, "projection: unexpected shape");
@@ -263,10 +600,11 @@ class Stepper {
   }
 
   std::vector<at::Tensor> norms_;
-  std::vector<c10::IValue> weights_;
+  std::vector<c10::IValue> weights_;              // fp16-cpu: fbgemm's packed weights
+  std::vector<std::vector<Q8Part>> q8_;          // q8-cpu: each projection's parts
   int64_t head_dim_, q_heads_, kv_heads_, intermediate_;
   float eps_, scaling_;
-  c10::OperatorHandle linear_;
+  std::optional<c10::OperatorHandle> linear_;
 };
 
 }  // namespace
@@ -276,4 +614,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<std::vector<at::Tensor>, const std::vector<py::object>&, int64_t, int64_t, int64_t, int64_t,
                     double, double>())
       .def("forward", &Stepper::forward, py::call_guard<py::gil_scoped_release>());
+  m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
+  m.def("q8_linear", &q8_linear, py::call_guard<py::gil_scoped_release>(),
+        "x [..., in] float32 times q8 parts [(weights, scales, bias), ...] -> [..., sum of outputs]");
 }

@@ -42,7 +42,7 @@ from torch.nn import functional as F  # noqa: N812
 
 from engine.quant import native
 from engine.quant.apply import layout_version
-from engine.quant.kernels import Fp16Linear
+from engine.quant.kernels import Fp16Linear, Q8Linear
 
 log = logging.getLogger(__name__)
 ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
@@ -120,7 +120,8 @@ class ScriptedDecode:
         self._collected: tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float] | None = None
         self._parts: list[Any] = []  # the Fp16Linear layers collected from, and the sum of their versions
         self._parts_version = 0
-        self._changes = -1  # Fp16Linear.changes when the versions were last summed
+        self._changes = (-1, -1)  # (Fp16Linear.changes, Q8Linear.changes) when the versions were last summed
+        self.kind = ""  # what was collected: "fp16" (packed fbgemm weights) or "q8" (Q8Linear parts)
         self._norm_params: list[dict[str, Any]] = []  # the norms' parameter dicts, in the order of _collected[0]
         self._writable: tuple[int, int] | None = None  # (id, length) of the last cache.layers found writable
         self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
@@ -143,6 +144,9 @@ class ScriptedDecode:
         layers it read (``_parts``) and their versions.
         """
         inner = self.model.model
+        if type(inner.layers[0].self_attn.q_proj) is Q8Linear:
+            return self._collect_q8()
+        self.kind = "fp16"
         norms: list[torch.Tensor] = []
         weights: list[Any] = []
         eps: set[float] = set()
@@ -179,7 +183,48 @@ class ScriptedDecode:
         ]
         self._parts.append(self.model.lm_head)
         self._parts_version = sum(p.version for p in self._parts)
-        self._changes = Fp16Linear.changes
+        self._changes = (Fp16Linear.changes, Q8Linear.changes)
+        if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
+            raise ValueError("layers of different shapes or epsilons, or not float32")
+        return norms, weights, widths.pop(), eps.pop()
+
+    def _collect_q8(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
+        """As :meth:`collect`, for a model whose projections and head are all ``Q8Linear``: each
+        projection is a flat list of (weights, scales, bias) parts, q/k/v and gate/up side by side."""
+        self.kind = "q8"
+        inner = self.model.model
+        norms: list[torch.Tensor] = []
+        weights: list[Any] = []
+        eps: set[float] = set()
+        widths: set[tuple[int, int, int]] = set()
+        modules: list[Any] = []
+        parts: list[Any] = []
+
+        def flat(*layers: Any) -> list[torch.Tensor]:
+            if not all(type(p) is Q8Linear for p in layers):
+                raise TypeError("not a q8 layer")
+            parts.extend(layers)
+            return [t for p in layers for t in p.parts()]
+
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norms.append(self._norm(norm, eps))
+                modules.append(norm)
+            weights += [flat(attn.q_proj, attn.k_proj, attn.v_proj), flat(attn.o_proj)]
+            weights += [flat(mlp.gate_proj, mlp.up_proj), flat(mlp.down_proj)]
+            widths.add((attn.q_proj.out_features, attn.k_proj.out_features, mlp.gate_proj.out_features))
+            if attn.k_proj.out_features != attn.v_proj.out_features or (
+                mlp.gate_proj.out_features != mlp.up_proj.out_features
+            ):
+                raise ValueError("keys and values, or gate and up, of different widths")
+        norms.append(self._norm(inner.norm, eps))
+        modules.append(inner.norm)
+        self._norm_params = [m._parameters for m in modules]
+        weights.append(flat(self.model.lm_head))
+        self._parts = parts
+        self._parts_version = sum(p.version for p in parts)
+        self._changes = (Fp16Linear.changes, Q8Linear.changes)
         if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
             raise ValueError("layers of different shapes or epsilons, or not float32")
         return norms, weights, widths.pop(), eps.pop()
@@ -196,10 +241,11 @@ class ScriptedDecode:
 
     def _current(self, norms: list[torch.Tensor]) -> bool:
         """Whether the collected layers hold the weights collected and the norms are the tensors collected."""
-        if Fp16Linear.changes != self._changes:  # some fp16 layer changed: were they ours?
+        changes = (Fp16Linear.changes, Q8Linear.changes)
+        if changes != self._changes:  # some fp16 or q8 layer changed: were they ours?
             if sum(p.version for p in self._parts) != self._parts_version:
                 return False
-            self._changes = Fp16Linear.changes
+            self._changes = changes
         return all(
             p.get("weight") is w and w.dtype == torch.float32 for p, w in zip(self._norm_params, norms, strict=True)
         )
@@ -255,8 +301,9 @@ class ScriptedDecode:
             return None
         if self._native is None or self._native[0] is not self._collected:
             norms, weights, (q_size, kv_size, intermediate), eps = self._collected
+            make = built.q8_stepper if self.kind == "q8" else built.Stepper
             try:
-                step = built.Stepper(
+                step = make(
                     norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
                 )
             except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): TorchScript runs
@@ -320,8 +367,8 @@ class ScriptedDecode:
         if scripted is None:
             return None
         layers = self._fitting(cache)
-        if layers is None or self._collected is None:
-            return None
+        if layers is None or self._collected is None or self.kind != "fp16":
+            return None  # q8 models: the native step or the eager path
         norms, weights, (q_size, kv_size, intermediate), eps = self._collected
         inner = self.model.model
         past = int(cache.get_seq_length())

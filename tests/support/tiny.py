@@ -75,3 +75,13 @@ def load_fp16(path: Path | str) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return quant.quantize_cpu(model, "fp16-cpu")
+
+
+def load_q8(path: Path | str) -> Any:
+    """The model at ``path`` in float32, with its linears made q8-cpu layers, as the app loads it."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import quant
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return quant.quantize_cpu(model, "q8-cpu")

@@ -28,6 +28,8 @@ def kind(model: torch.nn.Module) -> str:
         return "fp16-cpu"
     if "Int8Linear" in names:
         return "int8-cpu"
+    if "Q8Linear" in names:
+        return "q8-cpu"
     return "bfloat16" if next(model.parameters()).dtype == torch.bfloat16 else "float32"
 
 
@@ -69,7 +71,7 @@ def fake(
     return calls
 
 
-STEADY = {"float32": 10.0, "fp16-cpu": 5.0, "int8-cpu": 4.0, "bfloat16": 6.0}
+STEADY = {"float32": 10.0, "fp16-cpu": 5.0, "q8-cpu": 5.5, "int8-cpu": 4.0, "bfloat16": 6.0}
 
 
 def test_int4_is_never_a_candidate() -> None:
@@ -78,7 +80,9 @@ def test_int4_is_never_a_candidate() -> None:
 
 
 def test_picks_the_fastest_mode_above_the_floor_and_records_it(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
-    calls = fake(monkeypatch, STEADY, {"float32": 1.0, "fp16-cpu": 0.995, "int8-cpu": 0.95, "bfloat16": 0.999})
+    calls = fake(
+        monkeypatch, STEADY, {"float32": 1.0, "fp16-cpu": 0.995, "q8-cpu": 0.999, "int8-cpu": 0.95, "bfloat16": 0.999}
+    )
     loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
     record = loaded.info["mode_probe"]
     assert loaded.quant == "fp16-cpu" and record["mode"] == "fp16-cpu" and record["dtype"] == "float32"
@@ -97,7 +101,7 @@ def test_picks_the_fastest_mode_above_the_floor_and_records_it(tiny_dir: Path, f
 
 
 def test_falls_back_to_float32_when_no_mode_keeps_the_answers(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
-    fake(monkeypatch, STEADY, {"float32": 1.0, "fp16-cpu": 0.98, "int8-cpu": 0.9, "bfloat16": 0.985})
+    fake(monkeypatch, STEADY, {"float32": 1.0, "fp16-cpu": 0.98, "q8-cpu": 0.98, "int8-cpu": 0.9, "bfloat16": 0.985})
     loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto"))
     assert loaded.quant == "none" and loaded.dtype == torch.float32
     assert loaded.info["packed_linears"] > 0, "float32 runs on its packed linears"
@@ -106,9 +110,14 @@ def test_falls_back_to_float32_when_no_mode_keeps_the_answers(tiny_dir: Path, fr
 
 
 def test_a_small_win_or_a_slow_prefill_keeps_float32(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
-    steps = {"float32": 10.0, "fp16-cpu": 9.5, "int8-cpu": 5.0, "bfloat16": 9.8}
+    steps = {"float32": 10.0, "fp16-cpu": 9.5, "q8-cpu": 9.6, "int8-cpu": 5.0, "bfloat16": 9.8}
     agree = dict.fromkeys(STEADY, 1.0)
-    fake(monkeypatch, steps, agree, prefill={"float32": 10.0, "fp16-cpu": 10.0, "int8-cpu": 40.0, "bfloat16": 10.0})
+    fake(
+        monkeypatch,
+        steps,
+        agree,
+        prefill={"float32": 10.0, "fp16-cpu": 10.0, "q8-cpu": 10.0, "int8-cpu": 40.0, "bfloat16": 10.0},
+    )
     record = load_model(ModelSpec(source=str(tiny_dir), quant="auto")).info["mode_probe"]
     assert record["mode"] == "none" and record["dtype"] == "float32"
     assert "not clearly faster" in record["reason"] and "prefill 40 ms" in record["reason"]
@@ -135,12 +144,17 @@ def test_an_explicit_mode_is_not_measured(tiny_dir: Path, fresh_data: Path, monk
 def test_an_explicit_float32_dtype_measures_only_float32_modes(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
     calls = fake(monkeypatch, STEADY, dict.fromkeys(STEADY, 1.0))
     loaded = load_model(ModelSpec(source=str(tiny_dir), quant="auto", dtype="float32"))
-    assert set(calls) <= {"float32", "fp16-cpu"} and loaded.quant == "fp16-cpu"
+    assert set(calls) <= {"float32", "fp16-cpu", "q8-cpu"} and loaded.quant == "fp16-cpu"
 
 
 def test_a_mode_whose_decode_steps_disagree_is_not_chosen(tiny_dir: Path, fresh_data: Path, monkeypatch) -> None:  # noqa: ANN001
     # fp16-cpu agrees on every teacher-forced text position but its one-token step (another kernel) does not
-    fake(monkeypatch, STEADY, dict.fromkeys(STEADY, 1.0), step_agreement={"fp16-cpu": 0.5, "int8-cpu": 0.5})
+    fake(
+        monkeypatch,
+        STEADY,
+        dict.fromkeys(STEADY, 1.0),
+        step_agreement={"fp16-cpu": 0.5, "q8-cpu": 0.5, "int8-cpu": 0.5},
+    )
     record = load_model(ModelSpec(source=str(tiny_dir), quant="auto")).info["mode_probe"]
     fp16 = record["modes"]["fp16-cpu"]
     assert fp16["paths"]["prompt"] == fp16["paths"]["chunks"] == 1.0 and fp16["paths"]["steps"] == 0.5

@@ -32,6 +32,7 @@ CPU_MODES = [m for m in quant.MODES if m != "none"]
 # (random weights agree about 0.00).
 MIN_AGREEMENT = {
     "fp16-cpu": 0.95,
+    "q8-cpu": 0.95,
     "int8-cpu": 0.75,
     "int4-cpu": 0.5,
     "bnb-int8": 0.7,
@@ -40,7 +41,7 @@ MIN_AGREEMENT = {
 }
 # The dtype of everything not quantized, per mode, in the bundled-model test: fbgemm's fp16
 # kernel takes float32 activations (its default in the app); the int kernels run on bf16.
-REST_DTYPE = {"fp16-cpu": torch.float32}
+REST_DTYPE = {"fp16-cpu": torch.float32, "q8-cpu": torch.float32}
 
 
 def tiny(path: Path, dtype: torch.dtype = torch.float32) -> Any:

@@ -1,23 +1,35 @@
 """``brisk bench versus --peer URL``: Brisk as installed against a peer server on the same model, side by side.
 
-What a user who runs llama.cpp today compares: decode speed on an open
-prompt (stories) and on a grounded one (rewrite or extract from a given
-text), and TTFT on a long (~1,900-token) system prompt: cold (no cache holds it) and
-warm (a new chat with the same system prompt and another question).  Three
-columns, measured by the same client code at the client, greedy, interleaved
-prompt by prompt (each prompt on every column before the next) so drift hits
-each alike:
+What a user who runs llama.cpp today compares, measured by the same client code
+at the client, greedy, interleaved prompt by prompt (each prompt on every column
+before the next) so drift hits each column alike:
 
-- ``brisk (defaults)``: the local engine as ``make run`` starts it: the
+* decode tok/s on **open prompts** of many kinds (``OPEN``: a story, an
+  explanation for a child, interview tips, a description, an email, a recipe, a
+  comparison, a how-to, a poem, a list of ideas), none chosen because it drafts
+  well, and on **grounded prompts** (``GROUNDED``: rewrite, code edit, summary,
+  extraction from a given text), each reported as the median and the range;
+* TTFT on a long (~1,900-token) system prompt: cold (no cache holds it) and
+  warm (a new chat with the same system prompt and another question);
+* **the first question of a new process**: ``brisk ask`` run as a user runs it
+  (a new process on the data folder in use, answer cache on, ``quant`` and the
+  speculative source as installed), a question it has never seen, TTFT and
+  decode from its ``--json`` metrics; the peer's row is its answer to the same
+  question (its process is already running, as a server's is).
+
+Columns:
+
+- ``brisk (as installed)``: the local engine as ``make run`` starts it: the
   ``auto`` quantization mode (measured at first load, see ``brisk doctor``;
   ``--quant`` picks another) and the settings' speculative source (``auto``);
-- ``brisk (speculation off)``: the same engine with speculative decoding off,
-  so the table shows what each part is worth;
+- ``brisk (speculation off)``: the same engine with speculative decoding off;
+- with ``--also-quant MODE``: another engine in that mode, speculation off (to
+  compare weight modes in the same sitting);
 - the peer (``--peer URL``, for example llama-cpp-python's or llama.cpp's
   server on the same GGUF), sent ``repeat_penalty`` 1.0 so that it decodes
   plain greedy as Brisk does (llama-cpp-python's server defaults to 1.1).
 
-Each round starts a new local engine, so the ``answers`` draft source never
+Each round starts new local engines, so the ``answers`` draft source never
 drafts from the previous round's reply to the same prompt: every prompt is
 new to the engine, as a new question is to a user.  Without ``--peer`` the
 peer column is left out.
@@ -26,6 +38,10 @@ peer column is left out.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,28 +53,48 @@ from engine.client import Client, local_backend
 from engine.storage.settings import Settings
 
 OPEN = {
-    "story (fox)": "Write a short story about a fox who learns to sail.",
-    "story (robot)": "Write a short story about a robot who paints the sea.",
+    "story": "Write a short story about a fox who learns to sail.",
+    "explain to a child": "Explain to a ten-year-old how a rainbow forms.",
+    "interview tips": "Give me some tips for a job interview at a bakery.",
+    "description": "Describe a busy train station early in the morning.",
+    "email": "Write an email to my landlord asking to fix the heating.",
+    "recipe": "How do I make a simple tomato soup?",
+    "comparison": "What are the pros and cons of cycling to work?",
+    "how-to": "How do I change a flat tyre on a bicycle?",
+    "poem": "Write a poem about autumn leaves.",
+    "ideas": "Suggest some names for a small bookshop.",
 }
 GROUNDED = {
     "rewrite": f"Rewrite the following text with British spelling, keeping everything else the same:\n\n{ARTICLE}",
     "code edit": f"Rename the function total_price to order_total in this code and return the full code:\n\n{CODE}",
+    "summary": f"Summarise this text in three sentences:\n\n{ARTICLE}",
+    "extract": f"List every number that appears in this text, one per line, with what it counts:\n\n{ARTICLE}",
 }
+FIRST = [  # one new question a round for the first-question row; never asked before in that data folder
+    "What should I pack for a weekend of camping in the mountains?",
+    "Why do cats purr?",
+    "How can I keep basil alive on a windowsill?",
+    "What is a good way to start learning to draw?",
+    "Why does bread go stale?",
+    "How do bees make honey?",
+]
 
 
-def items() -> list[tuple[str, str | int]]:
-    """One round's measurements, in order: each decode prompt, then each TTFT question (cold, then warm)."""
-    decode: list[tuple[str, str | int]] = [
-        (k, p) for k, ps in (("open", OPEN), ("grounded", GROUNDED)) for p in ps.values()
+def items() -> list[tuple[str, str, str | int]]:
+    """One round's measurements, in order: (kind, name, what): decode prompts, then TTFT questions."""
+    decode: list[tuple[str, str, str | int]] = [
+        (kind, name, prompt)
+        for kind, prompts in (("open", OPEN), ("grounded", GROUNDED))
+        for name, prompt in prompts.items()
     ]
-    return decode + [("ttft", i) for i in range(len(PEER_PROMPTS))]
+    return decode + [("ttft", f"ttft {i}", i) for i in range(len(PEER_PROMPTS))]
 
 
 def measure_item(
-    client: Client, speculative: str, item: tuple[str, str | int], max_tokens: int
+    client: Client, speculative: str, item: tuple[str, str, str | int], max_tokens: int
 ) -> dict[str, list[float]]:
     """One measurement on one column: a decode prompt's tok/s, or one TTFT question cold and warm."""
-    kind, what = item
+    kind, name, what = item
     out: dict[str, list[float]] = {}
     if kind != "ttft":
         done = client.ask(
@@ -70,6 +106,7 @@ def measure_item(
         )
         if done.metrics.tokens_per_s:
             out[kind] = [done.metrics.tokens_per_s]
+            out[f"{kind}: {name}"] = [done.metrics.tokens_per_s]
         return out
     i = int(what)
     system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
@@ -89,6 +126,51 @@ def measure_item(
     return out
 
 
+def first_question(question: str, args: argparse.Namespace, max_tokens: int, speculative: str | None) -> dict[str, Any]:
+    """``brisk ask QUESTION --json`` in a new process, as installed (answer cache on): its Done metrics."""
+    launcher = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"]
+    command = [*launcher, "ask", question, "--json", "--max-tokens", str(max_tokens)]
+    for flag in ("model", "dtype", "quant"):
+        if getattr(args, flag, None):
+            command += [f"--{flag}", str(getattr(args, flag))]
+    if speculative:
+        command += ["--speculative", speculative]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    for line in result.stdout.splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("type") == "done":
+                return dict(event["metrics"])
+    raise RuntimeError(f"brisk ask failed ({result.returncode}): {result.stderr.strip()[-300:]}")
+
+
+def measure_first(
+    question: str, args: argparse.Namespace, max_tokens: int, sides: list[tuple[str, Client | None, str]]
+) -> dict[str, dict[str, list[float]]]:
+    """The first-question row for each column: a new ``brisk ask`` process, or the peer's reply."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for label, client, speculative in sides:
+        if client is None:  # a local column: a new process
+            metrics = first_question(question, args, max_tokens, None if speculative == "as installed" else speculative)
+            ttft, speed = metrics.get("ttft_s"), metrics.get("tokens_per_s")
+        else:
+            done = client.ask(
+                [{"role": "user", "content": question}],
+                Sampling(max_tokens=max_tokens),
+                conversation_id=uuid.uuid4().hex,
+                speculative="off",
+                answer_cache=False,
+            )
+            ttft, speed = done.metrics.ttft_s, done.metrics.tokens_per_s
+        row = out.setdefault(label, {})
+        if ttft is not None:
+            row["first_ttft_ms"] = [1000 * float(ttft)]
+        if speed:
+            row["first_tok_s"] = [float(speed)]
+    return out
+
+
 def peer_client(args: argparse.Namespace) -> Client | None:
     """The ``--peer`` server's client (plain greedy there too), or None without one; LoadError says why not."""
     if not getattr(args, "peer", None):
@@ -98,20 +180,40 @@ def peer_client(args: argparse.Namespace) -> Client | None:
     return connect_peer(args)
 
 
+def spread(values: list[float]) -> str:
+    """'median (min-max)' of ``values``, or '-' when there are none."""
+    if not values:
+        return "-"
+    return f"{median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rounds = max(1, args.runs)
     max_tokens = max(1, getattr(args, "max_tokens", None) or 200)
     source = Settings().speculative  # what a user who never opens Settings gets
+    also = getattr(args, "also_quant", None)
     columns: dict[str, dict[str, list[float]]] = {}
     peer = peer_client(args)
     peer_label = ""
     info: dict[str, Any] = {}
+    installed, off = f"brisk (as installed: {source})", "brisk (speculation off)"
+    extra = f"brisk ({also}, speculation off)" if also else ""
     try:
         if peer is not None and peer.loaded is not None:
             peer_label = f"peer ({Path(peer.loaded.model_name).name})"  # a server may name its model by path
-        for _ in range(rounds):
-            # a new engine each round: no reply of an earlier round can serve as a draft
-            with Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False))) as local:
+        for round_number in range(rounds):
+            # the first question of a new process, before this round's engines take the memory
+            firsts: list[tuple[str, Client | None, str]] = [(installed, None, "as installed"), (off, None, "off")]
+            if peer is not None:
+                firsts.append((peer_label, peer, "off"))
+            first = measure_first(FIRST[round_number % len(FIRST)], args, max_tokens, firsts)
+            for label, values in first.items():
+                merge(columns.setdefault(label, {}), values)
+            # new engines each round: no reply of an earlier round can serve as a draft
+            engines: list[Client] = []
+            try:
+                local = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
+                engines.append(local)
                 spec = ModelSpec(
                     source=getattr(args, "model", None) or "",
                     dtype=getattr(args, "dtype", None) or "auto",
@@ -119,31 +221,56 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 loaded = local.load(spec)
                 info = {"model": loaded.model_name, "dtype": loaded.dtype, "quant": loaded.info.quant}
-                sides: list[tuple[str, Client, str]] = [
-                    (f"brisk (defaults: {source})", local, source),
-                    ("brisk (speculation off)", local, "off"),
-                ]
+                sides: list[tuple[str, Client, str]] = [(installed, local, source), (off, local, "off")]
+                if also:
+                    other = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
+                    engines.append(other)
+                    other.load(ModelSpec(source=spec.source, dtype="auto", quant=also))
+                    sides.append((extra, other, "off"))
                 if peer is not None:
                     sides.append((peer_label, peer, "off"))
                 # interleaved item by item, so that a machine whose speed drifts slows each column alike
                 for item in items():
                     for label, client, speculative in sides:
                         merge(columns.setdefault(label, {}), measure_item(client, speculative, item, max_tokens))
+            finally:
+                for engine in engines:
+                    engine.close()
     finally:
         if peer is not None:
             peer.close()
     measures = [
-        ("decode tok/s, open prompts (median)", "open"),
-        ("decode tok/s, grounded prompts (median)", "grounded"),
-        ("TTFT cold, ~1,900-token system prompt, ms (median)", "ttft_cold_ms"),
-        ("TTFT warm: new chat, same system prompt, ms (median)", "ttft_warm_ms"),
+        ("decode tok/s, open prompts", "open"),
+        ("decode tok/s, grounded prompts", "grounded"),
+        ("first question of a new process: TTFT ms", "first_ttft_ms"),
+        ("first question of a new process: decode tok/s", "first_tok_s"),
+        ("TTFT cold, ~1,900-token system prompt, ms", "ttft_cold_ms"),
+        ("TTFT warm: new chat, same system prompt, ms", "ttft_warm_ms"),
     ]
+    order = [installed, off, *([extra] if extra else []), *([peer_label] if peer_label else [])]
     rows = [
-        {"measure": name, **{col: median(data.get(key, [])) for col, data in columns.items()}} for name, key in measures
+        {"measure": name, **{col: spread(columns.get(col, {}).get(key, [])) for col in order}} for name, key in measures
     ]
     title = f"Brisk as installed ({info.get('quant', '?')}) and " + (peer_label or "no peer (give --peer URL)")
-    print(table(f"{title}: greedy, up to {max_tokens} new tokens, {rounds} round(s)", rows))
-    return {"local": info, "peer": peer_label or None, "rows": rows, "samples": columns}
+    print(table(f"{title}: greedy, up to {max_tokens} new tokens, {rounds} round(s); median (min-max)", rows))
+    kinds = [f"{kind}: {name}" for kind, prompts in (("open", OPEN), ("grounded", GROUNDED)) for name in prompts]
+    per_prompt = [{"prompt": k, **{col: spread(columns.get(col, {}).get(k, [])) for col in order}} for k in kinds]
+    print(table("Decode tok/s per prompt, median (min-max)", per_prompt))
+    ratios = {}
+    if peer_label:
+        for key in ("open", "grounded", "first_tok_s"):
+            theirs = median(columns.get(peer_label, {}).get(key, []))
+            ratios[key] = {
+                col: median(columns.get(col, {}).get(key, [])) / theirs for col in order if col != peer_label
+            }
+    return {
+        "local": info,
+        "peer": peer_label or None,
+        "rows": rows,
+        "per_prompt": per_prompt,
+        "ratios_to_peer": ratios,
+        "samples": columns,
+    }
 
 
 def merge(into: dict[str, list[float]], more: dict[str, list[float]]) -> None:

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--max-tokens", type=int, default=200, help="versus: new tokens per reply, at most (default 200)"
     )
+    bench.add_argument(
+        "--also-quant", default=None, metavar="MODE", help="versus: also a local engine in this mode, speculation off"
+    )
     bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")
     bench.add_argument("--api-key", default=None, help="the peer's API key (or set BRISK_API_KEY)")
     add_model_args(bench)

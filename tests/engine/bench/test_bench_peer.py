@@ -74,15 +74,22 @@ def test_versus_puts_brisk_defaults_beside_the_peer(
     data = versus.run(args)
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("| measure"))
-    assert "brisk (defaults: auto)" in header and "brisk (speculation off)" in header
+    assert "brisk (as installed: auto)" in header and "brisk (speculation off)" in header
     assert "peer (SmolLM2-135M-Instruct-Q8_0.gguf)" in header
-    for measure in ("decode tok/s, open", "decode tok/s, grounded", "TTFT cold", "TTFT warm"):
+    measures = ("decode tok/s, open", "decode tok/s, grounded", "first question of a new process", "TTFT cold")
+    for measure in (*measures, "TTFT warm"):
         assert any(line.startswith(f"| {measure}") for line in out.splitlines()), measure
+    assert len(versus.OPEN) >= 8 and len(set(versus.OPEN.values())) == len(versus.OPEN)
     peer = data["samples"][data["peer"]]
     assert len(peer["open"]) == len(versus.OPEN) and len(peer["ttft_cold_ms"]) == 3
+    assert len(peer["first_ttft_ms"]) == 1
+    for column in ("brisk (as installed: auto)", "brisk (speculation off)"):  # each a new `brisk ask` process
+        first = data["samples"][column]
+        assert len(first["first_ttft_ms"]) == 1 and first["first_ttft_ms"][0] > 0
+    assert any(row["prompt"] == "open: recipe" for row in data["per_prompt"])
     # the peer decodes plain greedy, as Brisk does: temperature 0 and no repetition penalty, bounded replies
     bodies = server.requests
     assert bodies and all(b["temperature"] == 0 and b["repeat_penalty"] == 1.0 for b in bodies)
     assert {b["max_tokens"] for b in bodies} == {4, 16}
-    local = data["samples"]["brisk (defaults: auto)"]
+    local = data["samples"]["brisk (as installed: auto)"]
     assert all(v > 0 for v in local["open"] + local["grounded"] + local["ttft_cold_ms"])

@@ -105,6 +105,7 @@ def generate_steps(
     # it) fills positions len(prompt) + len(generated) - 1 ... + k, which must stay below ``limit``
     while len(prompt) + len(generated) < limit:
         room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
+        t_draft = time.perf_counter()  # a step's time includes making its drafts, or failing to
         drafts, probs, source = _draft(drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
         logits = forward(model, state, [token, *drafts], all_logits=bool(drafts), decode=True)
@@ -112,18 +113,19 @@ def generate_steps(
             assert source is not None
             accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
-            seconds = time.perf_counter() - t
+            seconds = time.perf_counter() - t_draft
             controller.record(source, len(drafts), accepted, seconds)
             ids = (*drafts[:accepted], token)
             generated.extend(ids)
             yield Step(ids, source, len(drafts), seconds)
         else:
             token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
-            seconds = time.perf_counter() - t
-            controller.record_plain(seconds)
+            now = time.perf_counter()
+            seconds = now - t
+            controller.record_plain(seconds)  # the model's own step: what drafting is weighed against
             observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
             generated.append(token)
-            yield Step((token,), seconds=seconds)
+            yield Step((token,), seconds=now - t_draft)
 
 
 def _draft(
@@ -133,9 +135,11 @@ def _draft(
     for drafter in drafters:
         k = min(controller.draft_length(drafter.name), room)
         if k > 0:
+            t = time.perf_counter()
             drafts, probs = drafter.propose(context, k, params)
             if drafts:
                 return drafts[:k], probs, drafter.name
+            controller.record_empty(drafter.name, time.perf_counter() - t)
     return [], None, None
 
 

@@ -7,7 +7,10 @@ over the step's own time.  ``draft_length(source)`` is 0 until a plain step has
 been measured and while a source is paused; a source whose efficiency falls
 below 1 (drafting costs more than it brings) is paused for a number of steps
 that doubles each time, so speculative decoding is never much slower than
-plain decoding.
+plain decoding.  A step's time includes making its drafts.  A source asked for
+drafts that proposes none has spent its asking time for nothing
+(:meth:`Controller.record_empty`): it is asked again after 1, 2, 4, ... up to
+``idle_max`` steps, and at once again after it proposes something.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ class SourceStats:
     efficiency: float = 1.0  # EMA of (tokens gained per step) * plain step time / step time
     paused_until: int = 0
     pause: int = 8
+    idle_until: int = 0  # not asked before this step: it proposed nothing lately
+    idle_wait: int = 0
+    empty_s: float = 0.0  # time spent asking it for drafts it did not have
 
 
 @dataclass
@@ -40,10 +46,11 @@ class Controller:
     stats: dict[str, SourceStats] = field(default_factory=dict)
     plain_step_s: float | None = None  # EMA of measured single-token steps
     step: int = 0
+    idle_max: int = 8  # a quiet source is asked at least this often (a copied passage may start any time)
 
     def draft_length(self, source: str) -> int:
         s = self.stats.setdefault(source, SourceStats())
-        if self.plain_step_s is None or self.step < s.paused_until:
+        if self.plain_step_s is None or self.step < s.paused_until or self.step < s.idle_until:
             return 0
         return self.k.setdefault(source, 4)
 
@@ -51,9 +58,18 @@ class Controller:
         self.step += 1
         self.plain_step_s = seconds if self.plain_step_s is None else 0.8 * self.plain_step_s + 0.2 * seconds
 
+    def record_empty(self, source: str, seconds: float) -> None:
+        """``source`` was asked for drafts and had none (``seconds`` spent asking): ask it less often."""
+        s = self.stats.setdefault(source, SourceStats())
+        s.empty_s += seconds
+        s.idle_wait = min(self.idle_max, max(1, 2 * s.idle_wait))
+        s.idle_until = self.step + s.idle_wait
+
     def record(self, source: str, drafted: int, accepted: int, seconds: float) -> None:
+        """A verification step of ``source``'s drafts took ``seconds``, making the drafts included."""
         self.step += 1
         s = self.stats.setdefault(source, SourceStats())
+        s.idle_wait = 0
         s.drafted += drafted
         s.accepted += accepted
         s.steps += 1

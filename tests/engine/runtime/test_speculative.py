@@ -81,6 +81,10 @@ def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode
         assert quant.weight_bytes(runner.engine.draft.model) < quant.weight_bytes(runner.engine.loaded.model)
         for messages in (QUOTE, CHAT):
             plain = run(runner, messages, "off")
+            # the tiny target drafts for itself, so drafting, whose cost counts, never pays here: a slow
+            # plain step keeps the controller drafting, which is what this test looks at
+            assert runner.engine.decoder is not None
+            runner.engine.decoder.controller.plain_step_s = 1.0
             spec = run(runner, messages, "draft", n=48)
             assert token_ids(spec) == token_ids(plain)
         m = done(spec).metrics
@@ -246,3 +250,56 @@ def test_bundled_fp16_greedy_identical_with_speculation_on_the_native_step() -> 
         assert 1 in calls and max(calls) > 1  # plain steps and verifications both ran natively
     finally:
         runner.close()
+
+
+def test_a_source_with_nothing_to_propose_is_asked_less_often_and_again_after_it_proposes() -> None:
+    c = Controller()
+    c.record_plain(0.010)
+    assert c.draft_length("lookup") > 0
+    c.record_empty("lookup", 0.001)
+    waits = []
+    for _ in range(8):  # each empty answer doubles the wait, up to idle_max steps
+        asked_at = c.step
+        while c.draft_length("lookup") == 0:
+            c.record_plain(0.010)
+        waits.append(c.step - asked_at)
+        c.record_empty("lookup", 0.001)
+    assert waits[:3] == [1, 2, 4] and max(waits) == c.idle_max == 8
+    assert c.stats["lookup"].empty_s == pytest.approx(0.009)
+    c.step = c.stats["lookup"].idle_until  # asked again, and this time it has drafts that pay
+    c.record("lookup", 4, 4, 0.012)
+    assert c.draft_length("lookup") > 0, "after proposing, asked at every step again"
+
+
+def test_the_time_spent_making_drafts_counts_against_a_source(tiny_dir: Path) -> None:
+    import time as clock
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.model.kv import KVState
+    from engine.runtime.steps import generate_steps
+
+    class Slow:
+        name = "slow"
+
+        def propose(self, context: list[int], k: int, params: Sampling) -> tuple[list[int], None]:
+            clock.sleep(0.05)  # far longer than the tiny model's step: drafting cannot pay
+            return [1] * k, None
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    controller = Controller()
+    controller.record_plain(0.002)
+    steps = generate_steps(
+        model,
+        KVState(),
+        list(range(5, 15)),
+        Sampling(max_tokens=40),
+        generator=torch.Generator().manual_seed(0),
+        controller=controller,
+        drafters=[Slow()],
+    )
+    seen = [s for _, s in zip(range(40), steps, strict=False)]
+    drafted = [s for s in seen if getattr(s, "source", None) == "slow"]
+    assert drafted and all(s.seconds >= 0.05 for s in drafted), "a step's time includes making its drafts"
+    assert controller.stats["slow"].paused_until > 0, "a source whose drafting costs more than it brings pauses"
+    assert len(drafted) < 10

@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 # fp16-cpu's native decode step: built once (about 30 s), then verified and found at once.
 # It exits 1 only when a C++ compiler is present and the build still failed: `make test`
 # stops there (the native step's tests need it); `make run` reports it and goes on, since
-# Brisk decodes with the TorchScript step instead.  Without a compiler it exits 0.
+# Brisk decodes on the eager path instead.  Without a compiler it exits 0.
 native: $(STAMP)
 	$(PY) -m engine.quant.native
 

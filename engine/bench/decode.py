@@ -3,8 +3,8 @@
 Two tables, each printed and returned as JSON:
 
 * **Bandwidth.**  The machine's memory read bandwidth (summing a 256 MB float32
-  tensor, median of 5), then per mode (float32 packed, fp16-cpu with its native
-  decode step and, for comparison, with the TorchScript step it replaces,
+  tensor, median of 5), then per mode (float32 packed, fp16-cpu and q8-cpu with
+  their native decode step and, for comparison, fp16-cpu on the eager path,
   int8-cpu, int4-cpu): weight bytes read per decode step (``engine.quant.weight_bytes``
   less the input embedding, of which a step reads one row), decode tok/s
   (median of one-token steps after a 64-token prompt, through
@@ -140,13 +140,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     models = {}
     for mode in MODES:
-        loaded = load_model(ModelSpec(quant=mode, dtype="float32" if mode in ("none", "fp16-cpu") else "auto"))
+        loaded = load_model(
+            ModelSpec(quant=mode, dtype="float32" if mode in ("none", "fp16-cpu", "q8-cpu") else "auto")
+        )
         models[mode] = loaded.model
     built = native.module(wait=True) is not None
-    # (label, mode, native step on): fp16-cpu with its native step and with the TorchScript step it replaces
+    # (label, mode, native step on): fp16-cpu with its native step and on the eager path
     variants = [(VARIANT_NAMES.get(m, m), m, True) for m in MODES]
     if built:
-        variants.insert(2, ("fp16-cpu (TorchScript step)", "fp16-cpu", False))
+        variants.insert(2, ("fp16-cpu (eager path)", "fp16-cpu", False))
     speeds: dict[str, list[float]] = {label: [] for label, _, _ in variants}
     for _ in range(runs):
         for label, mode, on in variants:

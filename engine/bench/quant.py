@@ -60,9 +60,9 @@ REPLY_PROMPTS = (
 )
 REPLY_TOKENS = 96
 DECODE_TOKENS = 64
-# Variants timed without the scripted decode step (engine.quant.scripted), to show what it adds;
+# Variants timed without the native decode step (engine.quant.decode_step), to show what it adds;
 # they share the model, load time and agreement of the variant named before the space.
-EAGER = {"fp16-cpu eager": "fp16-cpu"}
+EAGER = {"fp16-cpu eager": "fp16-cpu", "q8-cpu eager": "q8-cpu"}
 PROMPT_TOKENS = 200
 # (label, quantization mode, dtype of everything not quantized)
 VARIANTS: tuple[tuple[str, str, torch.dtype], ...] = (
@@ -70,6 +70,8 @@ VARIANTS: tuple[tuple[str, str, torch.dtype], ...] = (
     ("bf16", "none", torch.bfloat16),
     ("fp16-cpu", "fp16-cpu", torch.float32),
     ("fp16-cpu eager", "fp16-cpu", torch.float32),
+    ("q8-cpu", "q8-cpu", torch.float32),
+    ("q8-cpu eager", "q8-cpu", torch.float32),
     ("int8-cpu", "int8-cpu", torch.float32),
     ("int8-cpu/bf16", "int8-cpu", torch.bfloat16),
     ("int4-cpu", "int4-cpu", torch.float32),
@@ -91,38 +93,40 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> float:
     return float((reference == other).float().mean())
 
 
-def scripted_step(model: Any) -> bool:
-    """Whether ``engine.model.kv.forward`` runs this model's one-token steps as a scripted step."""
-    from engine.model.kv import fast_forward, new_cache
+def native_step(model: Any) -> bool:
+    """Whether ``engine.model.kv.forward`` runs this model's decode steps in the native step."""
+    from engine.model.kv import KVState, fast_forward, forward
 
     fast = fast_forward(model)
-    if fast is None or fast.scripted is None:
+    if fast is None or fast.native is None:
         return False
-    return fast.scripted(torch.tensor([[0]]), new_cache()) is not None
+    state = KVState()
+    forward(model, state, [0, 1])
+    return fast.native.rows(torch.tensor([[2]]), state.cache, False) is not None
 
 
 @torch.inference_mode()
 def time_generation(
-    model: Any, prompt: torch.Tensor, new_tokens: int = DECODE_TOKENS, scripted: bool = True
+    model: Any, prompt: torch.Tensor, new_tokens: int = DECODE_TOKENS, native: bool = True
 ) -> tuple[float, float]:
     """(TTFT seconds, decode tokens/s): prefill ``prompt`` then ``new_tokens`` greedy steps.
 
     Through ``engine.model.kv.forward``, as the app runs: its KV cache and, for Llama-family
     models, its lean forward (``engine.model.fastpath``), which calls the quantized layers as they
-    are, and for fp16-cpu its scripted decode step (``engine.quant.scripted``) unless ``scripted``
-    is False.
+    are, and for fp16-cpu and q8-cpu the native decode step (``engine.quant.decode_step``) unless
+    ``native`` is False.
     """
     from engine.model.kv import fast_forward
 
     fast = fast_forward(model)
-    keep = fast.scripted if fast is not None else None
-    if fast is not None and not scripted:
-        fast.scripted = None
+    keep = fast.native if fast is not None else None
+    if fast is not None and not native:
+        fast.native = None
     try:
         return _time_generation(model, prompt, new_tokens)
     finally:
         if fast is not None:
-            fast.scripted = keep
+            fast.native = keep
 
 
 def _time_generation(model: Any, prompt: torch.Tensor, new_tokens: int) -> tuple[float, float]:
@@ -209,7 +213,7 @@ def _run(runs: int) -> list[dict[str, Any]]:
             if EAGER[label] in models:
                 shared = rows[EAGER[label]]
                 row.update({k: shared[k] for k in ("load_first_s", "load_cached_s", "weights_mb", "agreement")})
-                row.update(reply_agreement=shared["reply_agreement"], scripted=False, ttft=[], tps=[])
+                row.update(reply_agreement=shared["reply_agreement"], native=False, ttft=[], tps=[])
                 models[label] = models[EAGER[label]]
             continue
         model, first, cached = load_variant(location, mode, dtype)
@@ -222,13 +226,13 @@ def _run(runs: int) -> list[dict[str, Any]]:
         if mode == "none" and dtype == torch.float32:
             pack_linears(model)  # timed as the app runs float32 (agreement above: transformers' own layers)
         row["ttft"], row["tps"] = [], []
-        row["scripted"] = scripted_step(model)
+        row["native"] = native_step(model)
         models[label] = model
     for label, model in models.items():  # warm-up: first calls allocate and pick kernels
-        time_generation(model, prompt, 4, scripted=rows[label]["scripted"])
+        time_generation(model, prompt, 4, native=rows[label]["native"])
     for _ in range(runs):
         for label, model in models.items():
-            ttft, tps = time_generation(model, prompt, scripted=rows[label]["scripted"])
+            ttft, tps = time_generation(model, prompt, native=rows[label]["native"])
             rows[label]["ttft"].append(ttft)
             rows[label]["tps"].append(tps)
     out = []
@@ -307,7 +311,7 @@ COLUMNS = (
     ("best_tok_s", "best run tok/s", "{:.1f}"),
     ("agreement", "agreement", "{:.3f}"),
     ("reply_agreement", "reply agreement", "{:.3f}"),
-    ("scripted", "scripted step", "{}"),
+    ("native", "native step", "{}"),
 )
 
 

@@ -14,9 +14,9 @@ know to be equivalent (another architecture, sliding windows, another
 activation); callers then use the model's own forward.  ``engine.model.kv.forward``
 makes one per model on first use (``engine.model.kv.fast_forward``).
 Equivalence is tested against transformers' forward in ``tests/engine/model/test_fastpath.py``.
-Decode tokens of fp16-cpu models go to the native step (``engine.quant.native``: one C++
-call for all layers) once it is built, other one-token calls to the TorchScript step
-(``engine.quant.scripted``) when it takes them; everything else runs here.
+Decode tokens of fp16-cpu and q8-cpu models go to the native step (``engine.quant.native``:
+one C++ call for all layers, ``engine.quant.decode_step``) once it is built; everything
+else runs here.  Two decode paths, no third.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from engine.quant.scripted import ScriptedDecode, rotate
+from engine.quant.decode_step import NativeDecode, rotate
 
 # Architectures whose decoder layer is exactly: x + attn(rmsnorm(x)); x + down(silu(gate) * up)(rmsnorm(x)).
 ARCHITECTURES = ("llama", "mistral", "qwen2")
@@ -57,7 +57,7 @@ class FastForward:
         self.head_dim = first.head_dim
         self.scaling = first.scaling
         self.grouped = first.num_key_value_groups > 1
-        self.scripted = ScriptedDecode.for_model(model, self)  # one-token steps of fp16-cpu models
+        self.native = NativeDecode.for_model(model, self)  # decode steps of fp16-cpu and q8-cpu models
 
     @classmethod
     def for_model(cls, model: Any) -> FastForward | None:
@@ -81,23 +81,19 @@ class FastForward:
         """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends.
 
         ``decode``: these are decode tokens (a plain step, or a token and its drafts), not a
-        prompt; fp16-cpu models then run the native step (``engine.quant.native``), which
-        computes each row as a one-row call would, so a speculative step's verification and
-        plain steps agree bit for bit.  Prompts keep this eager path (or the TorchScript step
-        for one token), so a prompt's KV is the same whether a prefix of it was cached or not.
+        prompt; fp16-cpu and q8-cpu models then run the native step (``engine.quant.native``),
+        which computes each row as a one-row call would, so a speculative step's verification
+        and plain steps agree bit for bit.  Prompts keep this eager path, so a prompt's KV is
+        the same whether a prefix of it was cached or not.
         """
         # Modules are looked up on every call (microseconds), so a later swap (quantization) or
         # dtype change of the model is always what runs.
         inner = self.model.model
         n = ids.shape[1]
-        if decode and self.scripted is not None:
-            logits = self.scripted.rows(ids, cache, all_rows=logits_to_keep == 0 or logits_to_keep >= n)
+        if decode and self.native is not None:
+            logits = self.native.rows(ids, cache, all_rows=logits_to_keep == 0 or logits_to_keep >= n)
             if logits is not None:
                 return logits if logits_to_keep in (0, n) else logits[:, -logits_to_keep:]
-        if n == 1 and self.scripted is not None:
-            logits = self.scripted(ids, cache)
-            if logits is not None:
-                return logits
         past = int(cache.get_seq_length())
         h = inner.embed_tokens(ids)
         positions = torch.arange(past, past + n, device=ids.device).unsqueeze(0)

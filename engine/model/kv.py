@@ -109,7 +109,7 @@ class GrowingLayer(DynamicLayer):
     def reserve(self, m: int, like: torch.Tensor) -> Buffer:
         """A buffer of this layer's own with room for ``m`` positions after ``length``.
 
-        For a caller that writes those positions itself (``engine.quant.scripted``) and then
+        For a caller that writes those positions itself (``engine.quant.decode_step``) and then
         calls :meth:`advance`; ``like`` is a tensor shaped as the keys it will write.
         """
         if not self.is_initialized:

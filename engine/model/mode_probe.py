@@ -6,7 +6,7 @@ record, built)``.  ``candidates`` are ``(mode, dtype)`` pairs that can run here
 comes first and is the reference and the safe default); ``build(mode, dtype)``
 loads the model that way and returns ``(model, extra info)``.  Every candidate
 is measured in one pass through the forward the app decodes with
-(``engine.model.kv.forward``: fast path, packed linears, the fp16-cpu scripted
+(``engine.model.kv.forward``: fast path, packed linears, the native
 step), all candidates side by side, each on a KV cache of its own:
 
 * greedy next-token agreement with float32, teacher-forced (every candidate is

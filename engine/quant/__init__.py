@@ -3,13 +3,14 @@
 * :mod:`engine.quant.modes`: which modes exist (``MODES`` is ``engine.api.QUANT_MODES``),
   what each does (:func:`descriptions`, :func:`caveat`) and which run on a device
   (:func:`availability`, :func:`require`, :class:`QuantUnavailable`).
-* :mod:`engine.quant.kernels`: the layers of torch's fp16/int8/int4 CPU kernels.
+* :mod:`engine.quant.kernels`: the layers of torch's fp16/int8/int4 CPU kernels and Brisk's q8 layer.
 * :mod:`engine.quant.apply`: putting them into a model (:func:`quantize_cpu`,
   :func:`fuse_fp16`, :func:`swap_module`) and :func:`weight_bytes`.
 * :mod:`engine.quant.cache`: quantized copies on disk (:func:`load_quantized_model`).
 
-:mod:`engine.quant.scripted` is an optional kernel on top: a TorchScript one-token decode
-step for fp16-cpu models, which the fast forward (``engine.model.fastpath``) switches on.
+:mod:`engine.quant.decode_step` and :mod:`engine.quant.native` are the native decode step
+for fp16-cpu and q8-cpu models (C++, built on this machine), which the fast forward
+(``engine.model.fastpath``) runs decode tokens through.
 This package imports nothing above it (no ``engine.model``, ``engine.runtime``).
 """
 

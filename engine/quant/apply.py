@@ -10,7 +10,7 @@ Contract:
 * :func:`fuse_fp16` groups each decoder layer's q/k/v and gate/up fp16 layers.
 * :func:`swap_module` is the one way this package replaces a submodule; it and
   :func:`fuse_fp16` mark the model changed (:func:`layout_version`), so code that keeps
-  what a model's layers hold (``engine.quant.scripted``) knows when to look again.
+  what a model's layers hold (``engine.quant.decode_step``) knows when to look again.
 * :func:`weight_bytes` counts the bytes held by weights, whatever their kernel.
 * :func:`bnb_config` is the ``quantization_config`` transformers applies for a bnb mode.
 """

@@ -6,7 +6,7 @@ Contract:
   :class:`Fp16Group` serves several of them that take the same input (q/k/v, gate/up)
   from one packed matrix.  Each ``Fp16Linear`` counts the changes to its weights in
   ``version`` (new weights, joining a group), so a caller that keeps its packed weights
-  (``engine.quant.scripted``) can tell when to look again.
+  (``engine.quant.decode_step``) can tell when to look again.
 * :class:`Int8Linear` / :class:`Int4Linear` are drop-in ``nn.Linear`` replacements
   built by ``from_linear``; their state dicts hold the packed weights and scales.
 * The int kernels run on bf16 activations (their fp32 paths measured 10-30x

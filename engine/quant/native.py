@@ -1,4 +1,4 @@
-"""Building, verifying and loading the native decode step (``native_step.cpp``) for fp16-cpu models.
+"""Building, verifying and loading the native decode step (``native_step.cpp``) for fp16-cpu and q8-cpu models.
 
 The step is C++ compiled on the user's machine (``torch.utils.cpp_extension``: a C++
 compiler and ninja; ``-O3 -march=native``) into torch's extensions folder
@@ -6,8 +6,8 @@ compiler and ninja; ``-O3 -march=native``) into torch's extensions folder
 carries a hash of the source, torch's version and this CPU's instruction set, so a copy
 built for another CPU or another source is never loaded.  Building takes about half a
 minute and happens once: ``python -m engine.quant.native`` builds it (``make`` does), and
-otherwise the first fp16-cpu model starts a build in the background and decodes with the
-TorchScript step (``engine.quant.scripted``) until it is done.  ``BRISK_NATIVE=0`` turns it off.
+otherwise the first fp16-cpu or q8-cpu model starts a build in the background and decodes with the
+eager path until it is done.  ``BRISK_NATIVE=0`` turns it off.
 
 A damaged library must never take the process down (a truncated ``.so`` kills its loader
 with SIGBUS, before Python can catch anything), so a library is loaded into this process
@@ -19,13 +19,13 @@ otherwise call it up to date), from scratch if relinking is not enough.  Builder
 data folder's lock (``engine.datafiles.exclusive``) and, in the child, a lock in the build
 folder, under which a baton file that torch's ``FileBaton`` left behind (a killed build) is
 stale and removed.  Where nothing can be built (no compiler, a compile error), the
-TorchScript step stays and :func:`status` says why and how to retry
+eager path decodes and :func:`status` says why and how to retry
 (``python -m engine.quant.native --rebuild`` builds from scratch whatever is on disk).
 
 Contract: :func:`module` never blocks unless asked to (``wait=True``) and never raises;
 it returns the loaded extension or None.  ``python -m engine.quant.native`` exits 1 only
 when a C++ compiler is present and the build still failed (``make test`` stops there);
-without a compiler it exits 0, since the TorchScript step runs (``make run`` goes on).
+without a compiler it exits 0, since the eager path runs (``make run`` goes on).
 """
 
 from __future__ import annotations
@@ -293,12 +293,12 @@ def _build() -> None:
     global _module, _error, _how
     try:
         _module, _how = _load_or_build()
-    except Exception as exc:  # noqa: BLE001 (NativeError, LockTimeout, anything: the TorchScript step stays)
+    except Exception as exc:  # noqa: BLE001 (NativeError, LockTimeout, anything: the eager path runs)
         _error = _one_line(exc)
     finally:
         _done.set()
     if _error is not None:
-        log.warning("native decode step unavailable (%s); the TorchScript step runs instead. %s", _error, RETRY)
+        log.warning("native decode step unavailable (%s); the eager path decodes instead. %s", _error, RETRY)
 
 
 def module(wait: bool = False) -> Any | None:
@@ -336,7 +336,7 @@ def status() -> str:
         return "off (BRISK_NATIVE=0)"
     if not _done.is_set():
         return "building" if _thread is not None else "not built yet"
-    return _how if _module is not None else f"unavailable ({_error}); the TorchScript step runs. {RETRY}"
+    return _how if _module is not None else f"unavailable ({_error}); the eager path decodes, more slowly. {RETRY}"
 
 
 def main(argv: list[str]) -> int:

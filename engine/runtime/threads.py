@@ -86,7 +86,7 @@ def isolated(work: Callable[[], T]) -> T:
 # the descheduled sibling: measured here, a decode step went from about 0.1 s to 1.9 s, while one thread
 # under the same load took 0.1 s.  ``ThreadGovernor`` watches plain decode step times and says when to
 # change ``torch.set_num_threads``; it is a pure policy (step times in, thread counts out) so it can be
-# tested on scripted times.
+# tested on step times given by the test.
 
 
 @dataclass

@@ -27,7 +27,7 @@ from engine.quant import native
 from tests.hostile.conftest import Run, run_cli, run_python
 from tests.support import ROOT
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the TorchScript step runs")
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
 
 BOUND = 300.0  # a relink takes seconds; past this a run has hung
 BUILD_BOUND = 900.0  # a build from scratch takes about 30 s on a quiet machine
@@ -176,7 +176,7 @@ def test_without_a_compiler_a_damaged_library_is_removed_and_the_message_says_ho
     root, folder, so = ext
     truncate_half(so)
     done = run_native(data, root, CXX="/nonexistent/c++")
-    assert done.returncode == 0, done.stdout + done.stderr  # make run goes on: the TorchScript step runs
+    assert done.returncode == 0, done.stdout + done.stderr  # make run goes on: the eager path runs
     assert "no C++ compiler" in done.stderr and "python -m engine.quant.native" in done.stderr, done.stderr
     assert not so.exists()  # nobody can load the damaged copy
     doctor = run_cli("doctor", data_dir=data, timeout=BOUND, env={"TORCH_EXTENSIONS_DIR": str(root), "CXX": "/no/c++"})

@@ -1,1 +1,1 @@
-"""Tests of ``engine.quant``: the modes, kernels, cache and the scripted step."""
+"""Tests of ``engine.quant``: the modes, kernels, cache and the native decode step."""

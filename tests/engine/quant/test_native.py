@@ -1,4 +1,4 @@
-"""The native decode step (engine/quant/native_step.cpp) for fp16-cpu models.
+"""The native decode step (engine/quant/native_step.cpp) for fp16-cpu models (q8-cpu: test_q8.py).
 
 It is built here (a C++ compiler is part of this project's set-up, as for torch.compile),
 so a failure to build fails this file.  What it must keep: each decode row bit for bit as
@@ -20,20 +20,20 @@ from engine.model.kv import KVState
 from engine.quant import native
 from tests.support.tiny import load_fp16
 
-# Where no C++ compiler exists the app runs the TorchScript step (tests/engine/quant/test_scripted.py);
+# Where no C++ compiler exists the app decodes on the eager path;
 # everywhere else these must pass.
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the TorchScript step runs")
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
 
 
 def eager(model: Any, state: KVState, tokens: list[int]) -> torch.Tensor:
     """Logits of one-token decode steps with the compiled steps turned off (the eager path)."""
     fast = kv.fast_forward(model)
     assert fast is not None
-    keep, fast.scripted = fast.scripted, None
+    keep, fast.native = fast.native, None
     try:
         return torch.stack([kv.forward(model, state, [t], decode=True)[-1] for t in tokens])
     finally:
-        fast.scripted = keep
+        fast.native = keep
 
 
 def test_without_a_compiler_the_native_step_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_without_a_compiler_the_native_step_says_so(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(native, "_done", threading.Event())
     assert native.compiler() is None
     assert native.module(wait=True) is None
-    assert "no C++ compiler" in native.status() and "TorchScript" in native.status()
+    assert "no C++ compiler" in native.status() and "eager path" in native.status()
     assert "python -m engine.quant.native" in native.status()  # how to build it once there is one
 
 
@@ -78,16 +78,16 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
 def test_native_steps_agree_with_the_eager_path(tiny_dir: Path) -> None:
     model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     ours, theirs = KVState(), KVState()
     prompt, tokens = list(range(5, 25)), [7, 40, 3, 99, 12, 61, 8, 8, 30, 2]
     kv.forward(model, ours, prompt)
     kv.forward(model, theirs, prompt)
     calls = []
-    rows = fast.scripted.rows
-    fast.scripted.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
+    rows = fast.native.rows
+    fast.native.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
     mine = torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in tokens])
-    del fast.scripted.rows
+    del fast.native.rows
     assert len(calls) == len(tokens)
     reference = eager(model, theirs, tokens)
     assert not torch.equal(mine, torch.zeros_like(mine))
@@ -120,22 +120,20 @@ def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:
 
     model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     calls = []
-    rows = fast.scripted.rows
-    fast.scripted.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
+    rows = fast.native.rows
+    fast.native.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
     kv.forward(model, KVState(), [4, 5, 6])  # a prompt: the eager path
-    kv.forward(model, KVState(), [4])  # a one-token prompt: the TorchScript step
+    kv.forward(model, KVState(), [4])  # a one-token prompt: the eager path too
     assert calls == []
     plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    step = kv.fast_forward(plain).scripted  # type: ignore[union-attr]
+    step = kv.fast_forward(plain).native  # type: ignore[union-attr]
     assert step is not None and step.rows(torch.tensor([[1]]), kv.new_cache(), False) is None
     assert kv.forward(plain, KVState(), [4], decode=True).shape[-1] == plain.config.vocab_size
 
 
-def test_without_the_native_step_decode_falls_back_to_the_torchscript_step(
-    tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_the_native_step_decode_runs_on_the_eager_path(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = load_fp16(tiny_dir)
     ours, theirs = KVState(), KVState()
     kv.forward(model, ours, list(range(5, 15)))
@@ -143,10 +141,11 @@ def test_without_the_native_step_decode_falls_back_to_the_torchscript_step(
     monkeypatch.setattr(native, "ENABLED", False)
     assert native.module() is None and native.status().startswith("off")
     fast = kv.fast_forward(model)
-    assert fast is not None and fast.scripted is not None
-    scripted = torch.stack([fast.scripted(torch.tensor([[t]]), ours.cache)[0, -1] for t in (3, 4)])  # type: ignore[index]
-    ours.tokens.extend([3, 4])
-    assert torch.equal(torch.stack([kv.forward(model, theirs, [t], decode=True)[-1] for t in (3, 4)]), scripted)
+    assert fast is not None and fast.native is not None
+    assert fast.native.rows(torch.tensor([[3]]), ours.cache, False) is None, "nothing to run without the library"
+    assert torch.equal(
+        torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in (3, 4)]), eager(model, theirs, [3, 4])
+    )
 
 
 @pytest.mark.bundled
@@ -174,7 +173,7 @@ def test_native_greedy_decode_agrees_with_eager_on_the_bundled_model() -> None:
 def test_a_native_step_that_fails_is_set_aside_and_decode_goes_on(tiny_dir: Path) -> None:
     model = load_fp16(tiny_dir)
     fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     ours, theirs = KVState(), KVState()
     kv.forward(model, ours, list(range(5, 15)))
     kv.forward(model, theirs, list(range(5, 15)))
@@ -188,9 +187,8 @@ def test_a_native_step_that_fails_is_set_aside_and_decode_goes_on(tiny_dir: Path
             Broken.calls += 1
             raise RuntimeError("KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim]")
 
-    fast.scripted._native = (fast.scripted._collected, Broken())
-    mine = torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in (4, 5)])  # TorchScript steps now
-    assert Broken.calls == 1 and fast.scripted._native[1] is None
+    fast.native._native = (fast.native._collected, Broken())
+    mine = torch.stack([kv.forward(model, ours, [t], decode=True)[-1] for t in (4, 5)])  # eager steps now
+    assert Broken.calls == 1 and fast.native._native[1] is None
     assert len(ours) == len(theirs) + 2 == 13
-    reference = torch.stack([fast.scripted(torch.tensor([[t]]), theirs.cache)[0, -1] for t in (4, 5)])  # type: ignore[index]
-    assert torch.equal(mine, reference)
+    assert torch.equal(mine, eager(model, theirs, [4, 5]))

@@ -81,24 +81,24 @@ def test_a_zero_group_and_a_zero_input_give_zeros_not_nans() -> None:
 def test_greedy_decode_through_the_native_step_equals_the_eager_q8_path(tiny_dir: Path) -> None:
     model = load_q8(tiny_dir)
     fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     ours, theirs = KVState(), KVState()
     prompt = list(range(5, 25))
     kv.forward(model, ours, prompt)
     kv.forward(model, theirs, prompt)
     calls = []
-    rows = fast.scripted.rows
-    fast.scripted.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
+    rows = fast.native.rows
+    fast.native.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
     token_ours = token_theirs = 7
     mine, reference = [], []
     for _ in range(12):  # each decodes its own greedy continuation
         token_ours = int(kv.forward(model, ours, [token_ours], decode=True)[-1].argmax())
         mine.append(token_ours)
-        keep, fast.scripted = fast.scripted, None
+        keep, fast.native = fast.native, None
         try:
             token_theirs = int(kv.forward(model, theirs, [token_theirs], decode=True)[-1].argmax())
         finally:
-            fast.scripted = keep
+            fast.native = keep
         reference.append(token_theirs)
     assert len(calls) == 12, "every decode step ran the native step"
     assert mine == reference
@@ -121,7 +121,7 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
 def test_new_weights_are_collected_again(tiny_dir: Path) -> None:
     model = load_q8(tiny_dir)
     fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.scripted is not None
+    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     state = KVState()
     kv.forward(model, state, list(range(5, 15)))
     before = kv.forward(model, state, [3], decode=True)[-1]

@@ -94,7 +94,7 @@ def test_a_quantized_draft_changes_acceptance_not_the_reply(tiny_dir: Path, mode
 
 
 def test_speculative_output_is_unchanged_on_an_fp16_target(tiny_dir: Path) -> None:
-    """Verification (several tokens, eager path) and single steps (scripted) share one KV cache."""
+    """Verification (several tokens) and single steps, both in the native step, share one KV cache."""
     runner = EngineRunner(str(tiny_dir), quant="fp16-cpu")
     try:
         assert getattr(runner.engine.loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu"
@@ -240,8 +240,8 @@ def test_bundled_fp16_greedy_identical_with_speculation_on_the_native_step() -> 
         assert getattr(runner.engine.loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu"
         calls = []
         fast = kv.fast_forward(runner.engine.loaded.model)  # made once per model; the engine uses this one
-        rows = fast.scripted.rows
-        fast.scripted.rows = lambda *a, **k: calls.append(a[0].shape[1]) or rows(*a, **k)
+        rows = fast.native.rows
+        fast.native.rows = lambda *a, **k: calls.append(a[0].shape[1]) or rows(*a, **k)
         for messages in (QUOTE, [{"role": "user", "content": f"Summarise in one sentence: {DOC}"}]):
             plain = run(runner, messages, "off", n=60)
             spec = run(runner, messages, "auto", n=60)

@@ -1,5 +1,5 @@
-"""fp16-cpu's fused layers and its TorchScript decode step (engine.quant.scripted) compute what the
-eager path computes: layer by layer, and step by step through the KV cache, bit for bit."""
+"""fp16-cpu's fused layers compute what separate layers compute, and the native decode step's Python side
+(engine.quant.decode_step) takes exactly the models it fits, notices new weights, and declines the rest."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import nn
 from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
-from engine.quant import Fp16Group, Fp16Linear
+from engine.quant import Fp16Group, Fp16Linear, native
 from tests.support.tiny import load_fp16
 
 
@@ -63,61 +63,56 @@ def test_fp16_model_is_fused_and_its_saved_copy_reloads_fused(tiny_dir: Path, tm
     assert quant.weight_bytes(again) == quant.weight_bytes(model)
 
 
-def _decode(model: Any, state: KVState, tokens: list[int], scripted: bool) -> torch.Tensor:
+needs_native = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
+
+
+def _decode(model: Any, state: KVState, tokens: list[int], on: bool) -> torch.Tensor:
+    """One-token decode steps through the native step (``on``) or the eager path."""
     fast = kv.fast_forward(model)
     assert fast is not None
-    keep, fast.scripted = fast.scripted, (fast.scripted if scripted else None)
+    keep, fast.native = fast.native, (fast.native if on else None)
     try:
-        return torch.stack([kv.forward(model, state, [t])[-1] for t in tokens])
+        return torch.stack([kv.forward(model, state, [t], decode=True)[-1] for t in tokens])
     finally:
-        fast.scripted = keep
+        fast.native = keep
 
 
-def test_scripted_steps_equal_eager_steps_through_the_cache_and_a_branch(tiny_dir: Path) -> None:
-    model = load_fp16(tiny_dir)
-    fast = kv.fast_forward(model)
-    assert fast is not None and fast.scripted is not None
-    prompt, steps = list(range(5, 25)), [7, 40, 3, 99, 12, 61, 8, 8, 30, 2]
-    ours, theirs = KVState(), KVState()
-    kv.forward(model, ours, prompt)
-    kv.forward(model, theirs, prompt)
-    assert torch.equal(_decode(model, ours, steps, True), _decode(model, theirs, steps, False))
-    for a, b in zip(ours.cache.layers, theirs.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-    # a branch from a snapshot copies on its first write; the original goes on unchanged
-    branch = KVState.from_snapshot(ours.snapshot(25), ours.tokens, 25)
-    reference = KVState.from_snapshot(theirs.snapshot(25), theirs.tokens, 25)
-    assert torch.equal(_decode(model, branch, [50, 51], True), _decode(model, reference, [50, 51], False))
-    assert torch.equal(_decode(model, ours, [9, 10], True), _decode(model, theirs, [9, 10], False))
-    assert len(ours) == len(theirs) == 32 and ours.cache_length() == 32
+def _runs(step: Any, cache: Any = None) -> bool:
+    """Whether the native step takes a decode token on a fresh cache holding two tokens."""
+    state = KVState()
+    if cache is None:
+        kv.forward(step.model, state, [0, 1])
+        cache = state.cache
+    return step.rows(torch.tensor([[2]]), cache, False) is not None
 
 
-def test_scripted_step_runs_only_where_it_fits(tiny_dir: Path) -> None:
+@needs_native
+def test_native_step_runs_only_where_it_fits(tiny_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    ids = torch.tensor([[4]])
+    assert native.module(wait=True) is not None
     fp16 = load_fp16(tiny_dir)
     fast = kv.fast_forward(fp16)
-    assert fast is not None and fast.scripted is not None
-    assert fast.scripted(ids, kv.new_cache()) is not None
-    assert fast.scripted(ids, DynamicCache()) is None  # not Brisk's growing cache layers
+    assert fast is not None and fast.native is not None
+    assert _runs(fast.native)
+    assert fast.native.rows(torch.tensor([[4]]), DynamicCache(), False) is None  # not Brisk's growing cache layers
     q = fp16.model.layers[0].self_attn.q_proj
     q.set_weights(*q.weights())  # unfused again: noticed at the next call
-    assert fast.scripted(ids, kv.new_cache()) is None
+    assert not _runs(fast.native)
     logits = kv.forward(fp16, KVState(), [4, 5])  # the eager path still runs it
     assert logits.shape[-1] == fp16.config.vocab_size
     for other in (
         AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval(),
         quant.quantize_cpu(AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval(), "int8-cpu"),
     ):
-        step = kv.fast_forward(other).scripted  # type: ignore[union-attr]
-        assert step is not None and step(ids, kv.new_cache()) is None
+        step = kv.fast_forward(other).native  # type: ignore[union-attr]
+        assert step is not None and not _runs(step)
 
 
-def test_scripted_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Path) -> None:
+@needs_native
+def test_native_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Path) -> None:
+    assert native.module(wait=True) is not None
     model = load_fp16(tiny_dir)
-    fast = kv.fast_forward(model)
-    assert fast is not None and fast.scripted is not None
     prompt = list(range(5, 15))
     ours, theirs = KVState(), KVState()
     kv.forward(model, ours, prompt)
@@ -126,61 +121,46 @@ def test_scripted_step_sees_new_norm_weights_and_remembers_a_misfit(tiny_dir: Pa
     _decode(model, theirs, [3], False)
     norms = {k: torch.rand_like(v) + 0.5 for k, v in model.state_dict().items() if "norm" in k}
     model.load_state_dict(norms, strict=False, assign=True)  # new tensors; no layer swapped
-    assert torch.equal(_decode(model, ours, [4, 5], True), _decode(model, theirs, [4, 5], False))
+    torch.testing.assert_close(_decode(model, ours, [4, 5], True), _decode(model, theirs, [4, 5], False))
 
     from transformers import AutoModelForCausalLM
 
     plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    step = kv.fast_forward(plain).scripted  # type: ignore[union-attr]
+    step = kv.fast_forward(plain).native  # type: ignore[union-attr]
     assert step is not None
     calls = []
     collect = step.collect
     step.collect = lambda: calls.append(1) or collect()  # type: ignore[method-assign]
+    state = KVState()
+    kv.forward(plain, state, [0, 1])
     for _ in range(3):
-        assert step(torch.tensor([[1]]), kv.new_cache()) is None
+        assert step.rows(torch.tensor([[1]]), state.cache, False) is None
     assert calls == [1]  # looked at once, then remembered as not fitting
 
 
-def test_scripted_step_notices_a_fused_model_after_a_misfit(tiny_dir: Path) -> None:
+@needs_native
+def test_native_step_notices_a_fused_model_after_a_misfit(tiny_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
+    assert native.module(wait=True) is not None
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
-    step = kv.fast_forward(model).scripted  # type: ignore[union-attr]
-    assert step is not None and step(torch.tensor([[1]]), kv.new_cache()) is None  # plain linears: no
+    step = kv.fast_forward(model).native  # type: ignore[union-attr]
+    assert step is not None and not _runs(step)  # plain linears: no
     before = quant.layout_version(model)
     quant.quantize_cpu(model, "fp16-cpu")  # swaps every layer in place, then fuses
     assert quant.layout_version(model) > before
     ours, theirs = KVState(), KVState()
     kv.forward(model, ours, [5, 6, 7])
     kv.forward(model, theirs, [5, 6, 7])
-    assert torch.equal(_decode(model, ours, [8, 9], True), _decode(model, theirs, [8, 9], False))
-    assert step._collected is not None  # the step ran scripted once the model fitted
+    torch.testing.assert_close(_decode(model, ours, [8, 9], True), _decode(model, theirs, [8, 9], False))
+    assert step._collected is not None and step.kind == "fp16"  # the native step ran once the model fitted
 
 
-@pytest.mark.bundled
-def test_scripted_greedy_decode_equals_eager_on_bundled_model() -> None:
-    from engine.api import ModelSpec
-    from engine.model.loader import load_model
-
-    loaded = load_model(ModelSpec(dtype="float32", device="cpu"))
-    model = quant.load_quantized_model(loaded.source, "fp16-cpu", torch.float32, torch.device("cpu")).model
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
-    replies = []
-    for scripted in (True, False):
-        state = KVState()
-        token = int(kv.forward(model, state, prompt)[-1].argmax())
-        reply = [token]
-        for _ in range(24):
-            token = int(_decode(model, state, [token], scripted)[-1].argmax())
-            reply.append(token)
-        replies.append(reply)
-    assert replies[0] == replies[1]  # bit for bit; which words they are depends on this CPU's kernels
-
-
+@needs_native
 def test_first_and_cached_fp16_loads_are_both_fused(tiny_dir: Path, tmp_path: Path) -> None:
     import shutil
 
+    assert native.module(wait=True) is not None
     source = Path(shutil.copytree(tiny_dir, tmp_path / "tiny"))
     cpu = torch.device("cpu")
     first = quant.load_quantized_model(str(source), "fp16-cpu", torch.float32, cpu)
@@ -188,4 +168,4 @@ def test_first_and_cached_fp16_loads_are_both_fused(tiny_dir: Path, tmp_path: Pa
     assert (first.cached, again.cached) == (False, True)
     for loaded in (first, again):
         assert loaded.model.model.layers[-1].mlp.up_proj.group is not None
-        assert kv.fast_forward(loaded.model).scripted(torch.tensor([[1]]), kv.new_cache()) is not None  # type: ignore[union-attr]
+        assert _runs(kv.fast_forward(loaded.model).native)  # type: ignore[union-attr]

@@ -1,58 +1,42 @@
-"""Compiled decode steps for fp16-cpu models: one call for all layers of a step.
+"""The native decode step's Python side: the collected weights of an fp16-cpu or q8-cpu model.
 
-``ScriptedDecode`` holds two: :meth:`ScriptedDecode.rows`, the native C++ step
-(``engine.quant.native``, ``native_step.cpp``) for decode tokens, a plain step or a
-speculative step's token and drafts, whenever it is built; and ``__call__``, the
-TorchScript one-token step below, which runs where the native step is not built and for
-one-token prompts.  Both read the same collected weights and write into the same KV
-buffers.
+``NativeDecode.rows`` runs decode tokens (a plain step, or a speculative step's token
+and drafts) through the native C++ step (``engine.quant.native``, ``native_step.cpp``):
+every layer, the final norm and the head in one call.  Anything it does not take (a
+model of another layout, a cache it cannot write into, the step not built yet) runs on
+the eager path (``engine.model.fastpath``): two decode paths, no third.
 
 At batch 1 on a small CPU, the Python between kernels costs as much as the kernels
 (measured on the bundled model: about half of a 40 ms step is the interpreter calling
-modules and small ops).  For a model whose linears are all fbgemm fp16 layers
-(``engine.quant.kernels.Fp16Linear``, packed weights that TorchScript can pass around; q/k/v
-and gate/up fused by ``engine.quant.apply.fuse_fp16``), this module runs a one-token
-decode step, every layer, the final norm and the head, as one scripted function
-over lists of the packed weights.  Same operations in the
-same order as ``engine.model.fastpath`` (the same kernels; results are identical, tested
-in ``tests/engine/quant/test_scripted.py``), writing keys and values into the KV cache's own
-buffers.  The cache is duck-typed (this package sits below ``engine.model`` and imports
-nothing from it): every layer must have ``reserve(m, like)``, returning a buffer with
-``keys`` / ``values`` tensors with room for ``m`` more positions, and ``advance(m)``, as
-``engine.model.kv.GrowingLayer`` has; for any other cache the step declines (``None``).
-
-``ScriptedDecode.for_model(model)`` returns ``None`` unless the model is exactly that:
-a ``FastForward`` layout, float32, every projection and the head ``Fp16Linear``
-(q/k/v and gate/up fused), layers of one shape, RMS norms with one epsilon.
-``BRISK_SCRIPTED=0`` turns it off (for comparison); where this torch cannot script the
-step (TorchScript is deprecated in torch 2.x), the eager path runs instead.
-This file has no ``from __future__ import annotations``: TorchScript reads the
-annotations of the scripted function.
+modules and small ops); the native step removes it.  It takes a model whose linears
+are all fbgemm fp16 layers (``engine.quant.kernels.Fp16Linear``, q/k/v and gate/up fused
+by ``engine.quant.apply.fuse_fp16``) or all q8 layers (``Q8Linear``), a ``FastForward``
+layout, float32, layers of one shape, RMS norms with one epsilon.  The weights are
+collected once into one checked structure (``_collected``) and collected again only when
+the model's layers were swapped or fused (``engine.quant.apply.layout_version``), its head
+changed, a collected layer took new weights (its ``version``) or a norm's weight is not
+the tensor collected.  The C++ side checks every tensor it is given (shape, dtype,
+device, contiguity, norm widths).  The cache is duck-typed (this package sits below
+``engine.model`` and imports nothing from it): every layer must have ``reserve(m, like)``,
+returning a buffer with ``keys`` / ``values`` tensors with room for ``m`` more
+positions, and ``advance(m)``, as ``engine.model.kv.GrowingLayer`` has; for any other
+cache the step declines (``None``).
 """
 
-# ruff: noqa: UP006 (TorchScript reads typing.List in the scripted function's annotations)
-import functools
+from __future__ import annotations
+
 import logging
-import os
-import warnings
-from typing import Any, List, Optional  # noqa: UP035
+from typing import Any
 
 import torch
-from torch.nn import functional as F  # noqa: N812
 
 from engine.quant import native
 from engine.quant.apply import layout_version
 from engine.quant.kernels import Fp16Linear, Q8Linear
 
 log = logging.getLogger(__name__)
-ENABLED = os.environ.get("BRISK_SCRIPTED", "1") != "0"
 # Rotary types whose cos/sin of a position do not depend on the sequence's length (tabled once)
 STATIC_ROPE = ("default", "linear", "llama3")
-
-
-def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # transformers' LlamaRMSNorm on float32 input, op for op
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
@@ -60,60 +44,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> 
     return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
 
 
-def _step(
-    h: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    norms: List[torch.Tensor],
-    weights: List[torch.classes.quantized.LinearPackedParamsBase],  # type: ignore[name-defined]
-    key_bufs: List[torch.Tensor],
-    value_bufs: List[torch.Tensor],
-    past: int,
-    head_dim: int,
-    q_size: int,
-    kv_size: int,
-    intermediate: int,
-    eps: float,
-    scaling: float,
-    grouped: bool,
-) -> torch.Tensor:
-    """Logits [1, 1, vocab] for one token; ``weights``: qkv, o, gate-up, down for each layer, the head last."""
-    half = head_dim // 2
-    linear = torch.ops.quantized.linear_dynamic_fp16
-    for i in range(len(key_bufs)):
-        w = 4 * i
-        x = _rms(h, norms[2 * i], eps)
-        qkv = linear(x, weights[w])
-        q = qkv[..., :q_size].view(1, 1, -1, head_dim).transpose(1, 2)
-        k = qkv[..., q_size : q_size + kv_size].view(1, 1, -1, head_dim).transpose(1, 2)
-        v = qkv[..., q_size + kv_size :].view(1, 1, -1, head_dim).transpose(1, 2)
-        q = rotate(q, cos, sin, half)
-        k = rotate(k, cos, sin, half)
-        key_bufs[i][:, :, past : past + 1] = k
-        value_bufs[i][:, :, past : past + 1] = v
-        keys = key_bufs[i][:, :, : past + 1]
-        values = value_bufs[i][:, :, : past + 1]
-        a = F.scaled_dot_product_attention(q, keys, values, scale=scaling, enable_gqa=grouped)
-        h = h + linear(a.transpose(1, 2).reshape(1, 1, -1), weights[w + 1])
-        x = _rms(h, norms[2 * i + 1], eps)
-        gate_up = linear(x, weights[w + 2])
-        h = h + linear(F.silu(gate_up[..., :intermediate]) * gate_up[..., intermediate:], weights[w + 3])
-    h = _rms(h, norms[-1], eps)
-    return linear(h, weights[-1])
-
-
-@functools.cache
-def _scripted() -> Any:
-    """The scripted step, or None where this torch cannot script it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.10+: "torch.jit.script is deprecated"
-        try:
-            return torch.jit.script(_step)
-        except Exception:  # noqa: BLE001 (any failure to script means: use the eager path)
-            return None
-
-
-class ScriptedDecode:
+class NativeDecode:
     def __init__(self, model: Any, fast: Any) -> None:
         self.model, self.fast = model, fast
         self._seen: tuple[int, int] | None = None  # (layout_version(model), id of the head) of _collected
@@ -128,13 +59,13 @@ class ScriptedDecode:
         self._rotary: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
 
     @classmethod
-    def for_model(cls, model: Any, fast: Any) -> Optional["ScriptedDecode"]:
-        """A scripted step for ``model`` (whose ``FastForward`` is ``fast``); None when turned off.
+    def for_model(cls, model: Any, fast: Any) -> NativeDecode | None:
+        """The native step's side for ``model`` (whose ``FastForward`` is ``fast``); None without one.
 
         Whether the model fits is decided at its first call and looked at again when its
-        modules or norm weights change (see ``__call__``); a model that does not fit runs eagerly.
+        modules or norm weights change (see ``_fitting``); a model that does not fit runs eagerly.
         """
-        return cls(model, fast) if ENABLED and fast is not None else None
+        return cls(model, fast) if fast is not None else None
 
     def collect(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
         """(norm weights, packed weights, (q, kv, intermediate) widths, epsilon) as the model is now.
@@ -265,7 +196,7 @@ class ScriptedDecode:
         return packed
 
     def _fitting(self, cache: Any) -> list[Any] | None:
-        """The cache's layers if the model fits the compiled steps and the cache lets us write into it."""
+        """The cache's layers if the model fits the native step and the cache lets us write into it."""
         # Looking up 200 layers costs about 1 ms a step, so it is done again only when the
         # model's layers were swapped or fused (engine.quant.apply.layout_version), the head
         # changed, a collected layer took new weights (its version), or a norm's weight is not
@@ -306,7 +237,7 @@ class ScriptedDecode:
                 step = make(
                     norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
                 )
-            except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): TorchScript runs
+            except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): the eager path runs
                 log.warning("native decode step not used for this model: %s", str(exc).splitlines()[0])
                 step = None
             self._native = (self._collected, step)
@@ -359,41 +290,3 @@ class ScriptedDecode:
         for layer in layers:
             layer.advance(n)
         return logits.unsqueeze(0)
-
-    @torch.inference_mode()
-    def __call__(self, ids: torch.Tensor, cache: Any) -> torch.Tensor | None:
-        """Logits [1, 1, vocab] for one token ``ids`` [1, 1] on ``cache`` by the TorchScript step, or None."""
-        scripted = _scripted()
-        if scripted is None:
-            return None
-        layers = self._fitting(cache)
-        if layers is None or self._collected is None or self.kind != "fp16":
-            return None  # q8 models: the native step or the eager path
-        norms, weights, (q_size, kv_size, intermediate), eps = self._collected
-        inner = self.model.model
-        past = int(cache.get_seq_length())
-        h = inner.embed_tokens(ids)
-        cos, sin = inner.rotary_emb(h, torch.tensor([[past]], device=ids.device))
-        head_dim = self.fast.head_dim
-        like = h.new_empty(1, kv_size // head_dim, 1, head_dim)  # shaped as one position's keys
-        bufs = [layer.reserve(1, like) for layer in layers]
-        logits = scripted(
-            h,
-            cos.unsqueeze(1),
-            sin.unsqueeze(1),
-            norms,
-            weights,
-            [b.keys for b in bufs],
-            [b.values for b in bufs],
-            past,
-            head_dim,
-            q_size,
-            kv_size,
-            intermediate,
-            eps,
-            float(self.fast.scaling),
-            bool(self.fast.grouped),
-        )
-        for layer in layers:
-            layer.advance(1)
-        return logits

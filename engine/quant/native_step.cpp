@@ -474,14 +474,16 @@ class Stepper {
     const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
     TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == hd &&
                     cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-                    sin.scalar_type() == at::kFloat,
-                "cos/sin: [n, head_dim] contiguous float32");
+                    sin.scalar_type() == at::kFloat && cos.device().is_cpu() && sin.device().is_cpu(),
+                "cos/sin: [n, head_dim] contiguous float32 on the CPU");
+    TORCH_CHECK(ids.device().is_cpu(), "ids: on the CPU");
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == layers && values.size() == keys.size(), "one KV buffer a layer");
     for (int64_t i = 0; i < layers; ++i)
       for (const at::Tensor* t : {&keys[i], &values[i]})
-        TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->size(0) == 1 &&
-                        t->size(1) == kv_heads_ && t->size(3) == hd && t->size(2) >= past + n && past >= 0,
-                    "KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim]");
+        TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
+                        t->size(0) == 1 && t->size(1) == kv_heads_ && t->size(3) == hd && t->size(2) >= past + n &&
+                        past >= 0,
+                    "KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim] on the CPU");
 
     at::Tensor h = at::empty({n, width}, embedding.options());
     float* hp = h.data_ptr<float>();

@@ -171,3 +171,32 @@ def test_without_the_native_step_the_layer_computes_the_same_in_torch(monkeypatc
     monkeypatch.setattr(native, "ENABLED", False)
     assert native.module() is None
     torch.testing.assert_close(q(x), with_native, rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_step_checks_every_tensor_it_is_given(tiny_dir: Path) -> None:
+    model = load_q8(tiny_dir)
+    built = native.module(wait=True)
+    fast = kv.fast_forward(model)
+    assert built is not None and fast is not None and fast.native is not None
+    norms, weights, (q_size, kv_size, intermediate), eps = fast.native.collect()
+    args = (fast.head_dim, q_size, kv_size, intermediate, eps, float(fast.scaling))
+    wrong = [*norms[:-1], torch.ones(norms[-1].numel() + 1)]
+    with pytest.raises(RuntimeError, match="norms"):
+        built.q8_stepper(wrong, weights, *args)
+    with pytest.raises(RuntimeError, match="q8 projection of layer 0"):
+        built.q8_stepper(norms, [weights[1], *weights[1:]], *args)
+    step = built.q8_stepper(norms, weights, *args)
+    embedding = model.model.embed_tokens.weight
+    cos, sin = torch.zeros(1, fast.head_dim), torch.zeros(1, fast.head_dim)
+    layers = len(model.model.layers)
+    kv_heads = kv_size // fast.head_dim
+    good = [torch.zeros(1, kv_heads, 8, fast.head_dim) for _ in range(layers)]
+    assert (
+        step.forward(torch.tensor([3]), embedding, cos, sin, good, list(good), 0, False).shape
+        == (1, 1, embedding.shape[0])[1:]
+    )
+    half = [torch.zeros(1, kv_heads, 8, fast.head_dim, dtype=torch.float16) for _ in range(layers)]
+    with pytest.raises(RuntimeError, match="KV buffers"):
+        step.forward(torch.tensor([3]), embedding, cos, sin, half, half, 0, False)
+    with pytest.raises(RuntimeError, match="token id out of range"):
+        step.forward(torch.tensor([embedding.shape[0]]), embedding, cos, sin, good, list(good), 0, False)

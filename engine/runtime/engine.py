@@ -55,7 +55,7 @@ from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
 from engine.runtime.serving import Serving, conversation_key
-from engine.runtime.speculative import DraftModel
+from engine.runtime.speculative import DraftModel, HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
 
@@ -82,6 +82,7 @@ class Engine(Serving):
         self.prefix_cache: PrefixCache | None = None
         self.draft: DraftModel | None = None
         self.answers = AnswerMemory()  # drafts seeded by remember_answer (and replies the cache did not keep)
+        self.history = HistoryIndex()  # every finished or seeded reply's n-grams: drafts for any question
         self.tools = ToolBox(self.options.tools, on_event)
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -145,6 +146,7 @@ class Engine(Serving):
             if engine.loaded is not None:
                 ids = engine.loaded.tokenizer(answer, add_special_tokens=False)["input_ids"]
                 engine.answers.add(question, list(ids))
+                engine.history.add(ids)
 
         self.call(add)
 
@@ -213,6 +215,7 @@ class Engine(Serving):
         self.loaded, self.decoder, self.draft = loaded, built.decoder, built.draft
         self.prefix_cache = built.prefix_cache
         self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
+        self.history = HistoryIndex()
         self.identity = ModelIdentity(loaded.name, loaded.identity, built.dtype, loaded.quant)
         try:  # before Loaded: a request sent on Loaded meets this model's answers
             self.answer_gate.loaded(spec, number, self.identity)

@@ -40,7 +40,7 @@ from engine.runtime.prefix_cache import PERSISTED, PrefixCache
 from engine.runtime.prompt import Prompt, build_prompt
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
-from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, PromptLookup
+from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, HistoryDrafts, HistoryIndex, PromptLookup
 from engine.runtime.tool_turns import Rounds, ToolBox
 from engine.tools import Parsed, tool_schemas
 
@@ -66,6 +66,7 @@ class Serving:
     prefix_cache: PrefixCache | None
     draft: DraftModel | None
     answers: AnswerMemory
+    history: HistoryIndex
     tools: ToolBox
     answer_gate: AnswerGate
     _cancelled: set[str]
@@ -181,6 +182,8 @@ class Serving:
                 drafters.append(AnswerDrafts(similar, prompt_length))
         if source in ("auto", "lookup"):
             drafters.append(PromptLookup())
+        if source == "auto" and len(self.history):
+            drafters.append(HistoryDrafts(self.history))
         if source in ("auto", "draft") and self.draft is not None:
             drafters.append(self.draft)
         return drafters
@@ -260,6 +263,8 @@ class Serving:
         self, request: Request, result: DecodeResult, finish: str, rounds: Rounds, metrics: Metrics
     ) -> None:
         """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
+        if finish != "cancelled" and not rounds.tools_ran:
+            self.history.add(result.ids)  # drafts for any later question
         if finish not in ("stop", "length") or rounds.tools_ran or self.identity is None:
             if finish != "cancelled" and not rounds.tools_ran:
                 self.answers.add(str(request.messages[-1].get("content", "")), result.ids)

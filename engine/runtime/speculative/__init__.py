@@ -2,6 +2,7 @@
 
 * :mod:`.verify` — the acceptance rule, one pure function;
 * :mod:`.drafters` — the draft sources (prompt lookup, earlier answers, a draft model);
+* :mod:`.history` — drafts from every earlier reply's n-grams (the whole local history);
 * :mod:`.controller` — the adaptive draft length per source.
 
 The decode loop that drives them is ``engine.runtime.steps``.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from engine.runtime.speculative.controller import Controller, SourceStats
 from engine.runtime.speculative.drafters import AnswerDrafts, Drafter, DraftModel, PromptLookup, ngram_continuation
+from engine.runtime.speculative.history import HistoryDrafts, HistoryIndex
 from engine.runtime.speculative.verify import verify
 
 __all__ = [
@@ -18,6 +20,8 @@ __all__ = [
     "Controller",
     "DraftModel",
     "Drafter",
+    "HistoryDrafts",
+    "HistoryIndex",
     "PromptLookup",
     "SourceStats",
     "ngram_continuation",

@@ -70,13 +70,16 @@ GROUNDED = {
     "summary": f"Summarise this text in three sentences:\n\n{ARTICLE}",
     "extract": f"List every number that appears in this text, one per line, with what it counts:\n\n{ARTICLE}",
 }
-FIRST = [  # one new question a round for the first-question row; never asked before in that data folder
+FIRST = [  # new questions for the first-question rows, one per column and round, each with a fresh nonce
     "What should I pack for a weekend of camping in the mountains?",
     "Why do cats purr?",
     "How can I keep basil alive on a windowsill?",
     "What is a good way to start learning to draw?",
     "Why does bread go stale?",
     "How do bees make honey?",
+    "What makes a good cup of tea?",
+    "How do I stop my glasses from fogging up?",
+    "Why do leaves change colour in autumn?",
 ]
 
 
@@ -146,11 +149,15 @@ def first_question(question: str, args: argparse.Namespace, max_tokens: int, spe
 
 
 def measure_first(
-    question: str, args: argparse.Namespace, max_tokens: int, sides: list[tuple[str, Client | None, str]]
+    round_number: int, args: argparse.Namespace, max_tokens: int, sides: list[tuple[str, Client | None, str]]
 ) -> dict[str, dict[str, list[float]]]:
-    """The first-question row for each column: a new ``brisk ask`` process, or the peer's reply."""
+    """The first-question row for each column: a new ``brisk ask`` process, or the peer's reply.
+
+    Each column gets its own question (an answer the column before kept must not serve it) that no
+    earlier run asked: a nonce in brackets at its end."""
     out: dict[str, dict[str, list[float]]] = {}
-    for label, client, speculative in sides:
+    for i, (label, client, speculative) in enumerate(sides):
+        question = f"{FIRST[(round_number * len(sides) + i) % len(FIRST)]} [{uuid.uuid4().hex[:6]}]"
         if client is None:  # a local column: a new process
             metrics = first_question(question, args, max_tokens, None if speculative == "as installed" else speculative)
             ttft, speed = metrics.get("ttft_s"), metrics.get("tokens_per_s")
@@ -206,7 +213,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             firsts: list[tuple[str, Client | None, str]] = [(installed, None, "as installed"), (off, None, "off")]
             if peer is not None:
                 firsts.append((peer_label, peer, "off"))
-            first = measure_first(FIRST[round_number % len(FIRST)], args, max_tokens, firsts)
+            first = measure_first(round_number, args, max_tokens, firsts)
             for label, values in first.items():
                 merge(columns.setdefault(label, {}), values)
             # new engines each round: no reply of an earlier round can serve as a draft

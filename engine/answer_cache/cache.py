@@ -17,14 +17,18 @@ the same model identity and context hash and is younger than the TTL, and
   ``config.threshold`` similar *and* :func:`~engine.answer_cache.guard.mismatch`
   finds no difference in numbers, names, negation, comparison, units,
   operators or question word.  Before the embedder is ready (it loads in the
-  background), lookups are exact-only.
+  background), lookups are exact-only: nothing here waits for it or loads it.
 
 Sampled replies (temperature > 0) are neither served nor stored unless
 ``config.allow_sampled``.  Every lookup (not a bypass) counts towards
 :meth:`stats`; a hit adds its saved time.  :meth:`nearest_drafts` gives the
 token ids of the most similar earlier answers as speculative drafts, with no
 threshold or guard (a draft is verified by the model, so a wrong one costs
-only speed).  Errors from the database are :class:`CacheError`; a lookup
+only speed; it never embeds, it uses the vector a lookup just made).  A
+lookup embeds at most its own question, and only when a stored vector could
+match it: entries stored before the embedder was ready get their vectors from
+:meth:`backfill`, which the caller runs off the request's path (after a
+reply's ``Done``).  Errors from the database are :class:`CacheError`; a lookup
 that fails because the database is locked or damaged is the caller's to
 turn into a miss (``lookup(..., quiet=True)`` does that and keeps the error
 in :attr:`last_error`).
@@ -42,7 +46,7 @@ import numpy as np
 
 from engine.answer_cache.embed import DIM, Embedder, shared_embedder
 from engine.answer_cache.guard import mismatch
-from engine.answer_cache.keys import CacheKey, ModelIdentity, normalise
+from engine.answer_cache.keys import CacheKey, ModelIdentity, fold, normalise
 from engine.answer_cache.store import CacheError, CacheStore, Entry
 
 KINDS = ("exact", "semantic")
@@ -183,12 +187,16 @@ class AnswerCache:
             hits=entry.hits,
         )
 
-    def _ranked(self, question: str, model_key: str, context: str | None, since: float) -> list[tuple[float, int]]:
-        """(similarity, id) of the stored questions, most similar first; empty while the embedder loads."""
-        vector = self.embedder.embed_one(normalise(question))
-        if vector is None:
+    def _ranked(
+        self, question: str, model_key: str, context: str | None, since: float, compute: bool = True
+    ) -> list[tuple[float, int]]:
+        """(similarity, id) of the stored questions, most similar first; empty while the embedder loads.
+
+        The question is embedded (about 9 ms on one core) only when there is a stored vector to compare it
+        with; ``compute=False`` uses only a vector the embedder remembers (embedded by a lookup just before).
+        """
+        if not self.embedder.ready:  # never wait for it: exact hits (and word-overlap drafts) only
             return []
-        self._backfill(model_key)
         index = self._index_for(model_key)
         if index is None:
             return []
@@ -198,6 +206,10 @@ class AnswerCache:
             mask &= contexts == context
         rows = np.flatnonzero(mask)
         if rows.size == 0:
+            return []
+        text = fold(question)
+        vector = self.embedder.embed_one(text) if compute else self.embedder.remembered(text)
+        if vector is None:
             return []
         scores = matrix[rows] @ vector
         order = np.argsort(-scores, kind="stable")
@@ -249,15 +261,23 @@ class AnswerCache:
                     return entry, min(score, 1.0)
         return None, 0.0
 
-    def _backfill(self, model_key: str, limit: int = 32) -> None:
-        """Embed entries stored before the embedder was ready (a few per call)."""
-        missing = self.store.without_embedding(model_key, limit)
+    def backfill(self, identity: ModelIdentity, limit: int = 8) -> int:
+        """Embed up to ``limit`` of that model's entries stored before the embedder was ready; how many.
+
+        Not part of a lookup (it would put ``limit`` embeddings in front of a reply): the caller runs it
+        where no request waits, after a reply's ``Done`` or at the end of a load.  Nothing while not ready.
+        """
+        if not self.config.semantic or not self.embedder.ready:
+            return 0
+        missing = self.store.without_embedding(identity.key, limit)
         if not missing:
-            return
-        vectors = self.embedder.embed([normalise(q) for _, q in missing])
-        if vectors is not None:
-            self.store.set_embeddings([(i, v.tobytes()) for (i, _), v in zip(missing, vectors, strict=True)])
-            self._indexes.pop(model_key, None)
+            return 0
+        vectors = self.embedder.embed([fold(q) for _, q in missing])
+        if vectors is None:
+            return 0
+        self.store.set_embeddings([(i, v.tobytes()) for (i, _), v in zip(missing, vectors, strict=True)])
+        self._indexes.pop(identity.key, None)
+        return len(missing)
 
     # -- store ---------------------------------------------------------------------------------
 
@@ -268,7 +288,8 @@ class AnswerCache:
         """
         if not self._eligible(key) or not key.question.strip() or not answer:
             return None
-        vector = self.embedder.embed_one(normalise(key.question)) if self.config.semantic else None
+        semantic = self.config.semantic and self.embedder.ready
+        vector = self.embedder.embed_one(fold(key.question)) if semantic else None
         entry_id = self.store.upsert(
             {
                 "model_key": key.identity.key,
@@ -300,13 +321,15 @@ class AnswerCache:
     def nearest_drafts(self, question: str, identity: ModelIdentity, limit: int = 3) -> list[list[int]]:
         """Token ids of the earlier answers (same model, any context) most similar to ``question``.
 
-        Uses embeddings when ready (similarity at least ``config.draft_floor``), else word overlap of the
-        most recent questions (Jaccard at least 0.5).  Never counted as a lookup.
+        Uses the question's vector when the embedder remembers it (the lookup before embedded it;
+        similarity at least ``config.draft_floor``), else word overlap of the most recent questions (Jaccard
+        at least 0.5): it never embeds, so it never holds up the reply it drafts for.  Never counted as a lookup.
         """
         if not self.config.enabled or not question.strip() or limit < 1:
             return []
         since = self._since()
-        ranked = [(s, i) for s, i in self._ranked(question, identity.key, None, since) if s >= self.config.draft_floor]
+        ranked = self._ranked(question, identity.key, None, since, compute=False)
+        ranked = [(s, i) for s, i in ranked if s >= self.config.draft_floor]
         if not ranked:
             words = set(normalise(question).split())
             scored = []

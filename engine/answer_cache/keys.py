@@ -8,9 +8,13 @@
   tools and their data versions, and the sampling settings.  For greedy sampling
   the settings that cannot change a greedy reply (``seed``, ``top_p``,
   ``top_k``) are left out, so they do not split the cache.
-* :func:`normalise` folds case and whitespace; :func:`question_hash` hashes the
-  normalised form (exact hits compare hashes, so a huge question is never
-  compared or stored twice).
+* :func:`normalise` folds case and whitespace and drops the punctuation that
+  ends a sentence (``?``, ``!``, ``.``, ``…`` and their full-width forms), so
+  "what is the capital of france" and "What is the capital of France?" are one
+  question; :func:`question_hash` hashes the normalised form (exact hits compare
+  hashes, so a huge question is never compared or stored twice).  The embedder
+  reads :func:`fold` (case and whitespace only): the punctuation is part of what
+  its vectors were measured on.
 * :class:`CacheKey` bundles all of it for one request; build it with
   :meth:`CacheKey.for_messages` or :meth:`CacheKey.for_request`.
 """
@@ -29,12 +33,23 @@ from typing import Any
 from engine.api import Request, Sampling
 
 _SPACE = re.compile(r"\s+")
+# what may end a question without changing it: ? ! . … and their full-width, small and ideographic forms
+_TRAILING = re.compile(r"[\s?!.\u2026\uff1f\uff01\uff0e\u3002\uff61\ufe56\ufe57\ufe15\ufe16]+$")
 _GREEDY_IRRELEVANT = ("seed", "top_p", "top_k")
 
 
-def normalise(question: str) -> str:
+def fold(question: str) -> str:
     """Lower case, whitespace runs collapsed to one space, ends stripped (Unicode case folding)."""
     return _SPACE.sub(" ", question).strip().casefold()
+
+
+def normalise(question: str) -> str:
+    """:func:`fold`, then the trailing ``?``/``!``/``.``/``…`` (any number, any width) dropped.
+
+    A question that is nothing but such marks keeps them (``"?"`` and ``"!"`` stay two questions).
+    """
+    folded = fold(question)
+    return _TRAILING.sub("", folded) or folded
 
 
 def _sha(text: str) -> str:

@@ -18,12 +18,18 @@ those hits).  A spec never loaded before gives no hits
 until its load ends.  A request is looked up only when it may be
 (``request.answer_cache`` and not ``request.fresh``, the cache on, its values
 valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
-once).  The engine calls :meth:`AnswerGate.put` after a complete reply,
-:meth:`AnswerGate.drafts` for speculative drafts and :meth:`AnswerGate.loaded`
-after a load (answers of other models are deleted then); while the engine
-sends a ``Done`` and keeps that reply (:meth:`AnswerGate.storing`), a lookup
-waits for it (at most ``STORE_WAIT_S``), so a question asked again right after
-its answer finds it.  The cache is used from both threads under one lock.
+once).  A lookup never waits for the embedder: the gate starts it when a load
+starts (it loads in about 0.1 s, beside a model that takes seconds, and a reply
+reaches the model only after the load), and until it is ready lookups are
+exact-only.  Entries kept before it was ready get their vectors after a later
+reply's ``Done`` or at the end of a load, never in a lookup.  The engine calls
+:meth:`AnswerGate.put` after a complete reply, :meth:`AnswerGate.drafts` for
+speculative drafts (they never embed: only a vector the lookup made is used)
+and :meth:`AnswerGate.loaded` after a load (answers of other models are
+deleted then); while the engine sends a ``Done`` and keeps that reply
+(:meth:`AnswerGate.storing`), a lookup waits for it (at most ``STORE_WAIT_S``),
+so a question asked again right after its answer finds it.  The cache is used
+from both threads under one lock.
 """
 
 from __future__ import annotations
@@ -142,6 +148,7 @@ class AnswerGate:
             kind, item = self._queue.get()
             try:
                 if kind == "load":
+                    self._start_embedder()  # beside the model's load, so it is ready by the first question
                     with self._lock:
                         self._loads += 1
                         known = self._known.get(spec_key(item))
@@ -170,6 +177,10 @@ class AnswerGate:
             else:
                 traceback.print_exc()
             self.on_event(Warning("cache", f"The answer cache is off ({exc}); every reply comes from the model."))
+
+    def _start_embedder(self) -> None:
+        if self.cache is not None and self.settings.semantic:
+            self.cache.embedder.start()
 
     def _answer(self, request: Request) -> bool:
         """Serve ``request`` from the cache if it has the answer; true when it did."""
@@ -235,7 +246,11 @@ class AnswerGate:
 
     # -- the engine thread --------------------------------------------------------------------------
     def loaded(self, spec: ModelSpec, load_number: int, identity: Any) -> None:
-        """A load ended well: remember ``spec``'s identity, expect it, drop other models' answers."""
+        """A load ended well: remember ``spec``'s identity, expect it, drop other models' answers.
+
+        Entries kept before the embedder was ready get their vectors here if it is ready now (a few; the
+        rest after later replies), so a paraphrase of them can hit from the first question.
+        """
         with self._lock:
             if load_number == self._loads:
                 self._expected = identity
@@ -246,13 +261,12 @@ class AnswerGate:
             self._known[spec_key(spec)] = fields
             known = dict(self._known)
             self.cache.invalidate_model(identity, keep=True)
+            self.cache.backfill(identity)
         if changed:
             try:
                 atomic_write(cache_dir() / IDENTITIES_FILE, json.dumps(known))
             except OSError:  # only costs hits during the next first load
                 traceback.print_exc()
-        if self.settings.semantic:
-            self.cache.embedder.start()  # after the model, so it never slows the first load
 
     def load_failed(self, load_number: int, identity: Any) -> None:
         """A load failed: requests meet the model still loaded (``identity``, or None)."""
@@ -261,7 +275,11 @@ class AnswerGate:
                 self._expected = identity
 
     def put(self, identity: Any, request: Request, text: str, ids: Sequence[int], generation_s: float) -> bool:
-        """Keep a complete reply (the caller checks it finished with "stop" or "length"); true when kept."""
+        """Keep a complete reply (the caller checks it finished with "stop" or "length"); true when kept.
+
+        Called after the reply's ``Done``: its question's vector (remembered from the lookup, or embedded
+        now) and a few entries kept before the embedder was ready are embedded here, off every request's path.
+        """
         if self.cache is None or not request.answer_cache or request.messages[-1].get("role") != "user":
             return False
         from engine.answer_cache import CacheKey
@@ -271,7 +289,9 @@ class AnswerGate:
             if time.monotonic() < self._paused_until:
                 return False
             try:
-                return self.cache.put(key, text, list(ids), generation_s) is not None
+                kept = self.cache.put(key, text, list(ids), generation_s) is not None
+                self.cache.backfill(identity)
+                return kept
             except Exception:
                 self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
                 raise

@@ -8,12 +8,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from engine.answer_cache import AnswerCache, CacheConfig, CacheKey, Embedder, ModelIdentity, context_hash
+from engine.answer_cache import AnswerCache, CacheConfig, CacheKey, Embedder, ModelIdentity, context_hash, normalise
+from engine.answer_cache.keys import question_hash
 from engine.answer_cache.store import ENTRIES, HUGE_CHARS
 from engine.api import Request, Sampling
 
@@ -51,6 +53,33 @@ def test_exact_hit_after_normalising_case_and_whitespace(cache: AnswerCache) -> 
     stats = cache.stats()
     assert (stats.entries, stats.lookups, stats.exact_hits, stats.hit_rate) == (1, 1, 1, 1.0)
     assert stats.saved_s == pytest.approx(hit.saved_s)
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        "what is the capital of france",
+        "WHAT IS THE CAPITAL OF FRANCE?!",
+        "What is the capital of France.",
+        "What is the capital of France...",
+        "What is the capital of France\u2026",  # an ellipsis
+        "What is the capital of France\uff1f",  # a full-width question mark
+        "What is the capital of France\uff01\u3002",  # full-width exclamation mark, ideographic full stop
+        "  what is the capital\tof France ? !\n",
+    ],
+)
+def test_case_trailing_punctuation_and_whitespace_variants_hit_exactly(cache: AnswerCache, asked: str) -> None:
+    cache.put(key("What is the capital of France?"), "Paris.", [1, 2], generation_s=2.0)
+    hit = cache.lookup(key(asked))
+    assert hit is not None and (hit.kind, hit.answer) == ("exact", "Paris.")
+
+
+def test_only_trailing_marks_are_dropped() -> None:
+    assert normalise("What is the capital of France?") == "what is the capital of france"
+    assert normalise("Is 3.5 > 3? Why?") == "is 3.5 > 3? why"  # marks inside the question stay
+    assert normalise("?") == "?" and normalise("!") == "!" and normalise("?") != normalise("!")
+    assert normalise("What is 2+2?") != normalise("What is 2+3?")
+    assert question_hash("Hi there!") == question_hash("hi   there") != question_hash("hi there, you")
 
 
 def test_request_key_matches_message_key() -> None:
@@ -193,6 +222,33 @@ def test_drafts_fall_back_to_word_overlap_before_the_embedder(cache: AnswerCache
     cache.put(key("unrelated thing"), "No.", [1], 1.0)
     assert cache.nearest_drafts("how do I bake bread", MODEL, limit=3) == [[7, 8, 9]]
     assert cache.nearest_drafts("how do I bake bread", ModelIdentity("other"), limit=3) == []
+
+
+class CountingEmbedder(Embedder):
+    """The real embedder, never started (as in the first moments of a load), counting what it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray | None:
+        self.calls.append(list(texts))
+        return super().embed(texts)
+
+
+def test_lookups_and_drafts_before_the_embedder_is_ready_embed_nothing(tmp_path: Path) -> None:
+    embedder = CountingEmbedder()
+    cache = AnswerCache(tmp_path / "brisk.db", CacheConfig(semantic=True), embedder=embedder)
+    entry_id = cache.put(key("How do I bake bread at home?"), "Mix flour.", [7, 8, 9], 1.0)
+    assert entry_id is not None
+    assert cache.lookup(key("how do I bake bread at home")) is not None  # exact hits still run
+    assert cache.lookup(key("What is a good way to bake bread at home?")) is None  # the semantic part is skipped
+    assert cache.nearest_drafts("how do I bake bread", MODEL, limit=3) == [[7, 8, 9]]  # by word overlap
+    assert cache.backfill(MODEL) == 0
+    assert embedder.calls == [], "nothing may be embedded (or wait for the embedder) before it is ready"
+    entry = cache.store.get(entry_id)
+    assert entry is not None and entry.embedding is None  # backfilled once the embedder is ready
+    cache.close()
 
 
 def _conversation_rows(path: Path) -> list[tuple[object, ...]]:

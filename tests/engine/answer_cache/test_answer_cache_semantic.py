@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.answer_cache import (
@@ -22,8 +23,9 @@ from engine.answer_cache import (
     mismatch,
 )
 from engine.answer_cache.embed import bundled_model_dir
-from engine.answer_cache.keys import normalise
+from engine.answer_cache.keys import fold, normalise
 from engine.answer_cache.pairs import evaluate
+from engine.runtime.threads import isolated
 
 MODEL = ModelIdentity("SmolLM2-135M", "abc123", "float32", "none")
 SYSTEM = [{"role": "system", "content": "Be brief."}]
@@ -105,6 +107,8 @@ def test_exact_only_until_the_embedder_is_ready_then_backfilled(tmp_path: Path, 
     assert early.nearest_drafts("Which city is the capital of France?", MODEL) == [[5]]  # by word overlap
     early.close()
     ready = AnswerCache(path, embedder=embedder)
+    assert ready.lookup(key("Which city is the capital of France?")) is None  # a lookup never backfills
+    assert ready.backfill(MODEL) == 1 and ready.backfill(MODEL) == 0  # (the gate does it after a Done)
     hit = ready.lookup(key("Which city is the capital of France?"))
     assert hit is not None and hit.kind == "semantic"
 
@@ -118,6 +122,56 @@ def test_nearest_drafts_below_the_threshold(cache: AnswerCache) -> None:
     assert drafts == [[1, 2, 3]]
     assert cache.nearest_drafts(question, ModelIdentity("other"), limit=3) == []
     assert cache.stats().lookups == 1  # drafts are not lookups
+
+
+def test_drafts_never_embed_they_use_the_lookups_vector(
+    cache: AnswerCache, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.put(key("How do I bake sourdough bread?"), "Feed the starter.", [1, 2, 3], 1.0)
+    question = "Any tips for making sourdough at home?"
+    embedder.forget()
+    encoded: list[list[str]] = []
+    model = embedder._model
+    assert model is not None
+    real = model.encode
+    monkeypatch.setattr(model, "encode", lambda texts: encoded.append(list(texts)) or real(texts))
+    assert cache.nearest_drafts(question, MODEL, limit=1) == []  # no vector yet, and too few words in common
+    assert encoded == []
+    assert cache.lookup(key(question)) is None  # the lookup embeds the question once...
+    assert cache.nearest_drafts(question, MODEL, limit=1) == [[1, 2, 3]]  # ...and the drafts reuse its vector
+    assert len(encoded) == 1
+
+
+def test_a_lookup_embeds_nothing_when_no_stored_question_could_match(
+    cache: AnswerCache, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache.put(key("How do I bake sourdough bread?"), "Feed the starter.", [1, 2, 3], 1.0)
+    embedder.forget()
+    calls: list[list[str]] = []
+    real = embedder.embed
+    monkeypatch.setattr(embedder, "embed", lambda texts: calls.append(list(texts)) or real(texts))
+    assert cache.lookup(key("Any tips for sourdough?", [{"role": "system", "content": "Pirate"}])) is None
+    assert calls == [], "no entry in that context: nothing to compare a vector with"
+    cache.lookup(key("Any tips for sourdough?"))
+    assert len(calls) == 1
+
+
+def test_vectors_are_those_of_sentence_transformers(embedder: Embedder) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    texts = [fold(q) for pair in [*PARAPHRASES[:8], *NEAR_MISSES[:8]] for q in pair]
+    texts += ["word " * 400, "ünïcödé façade", "一个问题", "a"]  # past max_seq_length, accents, CJK, one letter
+
+    def reference() -> np.ndarray:  # on a thread that ends: torch work off the test's main thread
+        model = st.SentenceTransformer(str(bundled_model_dir()), device="cpu", local_files_only=True)
+        return model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+
+    expected = isolated(reference)
+    embedder.forget()
+    batch = embedder.embed(texts)
+    one_by_one = np.stack([embedder.embed([t])[0] for t in texts])  # type: ignore[index]
+    assert batch is not None
+    assert float(np.abs(batch - expected).max()) < 1e-5
+    assert float(np.abs(one_by_one - expected).max()) < 1e-5
 
 
 def test_embeddings_are_unit_float32(embedder: Embedder) -> None:

@@ -50,6 +50,7 @@ from engine.answer_cache.keys import CacheKey, ModelIdentity, fold, normalise
 from engine.answer_cache.store import CacheError, CacheStore, Entry
 
 KINDS = ("exact", "semantic")
+STAGES = ("both", "exact", "semantic")
 _Index = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # ids, context hashes, created, unit vectors
 
 
@@ -147,28 +148,40 @@ class AnswerCache:
 
     # -- lookup --------------------------------------------------------------------------------
 
-    def lookup(self, key: CacheKey, *, bypass: bool = False, quiet: bool = False) -> CacheHit | None:
-        """The cached reply for ``key``, or ``None``; ``bypass`` ("regenerate fresh") always misses, uncounted."""
+    def lookup(
+        self, key: CacheKey, *, bypass: bool = False, quiet: bool = False, stage: str = "both"
+    ) -> CacheHit | None:
+        """The cached reply for ``key``, or ``None``; ``bypass`` ("regenerate fresh") always misses, uncounted.
+
+        ``stage`` splits a lookup in two for a caller that sends the request on between them: ``"exact"``
+        (a miss is not counted: the semantic stage follows) and ``"semantic"`` (skips the exact match;
+        counts the lookup, hit or miss).  ``"both"`` is the two in turn.
+        """
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, not {stage!r}")
         if bypass or not self._eligible(key) or not key.question.strip():
             return None
         began = time.perf_counter()
         try:
-            return self._lookup(key, began)
+            return self._lookup(key, began, stage)
         except CacheError as exc:
             if not quiet:
                 raise
             self.last_error = str(exc)
             return None
 
-    def _lookup(self, key: CacheKey, began: float) -> CacheHit | None:
+    def _lookup(self, key: CacheKey, began: float, stage: str) -> CacheHit | None:
         since = self._since()
-        entry = self.store.find_exact(key.identity.key, key.context, key.question_key, since)
+        entry = None
         kind, similarity = "exact", 1.0
-        if entry is None and self.config.semantic:
+        if stage != "semantic":
+            entry = self.store.find_exact(key.identity.key, key.context, key.question_key, since)
+        if entry is None and self.config.semantic and stage != "exact":
             entry, similarity = self._nearest_guarded(key, since)
             kind = "semantic"
         if entry is None or (entry.sampled and not self.config.allow_sampled):
-            self.store.record_lookup()
+            if stage != "exact":
+                self.store.record_lookup()
             return None
         lookup_s = time.perf_counter() - began
         saved = max(0.0, entry.generation_s - lookup_s)
@@ -214,6 +227,20 @@ class AnswerCache:
         scores = matrix[rows] @ vector
         order = np.argsort(-scores, kind="stable")
         return [(float(scores[j]), int(ids[rows[j]])) for j in order]
+
+    def could_match(self, key: CacheKey) -> bool:
+        """Whether the semantic stage of ``key``'s lookup would embed its question (a stored vector to compare).
+
+        Lets a caller embed the question (:meth:`Embedder.embed_one`, remembered for the lookup) outside
+        any lock it holds around the cache.
+        """
+        if not (self.config.semantic and self.embedder.ready and self._eligible(key) and key.question.strip()):
+            return False
+        index = self._index_for(key.identity.key)
+        if index is None:
+            return False
+        _ids, contexts, created, _matrix = index
+        return bool(np.any((created >= self._since()) & (contexts == key.context)))
 
     def _index_for(self, model_key: str) -> _Index | None:
         """That model's stored vectors in memory, reloaded after another connection wrote or many deletes."""

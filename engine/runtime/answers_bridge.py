@@ -21,7 +21,12 @@ valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
 once).  A lookup never waits for the embedder: the gate starts it when a load
 starts (it loads in about 0.1 s, beside a model that takes seconds, and a reply
 reaches the model only after the load), and until it is ready lookups are
-exact-only.  Entries kept before it was ready get their vectors after a later
+exact-only.  A request is held only for the exact match (about 1 ms); on a
+miss it goes to the model at once and the semantic stage (embedding the
+question, on the embedder's own low-priority thread) runs beside its prefill:
+whichever sends the first token answers (:class:`~engine.runtime.reply_events.Race`;
+the engine takes its side with :meth:`AnswerGate.race`, and a cache hit
+cancels the model's decode through ``cancel``).  Entries kept before it was ready get their vectors after a later
 reply's ``Done`` or at the end of a load, never in a lookup.  The engine calls
 :meth:`AnswerGate.put` after a complete reply, :meth:`AnswerGate.drafts` for
 speculative drafts (they never embed: only a vector the lookup made is used)
@@ -48,7 +53,7 @@ from typing import Any
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
 from engine.datafiles import load_state, string_map
 from engine.paths import atomic_write, cache_dir, database_path
-from engine.runtime.reply_events import ReplyEvents
+from engine.runtime.reply_events import Race, ReplyEvents
 
 log = logging.getLogger("brisk.answers")
 
@@ -107,8 +112,10 @@ class AnswerGate:
         on_event: Callable[[object], None],
         forward: Callable[[tuple[str, Any]], None],
         valid: Callable[[Request], bool],
+        cancel: Callable[[str], None] = lambda request_id: None,
     ) -> None:
         self.settings = settings
+        self.cancel = cancel  # stops the model's decode of a request the cache answered after all
         self.on_event = on_event
         self.forward = forward  # puts an item on the engine's queue
         self.valid = valid
@@ -122,12 +129,18 @@ class AnswerGate:
         self._warned = False
         self._settled = threading.Event()  # clear while the engine keeps a reply it has just sent
         self._settled.set()
+        self._races: dict[str, Race] = {}  # requests sent to the model while their semantic lookup runs
         self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
         self._thread.start()
 
     # -- any thread -------------------------------------------------------------------------------
     def put_item(self, kind: str, item: Any) -> None:
         self._queue.put((kind, item))
+
+    def race(self, request_id: str) -> Race | None:
+        """The engine's side of ``request_id``'s race with its semantic lookup (taken once), or None."""
+        with self._lock:
+            return self._races.pop(request_id, None)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -183,7 +196,14 @@ class AnswerGate:
             self.cache.embedder.start()
 
     def _answer(self, request: Request) -> bool:
-        """Serve ``request`` from the cache if it has the answer; true when it did."""
+        """Serve ``request`` from the cache, or send it on to the model; false when the caller should send it.
+
+        The exact match (a hash, about 1 ms) runs first.  On a miss the request goes to the model at once
+        and the semantic lookup (embedding the question: about 9 ms on one core) runs beside its prefill,
+        in a :class:`~engine.runtime.reply_events.Race`: a hit found before the model's first token
+        answers it (and the model's decode is cancelled), a later one is dropped.  A miss so costs the
+        exact match, never the embedding.
+        """
         with self._lock:
             identity = self._expected
         if self.cache is None or identity is None or not request.answer_cache or request.fresh:
@@ -197,8 +217,43 @@ class AnswerGate:
         t_taken = time.perf_counter() - request.submitted_at
         self._settled.wait(STORE_WAIT_S)  # the reply just sent may be this very question's answer
         key = CacheKey.for_request(identity, request)
+        hit = self._lookup(key, "exact")
+        if hit is not None:
+            self._serve_hit(request, hit, t_taken)
+            return True
         with self._lock:
-            hit = self.cache.lookup(key, quiet=True)
+            try:
+                wanted = self.cache.could_match(key)
+            except Exception:  # the index could not be read: the stage below says so (or misses)
+                wanted = False
+            race = Race()
+            if wanted:
+                self._races[request.id] = race
+        if not wanted:
+            self._lookup(key, "semantic")  # counts the miss (and cannot embed: nothing to compare)
+            return False
+        self.forward(("request", request))
+        try:
+            from engine.answer_cache.keys import fold
+
+            self.cache.embedder.embed_one(fold(key.question))  # outside the lock: drafts and puts go on meanwhile
+            hit = self._lookup(key, "semantic")
+        except Exception:  # the model answers
+            traceback.print_exc()
+            hit = None
+        if hit is not None:
+            with race.lock:
+                if race.claim("cache"):
+                    self.cancel(request.id)
+                    self._serve_hit(request, hit, t_taken, started=race.started_sent)
+        if race.owner != "cache":  # a miss, or a hit too late: the model's events need no race any more
+            with self._lock:
+                self._races.pop(request.id, None)
+        return True
+
+    def _lookup(self, key: Any, stage: str) -> Any:
+        with self._lock:
+            hit = self.cache.lookup(key, quiet=True, stage=stage)
             error, self.cache.last_error = self.cache.last_error, None
             if error:
                 self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
@@ -207,17 +262,18 @@ class AnswerGate:
             self.on_event(
                 Warning("cache", f"The answer cache could not be read ({error}); replies come from the model.")
             )
-        if hit is None:
-            return False
-        self._serve_hit(request, hit, t_taken)
-        return True
+        return hit
 
-    def _serve_hit(self, request: Request, hit: Any, t_taken: float) -> None:
-        """Send the cached reply; it ends with one ``Done``, or an ``Error`` if sending fails half-way."""
+    def _serve_hit(self, request: Request, hit: Any, t_taken: float, started: bool = False) -> None:
+        """Send the cached reply; it ends with one ``Done``, or an ``Error`` if sending fails half-way.
+
+        ``started``: the model already sent this request's ``Started`` (it lost the race), so none is sent.
+        """
         reply = ReplyEvents(request.id, request.submitted_at, self.on_event)
         try:
             t_lookup = reply.since()
-            reply.emit(Started(request.id, t_lookup))
+            if not started:
+                reply.emit(Started(request.id, t_lookup))
             t_token = reply.since()
             reply.emit(Token(request.id, t_token, hit.answer, tuple(hit.token_ids)))
             total = reply.since()

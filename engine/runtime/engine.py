@@ -89,7 +89,7 @@ class Engine(Serving):
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self.answer_gate = AnswerGate(
-            self.options.answer_cache, on_event, self._queue.put, lambda r: not request_problems(r)
+            self.options.answer_cache, on_event, self._queue.put, lambda r: not request_problems(r), self.cancel
         )
         self._thread = threading.Thread(target=self._loop, name="brisk-engine", daemon=True)
         self._thread.start()

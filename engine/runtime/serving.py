@@ -77,9 +77,10 @@ class Serving:
             return request_id in self._cancelled
 
     def _serve(self, request: Request) -> None:
-        reply = ReplyEvents(request.id, request.submitted_at, self.on_event)
+        reply = ReplyEvents(request.id, request.submitted_at, self.on_event, self.answer_gate.race(request.id))
         try:
-            self._serve_checked(request, reply)
+            if not reply.lost:  # the answer cache answered it while it waited here
+                self._serve_checked(request, reply)
         except Exception as exc:  # whatever raised, the request ends with one Error
             traceback.print_exc()
             if self.draft is not None:

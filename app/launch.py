@@ -22,6 +22,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from app.window.layout import LayoutFile
 from engine.client import BackendFactory, local_backend
 from engine.paths import database_path
 from engine.storage import Settings, Store, StoreError
@@ -85,7 +86,7 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     settings, problems = Settings.load_with_problems()
     store, warning = open_store(db_path or database_path())
     bridge = EngineBridge(backend_factory_for(settings))
-    window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model)
+    window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model, layout_file=LayoutFile())
     show_settings_problems(window, problems)
     window.show()
     QTimer.singleShot(0, window.load_model)

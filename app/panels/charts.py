@@ -81,7 +81,8 @@ def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> 
 class WaterfallChart(pg.PlotWidget):
     def __init__(self) -> None:
         super().__init__(background=BACKGROUND)
-        _style(self, "Waterfall (s since send)", 140)
+        _style(self, "Waterfall, s since send", 140)
+        self.setToolTip("Where the reply's time went, in seconds since you pressed Send")
         self.getPlotItem().invertY(True)
         self.getAxis("left").setWidth(82)  # room for "cache lookup", "first token", "tool:NAME"
         self.bars = pg.BarGraphItem(x0=[], y=[], width=[], height=0.6, **_colours([]))
@@ -115,7 +116,8 @@ class WaterfallChart(pg.PlotWidget):
 class TokensChart(pg.PlotWidget):
     def __init__(self) -> None:
         super().__init__(background=BACKGROUND)
-        _style(self, "Tokens against time (orange: drafted)", 130)
+        _style(self, "Tokens over time", 130)
+        self.setToolTip("Tokens streamed against seconds since send; orange dots: drafted tokens the model accepted")
         self.curve = self.plot([], [], pen=pg.mkPen(LINE, width=2), antialias=False)
         self.curve.setDownsampling(auto=True, method="peak")
         self.curve.setClipToView(True)

@@ -17,7 +17,7 @@ quantization switch reloads the model) and ``compare_button``.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QFrame,
     QGroupBox,
@@ -36,7 +36,7 @@ from app.panels.trace import ReplyTrace
 from app.state.config import History, ReplyConfig
 
 REDRAW_MS = 50
-WIDTH = 380
+WIDTH = 240  # its least width: the charts and switches still fit (app.window.layout.PANEL_MIN)
 STATUS = {
     "streaming": "Streaming\u2026",
     "done": "Last reply",
@@ -60,6 +60,7 @@ class LatencyPanel(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setMinimumWidth(WIDTH)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the body fits the width
         self.trace: ReplyTrace | None = None
         self.config: ReplyConfig | None = None
         self.history = History()
@@ -74,7 +75,7 @@ class LatencyPanel(QScrollArea):
         column.setContentsMargins(10, 8, 10, 10)
         column.setSpacing(8)
         self.switches = SwitchesView(config)
-        column.addWidget(_group("Switches (from the next message)", self.switches))
+        column.addWidget(_group("Switches (next message)", self.switches))
         self.reload_label = QLabel()
         self.reload_label.setWordWrap(True)
         self.reload_bar = QProgressBar()
@@ -97,8 +98,10 @@ class LatencyPanel(QScrollArea):
         for chart, height in ((self.waterfall, 170), (self.tokens, 150), (self.history_chart, 230)):
             chart.setFixedHeight(height)
             column.addWidget(chart)
-        self.compare_button = QPushButton("Compare configurations on the last message\u2026")
-        self.compare_button.setToolTip("Replay your last message under several configurations and compare them")
+        self.compare_button = QPushButton("Compare configurations\u2026")
+        self.compare_button.setToolTip(
+            "Replay your last message under several configurations and compare them side by side"
+        )
         column.addWidget(self.compare_button)
         column.addStretch(1)
         self.setWidget(body)

@@ -136,6 +136,7 @@ class NumbersView(QWidget):
         for row, (key, (label, _)) in enumerate(ROWS.items()):
             name = QLabel(label)
             name.setStyleSheet(f"color: {MUTED};")
+            name.setWordWrap(True)  # long names take two lines in a narrow panel
             value = QLabel(DASH)
             value.setObjectName(f"panel_{key}")
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

@@ -87,7 +87,7 @@ class SwitchesView(QWidget):
             box.setObjectName(f"switch_{key}")
             box.setToolTip(TIPS[key])
             box.toggled.connect(self._emit)
-            grid.addWidget(box, n // 2, n % 2)
+            grid.addWidget(box, n, 0, 1, 2)  # one column: the panel may be narrow
             self.checks[key] = box
         self.speculative = QComboBox()
         self.speculative.setObjectName("switch_speculative")
@@ -99,10 +99,15 @@ class SwitchesView(QWidget):
         self.quant = QuantCombo()
         self.quant.setObjectName("switch_quant")
         self.quant.setToolTip(TIPS["quant"])
-        grid.addWidget(QLabel("Speculative"), 2, 0)
-        grid.addWidget(self.speculative, 2, 1)
-        grid.addWidget(QLabel("Quantization"), 3, 0)
-        grid.addWidget(self.quant, 3, 1)
+        rows = len(texts)
+        for n, (text, combo) in enumerate((("Speculative", self.speculative), ("Quantization", self.quant))):
+            label = QLabel(text)
+            label.setBuddy(combo)
+            grid.addWidget(label, rows + 2 * n, 0, 1, 2)  # the name above its choice: the panel may be narrow
+            grid.addWidget(combo, rows + 2 * n + 1, 0, 1, 2)
+        for combo in (self.speculative, self.quant):  # shrink with the panel; the list shows whole names
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(6)
         self.speculative.currentIndexChanged.connect(self._emit)
         self.quant.currentIndexChanged.connect(self._emit)
         self.set_config(self._config)

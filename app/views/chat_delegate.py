@@ -125,6 +125,12 @@ class MessageDelegate(QStyledItemDelegate):
             exact = geometry.is_measured(item, geometry.content_width(width))
             known = (key, geometry.row_height(item, width, first, last, exact))
             item.row_size = known
+            answered = item.answered
+            if answered is not None and answered[0] == key and answered[1] != known[1]:
+                # the same row at the same width, measured since (a paint, a hit test): the view still
+                # places the rows below it, and sizes its scroll range, by the old height until told
+                self._relayout_later(index)
+        item.answered = known
         return QSize(width, known[1])
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: _Index) -> None:

@@ -66,6 +66,7 @@ class ChatItem:
     # ((revision, width, colour, first, last), height) of the whole row
     content_size: tuple[int, int, bool, int, bool] | None = field(default=None, repr=False)
     row_size: tuple[tuple[int, int, bool, bool, bool], int] | None = field(default=None, repr=False)
+    answered: tuple[tuple[int, int, bool, bool, bool], int] | None = field(default=None, repr=False)  # row_size given
 
     @property
     def stats(self) -> str:

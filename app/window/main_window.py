@@ -54,10 +54,11 @@ from app.state.tools import backend_changes, enabled_tools, tool_settings
 from app.views.banner import Banner
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
-from app.views.sidebar import WIDTH, Sidebar
+from app.views.sidebar import Sidebar
 from app.views.status_area import StatusArea
 from app.views.style import STYLESHEET
 from app.window.conversations import ConversationActions
+from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, LayoutFile, default_widths
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
 from engine.api import Loaded, LoadFailed, LoadProgress, Warning
 from engine.storage import Settings, Store, StoreError
@@ -77,8 +78,10 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         store_warning: str | None = None,
         model_override: str | None = None,
         settings_path: Path | None = None,
+        layout_file: LayoutFile | None = None,
     ) -> None:
         super().__init__()
+        self.layout_file = layout_file  # where the layout is remembered (None: never, as in most tests)
         self.store = store
         self.bridge = bridge
         self.settings = settings
@@ -100,6 +103,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.chat_view.compare_requested.connect(self.latency.compare_message)  # "Compare…" on a user message
         self.chat_view.set_compare_available(True)
         self.chat_view.tooltip_provider = self._reply_tooltip  # the configuration each reply ran with
+        self._build_menus()
+        self._restore_layout()
         bridge.event.connect(self._on_event)
         if store_warning:
             self.show_banner("store-fallback", "warning", store_warning)
@@ -132,7 +137,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         splitter.addWidget(panel)
         splitter.setStretchFactor(1, 1)
         splitter.setCollapsible(1, False)
-        splitter.setSizes([WIDTH, 860])
+        self.splitter = splitter
+        sidebar_width, _panel = default_widths(self.width())
+        splitter.setSizes([sidebar_width, self.width() - sidebar_width])
         self.setCentralWidget(splitter)
         self.status_area = StatusArea()
         self.statusBar().addWidget(self.status_area, 1)
@@ -165,6 +172,59 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
         self._action("Tools", QKeySequence("Ctrl+T"), self.open_tools)
         self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
+
+    def _build_menus(self) -> None:
+        """Chat, View, Tools and Help menus over the actions (their shortcuts work with the menu bar hidden)."""
+        bar = self.menuBar()
+        named = {action.text(): action for action in self.actions()}
+        chat = bar.addMenu("&Chat")
+        for name in ("New chat", "Search", "Stop"):
+            chat.addAction(named[name])
+        view = bar.addMenu("&View")
+        self.panel_action = self.latency.dock.toggleViewAction()
+        self.panel_action.setText("Latency panel")
+        self.panel_action.setShortcut(QKeySequence(PANEL_SHORTCUT))
+        self.panel_action.setToolTip(f"Show or hide the latency panel ({PANEL_SHORTCUT})")
+        self.addAction(self.panel_action)
+        view.addAction(self.panel_action)
+        self.reset_layout_action = view.addAction("Reset layout")
+        self.reset_layout_action.triggered.connect(self.reset_layout)
+        tools = bar.addMenu("&Tools")
+        for name in ("Settings", "Tools"):
+            tools.addAction(named[name])
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction(named["About this machine"])
+
+    # -- layout --------------------------------------------------------------------------
+    def reset_layout(self) -> None:
+        """The default proportions: sidebar, chat at least CHAT_SHARE of the width, the panel docked right."""
+        dock = self.latency.dock
+        if dock.isFloating():
+            dock.setFloating(False)
+        if self.dockWidgetArea(dock) != Qt.DockWidgetArea.RightDockWidgetArea:
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        sidebar, panel = default_widths(self.width())
+        if panel is None:
+            dock.hide()
+            self.splitter.setSizes([sidebar, self.width() - sidebar])
+            return
+        dock.show()
+        self.resizeDocks([dock], [panel], Qt.Orientation.Horizontal)
+        self.splitter.setSizes([sidebar, self.width() - sidebar - panel])
+
+    def _restore_layout(self) -> None:
+        saved = self.layout_file.load() if self.layout_file is not None else None
+        if (
+            saved is not None
+            and self.restoreGeometry(saved.geometry)
+            and self.restoreState(saved.state, LAYOUT_VERSION)
+        ):
+            return
+        self.reset_layout()
+
+    def save_layout(self) -> None:
+        if self.layout_file is not None:
+            self.layout_file.save(bytes(self.saveGeometry().data()), bytes(self.saveState(LAYOUT_VERSION).data()))
 
     def _action(self, text: str, shortcut: QKeySequence | QKeySequence.StandardKey, slot: object) -> QAction:
         action = QAction(text, self)
@@ -359,4 +419,5 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.stop()  # keeps a streaming reply's text, saved as "cancelled"
+        self.save_layout()
         super().closeEvent(event)

@@ -20,6 +20,7 @@ from pytestqt.qtbot import QtBot
 from app.bridge import EngineBridge
 from app.views.chat_view import MessageHandle
 from app.window import MainWindow
+from app.window.layout import LayoutFile
 from engine.api import Done, Loaded, LoadFailed
 from engine.storage import Message, Settings, Store
 from tests.support.fake_engine import FakeEngine
@@ -53,12 +54,14 @@ class Harness:
         load_error: str | None = None,
         settings: Settings | None = None,
         load: bool = True,
+        layout_file: LayoutFile | None = None,
+        size: tuple[int, int] = (900, 640),
     ) -> MainWindow:
         store = store or Store(self.db_path)
         bridge = EngineBridge(lambda on_event: FakeEngine(on_event, load_error=load_error))
-        window = MainWindow(store, bridge, settings or Settings(), store_warning=store_warning)
+        window = MainWindow(store, bridge, settings or Settings(), store_warning=store_warning, layout_file=layout_file)
         self.qtbot.addWidget(window)
-        window.resize(900, 640)
+        window.resize(*size)
         window.show()
         self._open.append((window, bridge, store))
         if load:

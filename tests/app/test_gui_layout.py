@@ -1,0 +1,80 @@
+"""The window's layout (issue 24): the chat keeps its share, the panel can always be found again, and the
+layout is remembered across starts (a damaged layout file costs only the layout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.window import MainWindow
+from app.window.layout import CHAT_SHARE, LAYOUT_FILE, PANEL_SHORTCUT, LayoutFile, default_widths
+
+
+def chat_share(window: MainWindow) -> float:
+    return window.splitter.widget(1).width() / window.width()
+
+
+def settle(qtbot, window: MainWindow) -> None:  # noqa: ANN001
+    qtbot.waitUntil(lambda: window.splitter.widget(1).width() > 0)
+    qtbot.wait(50)  # the dock layout settles after the window is shown
+
+
+@pytest.mark.parametrize("size", [(1100, 740), (1400, 860)])
+def test_the_chat_keeps_its_share_and_the_panel_fits_without_scrolling_sideways(harness, qtbot, size) -> None:  # noqa: ANN001
+    window = harness.open(size=size)
+    window.reset_layout()
+    settle(qtbot, window)
+    assert window.latency.dock.isVisible()
+    assert chat_share(window) >= CHAT_SHARE - 0.01, chat_share(window)
+    panel = window.latency.panel
+    assert panel.widget().width() <= panel.viewport().width(), "the panel's body fits its width"
+    assert panel.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+
+
+def test_at_800_px_the_panel_starts_closed_and_the_view_menu_opens_it(harness, qtbot) -> None:  # noqa: ANN001
+    window = harness.open(size=(800, 500))
+    window.reset_layout()
+    settle(qtbot, window)
+    assert default_widths(800)[1] is None
+    assert not window.latency.dock.isVisible() and chat_share(window) >= CHAT_SHARE
+    view = next(a.menu() for a in window.menuBar().actions() if a.text() == "&View")
+    assert window.panel_action in view.actions() and window.panel_action.text() == "Latency panel"
+    assert window.panel_action.shortcut().toString() == PANEL_SHORTCUT
+    window.panel_action.trigger()
+    qtbot.waitUntil(window.latency.dock.isVisible)
+
+
+def test_a_closed_panel_comes_back_from_the_menu_and_the_shortcut(harness, qtbot) -> None:  # noqa: ANN001
+    window = harness.open(size=(1100, 740))
+    dock = window.latency.dock
+    dock.close()
+    qtbot.waitUntil(lambda: not dock.isVisible())
+    assert not window.panel_action.isChecked()
+    window.panel_action.trigger()
+    qtbot.waitUntil(dock.isVisible)
+    dock.setFloating(True)
+    window.reset_layout_action.trigger()
+    assert not dock.isFloating() and window.dockWidgetArea(dock) == Qt.DockWidgetArea.RightDockWidgetArea
+
+
+def test_the_layout_is_remembered_and_a_damaged_file_costs_only_the_layout(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    path = tmp_path / LAYOUT_FILE
+    first = harness.open(size=(1100, 740), layout_file=LayoutFile(path))
+    first.latency.dock.close()
+    first.resize(1234, 700)
+    harness.close(first)
+    assert path.is_file(), "closing the window keeps its layout"
+    second = harness.open(size=(900, 640), layout_file=LayoutFile(path))
+    settle(qtbot, second)
+    assert not second.latency.dock.isVisible(), "the closed panel stays closed"
+    harness.close(second)
+
+    path.write_text('{"version": 1, "geometry": "not base64 !", "state": 7}')
+    third = harness.open(size=(1100, 740), layout_file=LayoutFile(path))
+    settle(qtbot, third)
+    assert third.latency.dock.isVisible() and chat_share(third) >= CHAT_SHARE - 0.01, "the defaults"
+    assert (tmp_path / f"{LAYOUT_FILE}.bad").read_text().startswith('{"version": 1, "geometry": "not'), "kept aside"
+    harness.close(third)
+    assert LayoutFile(path).load() is not None, "and the next close writes a good one"

@@ -22,7 +22,10 @@ status bar) opens the Tools dialog (:meth:`MainWindow.open_tools`); enabled tool
 apply from the next message, folder/fetch/MCP changes through
 ``bridge.set_tool_settings`` when the bridge offers it, else at the next start
 (a notice says so).  A ``Warning(kind="tools")`` (an MCP server that failed in
-the engine) is a warning banner.  The streaming and parallel-tools switches
+the engine) is a warning banner; so is every other kind ("cache", "engine"...),
+one banner per kind (:func:`warning_text`).  The View menu shows and hides the
+latency panel (Ctrl+Shift+L) and resets the layout (:mod:`app.window.layout`),
+which is remembered in the data folder when the window is given a ``layout_file``.  The streaming and parallel-tools switches
 are saved in Settings.  Replies run on the engine Settings name (the local
 model or a saved server, :mod:`app.engines`); a change of engine, server or
 API key stops a streaming reply and rebuilds the bridge's backend.  The chat
@@ -66,6 +69,13 @@ from engine.storage import Settings, Store, StoreError
 __all__ = ["MainWindow"]
 
 ABOUT_SHORTCUT = "F1"
+WARNING_PREFIX = {"cache": "Cache: ", "engine": "Engine: ", "settings": "Settings: "}
+
+
+def warning_text(event: Warning) -> str:
+    """The banner's text for an engine ``Warning``: what it is about, then the engine's own sentence."""
+    prefix = WARNING_PREFIX.get(event.kind, f"{event.kind.capitalize()}: " if event.kind else "")
+    return prefix + event.message
 
 
 class MainWindow(TurnActions, ConversationActions, QMainWindow):
@@ -305,6 +315,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             )
         elif isinstance(event, Warning) and event.kind == "tools":
             self.show_banner("tools", "warning", event.message, "Tools\u2026", self.open_tools)
+        elif isinstance(event, Warning):  # every other kind ("cache", "engine", "settings"...): said, not dropped
+            self.show_banner(f"warning-{event.kind}", "warning", warning_text(event))
         elif isinstance(event, LoadFailed):
             self.model_ready = False
             self.loaded = None

@@ -1,5 +1,5 @@
 """The window's layout (issue 24): the chat keeps its share, the panel can always be found again, and the
-layout is remembered across starts (a damaged layout file costs only the layout)."""
+layout is remembered across starts (a damaged layout file costs only the layout); no engine warning is dropped."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from PySide6.QtCore import Qt
 
 from app.window import MainWindow
 from app.window.layout import CHAT_SHARE, LAYOUT_FILE, PANEL_SHORTCUT, LayoutFile, default_widths
+from engine.api import Warning
 
 
 def chat_share(window: MainWindow) -> float:
@@ -78,3 +79,19 @@ def test_the_layout_is_remembered_and_a_damaged_file_costs_only_the_layout(harne
     assert (tmp_path / f"{LAYOUT_FILE}.bad").read_text().startswith('{"version": 1, "geometry": "not'), "kept aside"
     harness.close(third)
     assert LayoutFile(path).load() is not None, "and the next close writes a good one"
+
+
+@pytest.mark.parametrize(
+    ("kind", "message", "shown"),
+    [
+        ("cache", "The answer cache is off (database is locked); every reply comes from the model.", "Cache: "),
+        ("engine", "rewarm failed (OSError: disk full); the engine goes on.", "Engine: "),
+        ("surprise", "Something new happened.", "Surprise: "),
+    ],
+)
+def test_every_warning_kind_is_shown_once_not_dropped(harness, qtbot, kind: str, message: str, shown: str) -> None:  # noqa: ANN001
+    window = harness.open()
+    window.bridge.event.emit(Warning(kind, message))
+    window.bridge.event.emit(Warning(kind, message))  # the same kind again: one banner, not two
+    banners = [b for key, b in window._banners.items() if key == f"warning-{kind}"]
+    assert len(banners) == 1 and banners[0].text() == shown + message and not banners[0].isHidden()

@@ -25,7 +25,8 @@ apply from the next message, folder/fetch/MCP changes through
 the engine) is a warning banner; so is every other kind ("cache", "engine"...),
 one banner per kind (:func:`warning_text`).  The View menu shows and hides the
 latency panel (Ctrl+Shift+L) and resets the layout (:mod:`app.window.layout`),
-which is remembered in the data folder when the window is given a ``layout_file``.  The streaming and parallel-tools switches
+which is remembered in the data folder when the window is given a
+``layout_file``.  The streaming and parallel-tools switches
 are saved in Settings.  Replies run on the engine Settings name (the local
 model or a saved server, :mod:`app.engines`); a change of engine, server or
 API key stops a streaming reply and rebuilds the bridge's backend.  The chat

@@ -161,7 +161,9 @@ class HistoryChart(pg.GraphicsLayoutWidget):
             for name in ("left", "bottom"):
                 plot.getAxis(name).setPen(AXIS)
                 plot.getAxis(name).setTextPen(AXIS)
-        self.legend = self.ttft.addLegend(offset=(-4, 4), labelTextColor=AXIS, labelTextSize="8pt")
+        # the legend has a row of its own under the charts, so it never covers a point
+        self.legend = pg.LegendItem(colCount=1, labelTextColor=AXIS, labelTextSize="8pt")
+        self.addItem(self.legend, row=2, col=0)
         self.series: dict[str, tuple[pg.ScatterPlotItem, pg.ScatterPlotItem]] = {}
         self.count = 0
 
@@ -179,6 +181,7 @@ class HistoryChart(pg.GraphicsLayoutWidget):
                 bottom = pg.ScatterPlotItem(**style)
                 self.ttft.addItem(top)
                 self.speed.addItem(bottom)
+                self.legend.addItem(top, label)
                 self.series[label] = (top, bottom)
             top, bottom = self.series[label]
             top.setData(
@@ -189,6 +192,15 @@ class HistoryChart(pg.GraphicsLayoutWidget):
                 [p.tokens_per_s for _, p in items if p.tokens_per_s is not None],
             )
         self.ttft.setXRange(0.5, max(len(points), 1) + 0.5, padding=0)
+        ticks = [[(n, str(n)) for n in reply_ticks(len(points))]]
+        for plot in (self.ttft, self.speed):
+            plot.getAxis("bottom").setTicks(ticks)  # replies are counted: 1, 2, 3, never 1.5
+
+
+def reply_ticks(count: int, most: int = 8) -> list[int]:
+    """Whole reply numbers to label on an axis of ``count`` replies: at most ``most``, evenly spaced."""
+    step = max(1, math.ceil(count / most))
+    return list(range(1, max(count, 1) + 1, step))
 
 
 class BarsChart(pg.PlotWidget):

@@ -95,7 +95,7 @@ class LatencyPanel(QScrollArea):
         self.waterfall = WaterfallChart()
         self.tokens = TokensChart()
         self.history_chart = HistoryChart()
-        for chart, height in ((self.waterfall, 170), (self.tokens, 150), (self.history_chart, 230)):
+        for chart, height in ((self.waterfall, 170), (self.tokens, 150), (self.history_chart, 380)):
             chart.setFixedHeight(height)
             column.addWidget(chart)
         self.compare_button = QPushButton("Compare configurations\u2026")

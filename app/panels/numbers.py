@@ -88,7 +88,9 @@ def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
         out["tokens"] = str(int(tokens))
     out["total"] = fmt_s(_num(numbers, "total_s"))
     prompt, cached = _num(numbers, "prompt_tokens"), _num(numbers, "cached_tokens")
-    if prompt is not None:
+    if numbers.get("answer_cache") and not prompt:  # answered from the answer cache: no prompt was read
+        out["prompt"] = "none read (answer cache)"
+    elif prompt is not None:
         if cached is not None:
             computed = _num(numbers, "computed_tokens")
             computed = computed or prompt - cached  # 0 is also Metrics' default when not measured

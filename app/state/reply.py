@@ -193,9 +193,11 @@ def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") ->
     if completion is not None:
         parts.append(f"{int(completion)} tokens")
     prompt, cached = prompt_counts(metrics)  # a remote engine: only what its server reported
-    if prompt is not None and cached is not None:
+    if not prompt:  # unknown, or none read (a reply from the answer cache): no "reused 0 of 0"
+        pass
+    elif cached is not None:
         parts.append(f"reused {cached} of {prompt} prompt tokens")
-    elif prompt is not None:
+    else:
         parts.append(f"{prompt} prompt tokens")
     drafted, accepted = _num(metrics, "drafted"), _num(metrics, "accepted")
     if drafted:  # missing or zero: nothing was drafted for this reply, nothing to say

@@ -53,6 +53,9 @@ def test_a_cached_reply_is_badged_and_regenerate_fresh_asks_again(qtbot: QtBot, 
     assert window.chat_view.action_rect(bubble.message_id, "regenerate").isEmpty()
     panel = window.latency.panel
     assert panel.numbers.text("cache_session") == "1 of 2 replies (50 %) \u00b7 saved 1.93 s"
+    panel.flush()
+    assert panel.numbers.text("prompt") == "none read (answer cache)", "no prompt counts for a hit"
+    assert "prompt tokens" not in bubble.stats.text()
 
     from engine.api import Done
 

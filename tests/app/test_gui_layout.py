@@ -95,3 +95,30 @@ def test_every_warning_kind_is_shown_once_not_dropped(harness, qtbot, kind: str,
     window.bridge.event.emit(Warning(kind, message))  # the same kind again: one banner, not two
     banners = [b for key, b in window._banners.items() if key == f"warning-{kind}"]
     assert len(banners) == 1 and banners[0].text() == shown + message and not banners[0].isHidden()
+
+
+def test_the_history_chart_counts_whole_replies_and_its_legend_covers_no_point(qtbot) -> None:  # noqa: ANN001
+    from app.panels.charts import HistoryChart, reply_ticks
+    from app.state.config import HistoryPoint, ReplyConfig
+
+    assert reply_ticks(1) == [1] and reply_ticks(3) == [1, 2, 3] and reply_ticks(20) == [1, 4, 7, 10, 13, 16, 19]
+    chart = HistoryChart()
+    qtbot.addWidget(chart)
+    configs = [
+        ReplyConfig(),
+        ReplyConfig(stream=False),
+        ReplyConfig(speculative="lookup"),
+        ReplyConfig(prefix_cache=False),
+        ReplyConfig(quant="fp16-cpu"),
+        ReplyConfig(quant="q8-cpu", speculative="lookup"),
+    ]
+    chart.update_history([HistoryPoint(0.1 * (i + 1), 50.0 + i, c) for i, c in enumerate(configs)])
+    chart.resize(300, 260)
+    chart.show()
+    qtbot.waitExposed(chart)
+    assert len(chart.legend.items) == len({c.short() for c in configs}) == 6, "every configuration in the legend"
+    legend = chart.legend.sceneBoundingRect()
+    for plot in (chart.ttft, chart.speed):
+        assert not legend.intersects(plot.vb.sceneBoundingRect()), "the legend sits outside the data"
+        ticks = plot.getAxis("bottom")._tickLevels  # the labels drawn: whole reply numbers only
+        assert ticks is not None and [v for v, _ in ticks[0]] == [1, 2, 3, 4, 5, 6]

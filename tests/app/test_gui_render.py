@@ -47,6 +47,9 @@ def test_stats_line_shows_only_what_exists() -> None:
         "accepted 31 of 40 drafted (78 %) \u00b7 1.8\u00d7 plain decode"
     )
     assert stats_line({"completion_tokens": 2, "quant": "int8-cpu"}) == "2 tokens \u00b7 int8-cpu"
+    # a reply from the answer cache read no prompt: no "reused 0 of 0 prompt tokens"
+    hit = {"completion_tokens": 5, "prompt_tokens": 0, "cached_tokens": 0, "answer_cache": "exact"}
+    assert stats_line(hit) == "5 tokens"
 
 
 def test_markdown_rendering() -> None:

@@ -1,9 +1,10 @@
 """The "About this machine" window: what this computer offers, and the loaded model.
 
-``AboutDialog(loaded, parent=None, report=None)`` shows two two-column
-tables.  "This machine" lists the facts of ``report()`` (default: the
-bridge's :func:`~app.bridge.machine_report`, ``engine.doctor``: Python, torch,
-CPU, CUDA, GPU, memory...); that call imports torch, so it runs on a worker
+``AboutDialog(loaded, parent=None, report=None)`` shows which Brisk this is
+(version and commit, :mod:`app.version`) and two two-column tables.  "This
+machine" lists the facts of ``report()`` (default: the bridge's
+:func:`~app.bridge.machine_report`, ``engine.doctor``: Python, torch, CPU,
+CUDA, GPU, memory...); that call imports torch, so it runs on a worker
 thread (:func:`~app.background.in_background`) and the table says
 "Checking\u2026" until the answer is in (then ``report_ready`` is True).
 "Loaded model" lists the last :class:`~engine.api.Loaded` event with a human
@@ -32,6 +33,7 @@ from PySide6.QtWidgets import (
 from app import bridge
 from app.background import in_background
 from app.state.model_facts import machine_facts, model_facts
+from app.version import describe
 from engine.api import Loaded
 
 Report = Callable[[], Mapping[str, Any]]
@@ -49,6 +51,10 @@ class AboutDialog(QDialog):
         self.setWindowTitle("About this machine")
         self.setMinimumSize(460, 420)
         layout = QVBoxLayout(self)
+        self.version_label = QLabel(describe())
+        self.version_label.setObjectName("aboutVersion")
+        self.version_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        layout.addWidget(self.version_label)
         layout.addWidget(_heading("This machine"))
         self.machine_table = _table()
         _fill(self.machine_table, {"": "Checking\u2026"})

@@ -181,3 +181,18 @@ def test_run_gui_opens_loads_and_quits(brisk_data_dir: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "READY /models/cli-choice False" in done.stdout
     assert (brisk_data_dir / "brisk.db").exists()
+
+
+def test_about_says_which_brisk_this_is(qtbot: QtBot) -> None:
+    import importlib.metadata
+    import subprocess
+
+    from app.version import ROOT
+
+    dialog = AboutDialog(None, report=lambda: {})
+    qtbot.addWidget(dialog)
+    text = dialog.version_label.text()
+    assert text.startswith(f"Brisk {importlib.metadata.version('brisk')}")
+    if (ROOT / ".git").exists():  # a checkout (the tests run in one): its commit, as git says it
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        assert f"commit {head.stdout.strip()}" in text

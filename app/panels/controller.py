@@ -73,6 +73,7 @@ class LatencyController(QObject):
             self.window.apply_settings(new)
 
     def settings_changed(self) -> None:
+        self.panel.switches.set_draft_available(bool(self.window.settings.draft_model.strip()))
         self.panel.switches.set_config(self.config())
 
     # -- replies ----------------------------------------------------------------------------

@@ -123,6 +123,16 @@ class SwitchesView(QWidget):
             widget.setEnabled(not endpoint)
             widget.setToolTip(f"The server at {endpoint} decides this itself." if endpoint else TIPS[key])
 
+    def set_draft_available(self, available: bool) -> None:
+        """Grey "Draft model" out, with the reason, while Settings names no draft model (every reply would fail)."""
+        index = self.speculative.findData("draft")
+        item = self.speculative.model().item(index) if index >= 0 else None  # type: ignore[attr-defined]
+        if item is None:
+            return
+        item.setEnabled(available)
+        label, tip = SOURCE_TEXT.get("draft", ("draft", ""))
+        item.setToolTip(tip if available else f"{tip} Set a draft model in Settings first.".strip())
+
     def set_config(self, config: ReplyConfig) -> None:
         """Show ``config`` without emitting ``changed``."""
         widgets = [*self.checks.values(), self.speculative, self.quant]

@@ -122,3 +122,14 @@ def test_the_history_chart_counts_whole_replies_and_its_legend_covers_no_point(q
         assert not legend.intersects(plot.vb.sceneBoundingRect()), "the legend sits outside the data"
         ticks = plot.getAxis("bottom")._tickLevels  # the labels drawn: whole reply numbers only
         assert ticks is not None and [v for v, _ in ticks[0]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_draft_model_is_greyed_with_the_reason_until_one_is_set(harness) -> None:  # noqa: ANN001
+    import dataclasses
+
+    window = harness.open()
+    combo = window.latency.panel.switches.speculative
+    draft = combo.model().item(combo.findData("draft"))
+    assert not draft.isEnabled() and "Set a draft model in Settings first" in draft.toolTip()
+    window.apply_settings(dataclasses.replace(window.settings, draft_model="/models/tiny-draft"))
+    assert draft.isEnabled() and "Set a draft model" not in draft.toolTip()

@@ -242,6 +242,19 @@ class Embedder:
     def started(self) -> bool:
         return self._thread is not None
 
+    @staticmethod
+    def import_modules() -> None:
+        """Import what the load needs (torch, safetensors, tokenizers) on the calling thread, before it starts.
+
+        The embedder loads beside a model load, whose thread imports transformers (which imports torch and
+        tokenizers); two threads importing one module at once can fail (CI saw ``KeyError: 'tokenizers'``
+        from ``importlib`` in the model's thread).  The answer gate calls this before it starts the
+        embedder and before it passes the load on, so every import runs one thread at a time.
+        """
+        import safetensors.torch  # noqa: F401
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+
     def start(self) -> Embedder:
         """Begin loading on a daemon thread (once); returns at once."""
         with self._lock:

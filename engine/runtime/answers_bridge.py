@@ -192,7 +192,8 @@ class AnswerGate:
             self.on_event(Warning("cache", f"The answer cache is off ({exc}); every reply comes from the model."))
 
     def _start_embedder(self) -> None:
-        if self.cache is not None and self.settings.semantic:
+        if self.cache is not None and self.settings.semantic and not self.cache.embedder.started:
+            self.cache.embedder.import_modules()  # here, before the load goes on: no import runs on two threads
             self.cache.embedder.start()
 
     def _answer(self, request: Request) -> bool:

@@ -115,6 +115,18 @@ def test_the_embedder_starts_when_a_load_starts(gate: Gate, embedder: HeldEmbedd
     assert embedder.load_began.wait(30)
 
 
+def test_the_embedders_imports_run_before_the_load_goes_on(
+    gate: Gate, embedder: HeldEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[str] = []
+    monkeypatch.setattr(embedder, "import_modules", lambda: order.append(threading.current_thread().name))
+    gate.gate.put_item("load", SPEC)
+    assert gate.next()[0] == "load"
+    assert order == ["brisk-answer-gate"], "imported on the gate's thread before the engine thread imports its own"
+    gate.gate.put_item("load", SPEC)  # a second load: already started, nothing imported again
+    assert gate.next()[0] == "load" and order == ["brisk-answer-gate"]
+
+
 def test_no_request_waits_for_an_embedder_that_is_still_loading(gate: Gate, embedder: HeldEmbedder) -> None:
     gate.gate.put_item("load", SPEC)
     assert gate.next()[0] == "load" and embedder.load_began.wait(30)

@@ -130,7 +130,7 @@ class SwitchesView(QWidget):
         if item is None:
             return
         item.setEnabled(available)
-        label, tip = SOURCE_TEXT.get("draft", ("draft", ""))
+        tip = SOURCE_TEXT.get("draft", ("draft", ""))[1]
         item.setToolTip(tip if available else f"{tip} Set a draft model in Settings first.".strip())
 
     def set_config(self, config: ReplyConfig) -> None:

@@ -193,12 +193,8 @@ def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") ->
     if completion is not None:
         parts.append(f"{int(completion)} tokens")
     prompt, cached = prompt_counts(metrics)  # a remote engine: only what its server reported
-    if not prompt:  # unknown, or none read (a reply from the answer cache): no "reused 0 of 0"
-        pass
-    elif cached is not None:
-        parts.append(f"reused {cached} of {prompt} prompt tokens")
-    else:
-        parts.append(f"{prompt} prompt tokens")
+    if prompt:  # unknown, or none read (a reply from the answer cache): no "reused 0 of 0"
+        parts.append(f"reused {cached} of {prompt} prompt tokens" if cached is not None else f"{prompt} prompt tokens")
     drafted, accepted = _num(metrics, "drafted"), _num(metrics, "accepted")
     if drafted:  # missing or zero: nothing was drafted for this reply, nothing to say
         accepted = accepted or 0

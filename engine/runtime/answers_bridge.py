@@ -227,9 +227,8 @@ class AnswerGate:
                 wanted = self.cache.could_match(key)
             except Exception:  # the index could not be read: the stage below says so (or misses)
                 wanted = False
-            race = Race()
             if wanted:
-                self._races[request.id] = race
+                race = self._races[request.id] = Race()
         if not wanted:
             self._lookup(key, "semantic")  # counts the miss (and cannot embed: nothing to compare)
             return False

@@ -292,31 +292,50 @@ class AnswerCache:
         """Embed up to ``limit`` of that model's entries stored before the embedder was ready; how many.
 
         Not part of a lookup (it would put ``limit`` embeddings in front of a reply): the caller runs it
-        where no request waits, after a reply's ``Done`` or at the end of a load.  Nothing while not ready.
+        where no request waits.  Nothing while not ready.  The engine does not wait even there: it embeds
+        :meth:`missing_vectors` on the embedder's thread and hands the result to :meth:`set_vectors`.
         """
-        if not self.config.semantic or not self.embedder.ready:
-            return 0
-        missing = self.store.without_embedding(identity.key, limit)
+        missing = self.missing_vectors(identity, limit)
         if not missing:
             return 0
-        vectors = self.embedder.embed([fold(q) for _, q in missing])
+        vectors = self.embedder.embed([q for _, q in missing])
         if vectors is None:
             return 0
-        self.store.set_embeddings([(i, v.tobytes()) for (i, _), v in zip(missing, vectors, strict=True)])
+        return self.set_vectors(identity, [(i, v) for (i, _), v in zip(missing, vectors, strict=True)])
+
+    def missing_vectors(self, identity: ModelIdentity, limit: int = 8) -> list[tuple[int, str]]:
+        """Up to ``limit`` (entry id, folded question) of that model's entries with no vector yet.
+
+        Empty while the embedder is not ready (their vectors could not be made) or matching is exact-only.
+        """
+        if not self.config.semantic or not self.embedder.ready:
+            return []
+        return [(i, fold(q)) for i, q in self.store.without_embedding(identity.key, limit)]
+
+    def set_vectors(self, identity: ModelIdentity, vectors: Sequence[tuple[int, np.ndarray]]) -> int:
+        """Keep these entries' question vectors (from :meth:`missing_vectors`); how many."""
+        if not vectors:
+            return 0
+        self.store.set_embeddings([(i, np.asarray(v, dtype=np.float32).tobytes()) for i, v in vectors])
         self._indexes.pop(identity.key, None)
-        return len(missing)
+        return len(vectors)
 
     # -- store ---------------------------------------------------------------------------------
 
-    def put(self, key: CacheKey, answer: str, token_ids: Sequence[int], generation_s: float) -> int | None:
+    def put(
+        self, key: CacheKey, answer: str, token_ids: Sequence[int], generation_s: float, embed: bool = True
+    ) -> int | None:
         """Store a finished reply; returns its id, or ``None`` when the cache is off or the reply is not cacheable.
 
         Store only complete replies (finish reason "stop" or "length"), never a cancelled or failed one.
+        ``embed``: compute the question's vector now if the lookup did not leave one; false (the engine)
+        keeps the entry without it at once, for :meth:`missing_vectors` to fill off the reply's path.
         """
         if not self._eligible(key) or not key.question.strip() or not answer:
             return None
         semantic = self.config.semantic and self.embedder.ready
-        vector = self.embedder.embed_one(fold(key.question)) if semantic else None
+        folded = fold(key.question)
+        vector = (self.embedder.embed_one(folded) if embed else self.embedder.remembered(folded)) if semantic else None
         entry_id = self.store.upsert(
             {
                 "model_key": key.identity.key,

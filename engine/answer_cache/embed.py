@@ -27,6 +27,7 @@ process, so the engine and the GUI do not load the model twice.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -36,7 +37,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import Any
 
@@ -231,7 +232,8 @@ class Embedder:
         self._loaded = threading.Event()  # set when the load ended, well or not
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue[tuple[list[str], Future[np.ndarray]]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[list[str], Future[np.ndarray]] | None] = queue.SimpleQueue()
+        self._closing = False
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
 
     @property
@@ -261,7 +263,23 @@ class Embedder:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="answer-cache-embedder", daemon=True)
                 self._thread.start()
+                atexit.register(self.close)
         return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread: queued jobs are cancelled, the one running ends first (at most ``timeout`` s).
+
+        Called at exit: a daemon thread still inside a torch op while the process tears torch down
+        aborts it ("terminate called without an active exception"), seen when a reply's question was
+        being embedded at nice 19 on a busy machine as the process ended.
+        """
+        with self._lock:
+            self._closing = True
+            thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        self._jobs.put(None)
+        thread.join(timeout)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Start if needed and wait until the load ended; true when the model is ready."""
@@ -277,7 +295,13 @@ class Embedder:
         model = self._model
         assert model is not None
         while True:
-            texts, future = self._jobs.get()
+            job = self._jobs.get()
+            if job is None:
+                return
+            texts, future = job
+            if self._closing:
+                future.cancel()
+                continue
             try:
                 future.set_result(model.encode(texts).reshape(len(texts), DIM))
             except Exception as exc:  # handed to the caller, who raises it
@@ -313,14 +337,32 @@ class Embedder:
             known = {i: self._memo[t] for i, t in enumerate(texts) if t in self._memo}
         todo = [i for i in range(len(texts)) if i not in known]
         if todo:
-            future: Future[np.ndarray] = Future()
-            self._jobs.put(([texts[i] for i in todo], future))
-            for i, vector in zip(todo, future.result(), strict=True):
+            future = self.submit([texts[i] for i in todo])
+            try:
+                vectors = None if future is None else future.result()
+            except CancelledError:  # the process is ending
+                vectors = None
+            if vectors is None:
+                return None
+            for i, vector in zip(todo, vectors, strict=True):
                 known[i] = vector
                 self._remember(texts[i], vector)
         for i, vector in known.items():
             out[i] = vector
         return out
+
+    def submit(self, texts: Sequence[str]) -> Future[np.ndarray] | None:
+        """Queue ``texts`` on the embedder's thread; a future of their vectors (not remembered), or ``None``.
+
+        ``None`` when the model is not ready or the embedder is closing.  The caller that must not wait
+        (the engine after a reply) adds a done-callback instead of asking for the result.
+        """
+        with self._lock:
+            if self._model is None or self._closing:
+                return None
+        future: Future[np.ndarray] = Future()
+        self._jobs.put((list(texts), future))
+        return future
 
     def forget(self) -> None:
         """Drop the remembered vectors (benchmarks time the embedding itself)."""

@@ -26,8 +26,10 @@ miss it goes to the model at once and the semantic stage (embedding the
 question, on the embedder's own low-priority thread) runs beside its prefill:
 whichever sends the first token answers (:class:`~engine.runtime.reply_events.Race`;
 the engine takes its side with :meth:`AnswerGate.race`, and a cache hit
-cancels the model's decode through ``cancel``).  Entries kept before it was ready get their vectors after a later
-reply's ``Done`` or at the end of a load, never in a lookup.  The engine calls
+cancels the model's decode through ``cancel``).  An entry is written at once
+without a vector unless its lookup left one; entries without get theirs on the
+embedder's thread after a reply's ``Done`` or a load's end (nobody waits for
+it), never in a lookup.  The engine calls
 :meth:`AnswerGate.put` after a complete reply, :meth:`AnswerGate.drafts` for
 speculative drafts (they never embed: only a vector the lookup made is used)
 and :meth:`AnswerGate.loaded` after a load (answers of other models are
@@ -48,6 +50,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
@@ -129,6 +132,9 @@ class AnswerGate:
         self._warned = False
         self._settled = threading.Event()  # clear while the engine keeps a reply it has just sent
         self._settled.set()
+        self._backfilling = False  # a batch of missing vectors is on the embedder's thread
+        self._vectors_idle = threading.Event()  # set while no batch is on the embedder's thread
+        self._vectors_idle.set()
         self._races: dict[str, Race] = {}  # requests sent to the model while their semantic lookup runs
         self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
         self._thread.start()
@@ -141,6 +147,10 @@ class AnswerGate:
         """The engine's side of ``request_id``'s race with its semantic lookup (taken once), or None."""
         with self._lock:
             return self._races.pop(request_id, None)
+
+    def vectors_kept(self, timeout: float) -> bool:
+        """Wait until no batch of missing vectors is being embedded (tests, benchmarks); true when none is."""
+        return self._vectors_idle.wait(timeout)
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -223,8 +233,8 @@ class AnswerGate:
             self._serve_hit(request, hit, t_taken)
             return True
         with self._lock:
-            try:
-                wanted = self.cache.could_match(key)
+            try:  # a batch of vectors being made (the reply just kept) may hold the match
+                wanted = self._backfilling or self.cache.could_match(key)
             except Exception:  # the index could not be read: the stage below says so (or misses)
                 wanted = False
             if wanted:
@@ -236,6 +246,7 @@ class AnswerGate:
         try:
             from engine.answer_cache.keys import fold
 
+            self._vectors_idle.wait(STORE_WAIT_S)  # the model is prefilling meanwhile: nobody waits for this
             self.cache.embedder.embed_one(fold(key.question))  # outside the lock: drafts and puts go on meanwhile
             hit = self._lookup(key, "semantic")
         except Exception:  # the model answers
@@ -317,7 +328,7 @@ class AnswerGate:
             self._known[spec_key(spec)] = fields
             known = dict(self._known)
             self.cache.invalidate_model(identity, keep=True)
-            self.cache.backfill(identity)
+        self._backfill_later(identity)
         if changed:
             try:
                 atomic_write(cache_dir() / IDENTITIES_FILE, json.dumps(known))
@@ -333,8 +344,9 @@ class AnswerGate:
     def put(self, identity: Any, request: Request, text: str, ids: Sequence[int], generation_s: float) -> bool:
         """Keep a complete reply (the caller checks it finished with "stop" or "length"); true when kept.
 
-        Called after the reply's ``Done``: its question's vector (remembered from the lookup, or embedded
-        now) and a few entries kept before the embedder was ready are embedded here, off every request's path.
+        Called after the reply's ``Done``: the entry is written at once (with the vector its lookup left, if
+        any); the question's vector, and those of a few older entries without one, follow on the
+        embedder's thread (:meth:`_backfill_later`), so the engine never waits for the embedder.
         """
         if self.cache is None or not request.answer_cache or request.messages[-1].get("role") != "user":
             return False
@@ -345,12 +357,50 @@ class AnswerGate:
             if time.monotonic() < self._paused_until:
                 return False
             try:
-                kept = self.cache.put(key, text, list(ids), generation_s) is not None
-                self.cache.backfill(identity)
-                return kept
+                kept = self.cache.put(key, text, list(ids), generation_s, embed=False) is not None
             except Exception:
                 self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
                 raise
+        self._backfill_later(identity)
+        return kept
+
+    def _backfill_later(self, identity: Any) -> None:
+        """Give vectors to a few entries kept without one, on the embedder's thread: nobody waits for it.
+
+        The engine used to embed here itself; on a busy machine the embedder (nice 19) got no CPU for
+        seconds, the engine thread waited, and the reply's entry was not yet written when a new process
+        asked the same question (CI: an exact hit missed).  Now the entry is written first, and its
+        vector follows when the embedder has run; one batch at a time.
+        """
+        with self._lock:
+            if self.cache is None or self._backfilling:
+                return
+            try:
+                missing = self.cache.missing_vectors(identity)
+            except Exception:  # only similar-question hits are lost
+                traceback.print_exc()
+                return
+            future = self.cache.embedder.submit([q for _, q in missing]) if missing else None
+            if future is None:
+                return
+            self._backfilling = True
+            self._vectors_idle.clear()
+
+        def keep(done: Future[Any]) -> None:
+            try:
+                vectors = done.result()
+                with self._lock:
+                    self.cache.set_vectors(identity, [(i, v) for (i, _), v in zip(missing, vectors, strict=True)])
+            except CancelledError:  # the process is ending
+                pass
+            except Exception:  # a failed write: those entries stay exact-only until the next try
+                traceback.print_exc()
+            finally:
+                with self._lock:
+                    self._backfilling = False
+                    self._vectors_idle.set()
+
+        future.add_done_callback(keep)
 
     def drafts(self, question: str, identity: Any, limit: int = 3) -> list[list[int]]:
         """Token ids of the earlier answers nearest ``question`` (speculative drafts)."""

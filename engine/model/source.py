@@ -30,12 +30,14 @@ saying what happened and what to do.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,14 +175,44 @@ def converted_dir(gguf: Path, progress: Progress) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """While converting: the GGUF file is parsed once, and each tensor-name map is built once.
+
+    transformers parses the file three times (tokenizer, config, weights: about 2.5 s each, its 49,152
+    token strings read element by element) and builds ``gguf.get_tensor_name_map`` once per module
+    (397 times for SmolLM2, 9 s).  Both are looked up in the ``gguf`` module when called, so they are
+    memoised there for the conversion only.  Measured on the bundled model (2 cores): 23 s -> 11 s;
+    the converted weights are equal tensor for tensor (``tests/engine/model/test_source.py``).
+    """
+    import gguf as gguf_module
+
+    reader, name_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def read(path: Any, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf_module.GGUFReader = read
+    gguf_module.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf_module.GGUFReader, gguf_module.get_tensor_name_map = reader, name_map
+
+
 def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> None:
     """Convert ``gguf`` to a safetensors model in ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     progress(0.1, "Converting GGUF model (first start only)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with gguf_read_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:  # transformers raises many types for bad files
         raise ModelLoadError(
             f"Could not read {gguf} as a model: {exc}. The file may be truncated or of an "

@@ -85,3 +85,25 @@ def test_bundled_gguf_is_converted_once(bundled_engine) -> None:  # noqa: ANN001
     assert loaded.tokenizer.eos_token == "<|im_end|>"
     assert loaded.tokenizer.convert_tokens_to_ids("<|im_end|>") in loaded.eos_ids
     assert loaded.load_s > 0  # how fast is the foundation benchmark's business, not a test's
+
+
+def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) -> None:  # noqa: ANN001
+    """``gguf_read_once`` memoises the file's parse and the name maps: the weights must be those of a plain load."""
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from engine.model.source import gguf_read_once
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf_path = bundled_model_path()
+    with gguf_read_once():
+        assert gguf.GGUFReader(gguf_path) is gguf.GGUFReader(gguf_path), "parsed once"
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map), "put back afterwards"
+
+    converted = load_file(converted_dir(gguf_path, lambda _f, _m: None) / "model.safetensors")
+    plain = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    expected = plain.state_dict()
+    assert set(converted) <= set(expected) and len(converted) >= len(expected) - 1  # tied lm_head saved once
+    different = [name for name, tensor in converted.items() if not torch.equal(tensor, expected[name])]
+    assert different == []

@@ -53,6 +53,7 @@ def backend_factory_for(settings: Settings) -> BackendFactory:
         prefix_cache_bytes=settings.prefix_cache_mb << 20,
         tools=tool_settings(settings),
         answer_cache=answer_cache_settings(settings),
+        defer_probe=True,  # a first start chats on float32 while the weight modes are measured
     )
 
 

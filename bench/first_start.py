@@ -11,8 +11,9 @@ offscreen on the bundled model (as ``brisk`` with no arguments does), interleave
 * ``restart``: the data folder of the previous ``empty data folder`` run.
 
 Measured from the process's start: when the window showed, when Send became usable (a model is loaded
-and the composer takes a message), the first reply's TTFT, and the status line's texts with their times;
-``backwards`` counts the times the progress bar went back.
+and the composer takes a message), the first reply's TTFT (asked the moment Send is usable), when the
+background measurement of the weight modes ended (``tuned``; a first start only), and the status line's
+texts with their times; ``backwards`` counts the times the progress bar went back.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def child(out: str, started: float) -> int:
     from app.bridge import EngineBridge
     from app.launch import backend_factory_for, open_store
     from app.window import MainWindow
-    from engine.api import Done, Error
+    from engine.api import Done, Error, Tuning
     from engine.paths import database_path
     from engine.storage import Settings
 
@@ -58,13 +59,24 @@ def child(out: str, started: float) -> int:
     def since() -> float:
         return round(time.time() - started, 3)
 
+    def finished() -> bool:  # the reply is in and nothing is being measured in the background any more
+        return "reply_s" in record and (not record.get("measuring") or "tuned_s" in record)
+
     def on_event(event: object) -> None:
+        if isinstance(event, Tuning):
+            record["measuring"] = True
+            if event.done:
+                record["tuned_s"], record["tuned"] = since(), event.message
         if isinstance(event, Done) and "ttft_s" not in record:
             record["ttft_s"] = event.metrics.ttft_s
+            record["spans"] = [
+                (span.name, round(span.start_s, 3), round(span.end_s, 3)) for span in event.metrics.spans
+            ]
             record["reply_s"] = since()
-            app.quit()
         elif isinstance(event, Error):
             record["error"] = event.message
+            app.quit()
+        if finished():
             app.quit()
 
     bridge.event.connect(on_event)
@@ -80,6 +92,7 @@ def child(out: str, started: float) -> int:
             last["progress"] = bar.value()
         if "usable_s" not in record and window.model_ready and window.composer.ready:
             record["usable_s"] = since()
+            window.new_chat()  # a restart opens the last chat: the question starts a new one, as a first one did
             window.composer.editor.setPlainText(QUESTION)
             window.composer.submit()
         if time.time() - started > LIMIT_S:
@@ -129,13 +142,14 @@ def main() -> None:
             return "-"
         return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
-    print(f"{'variant':28} {'window s':>16} {'usable s':>16} {'first TTFT ms':>18} {'backwards':>9}")
+    print(f"{'variant':28} {'window s':>16} {'usable s':>16} {'first TTFT ms':>18} {'tuned s':>16} {'backwards':>9}")
     for name, records in rows.items():
         window = [float(r["window_s"]) for r in records if "window_s" in r]  # type: ignore[arg-type]
         usable = [float(r["usable_s"]) for r in records if "usable_s" in r]  # type: ignore[arg-type]
         ttft = [1000 * float(r["ttft_s"]) for r in records if r.get("ttft_s") is not None]  # type: ignore[arg-type]
+        tuned = [float(r["tuned_s"]) for r in records if "tuned_s" in r]  # type: ignore[arg-type]
         back = sum(int(r.get("backwards", 0)) for r in records)  # type: ignore[call-overload]
-        print(f"{name:28} {median(window):>16} {median(usable):>16} {median(ttft):>18} {back:>9}")
+        print(f"{name:28} {median(window):>16} {median(usable):>16} {median(ttft):>18} {median(tuned):>16} {back:>9}")
         for r in records:
             if "error" in r:
                 print(f"  error: {r['error']}")

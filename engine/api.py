@@ -359,6 +359,15 @@ class LoadFailed:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """Work after a load that makes later replies faster while the model already answers (a first start's
+    measurement of the weight modes); ``done`` on its last message.  Not tied to a request."""
+
+    message: str
+    done: bool = False
+
+
+@dataclass(frozen=True)
 class Warning:  # noqa: A001 - the event's name; the builtin is not used here
     """Something went wrong that did not stop the load or the reply; ``kind`` says what."""
 

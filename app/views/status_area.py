@@ -19,7 +19,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.state.model_facts import is_remote, precision_text
-from app.views.style import ERROR
+from app.views.style import ERROR, MUTED
 from engine.api import Loaded
 
 TICK_MS = 1000
@@ -71,7 +71,9 @@ class StatusArea(QWidget):
         self._step = ""
         self.progress.hide()
 
-    def loaded(self, event: Loaded) -> None:
+    def loaded(self, event: Loaded, usable_s: float | None = None) -> None:
+        """Say the model is in; ``usable_s`` (the window's own clock from the load's start to now, engine start
+        included) is said as the load time where given, else the engine's ``load_s``."""
         self._stop_loading()
         self.model_label.setText(event.model_name)
         precision, tip = precision_text(event)
@@ -79,7 +81,14 @@ class StatusArea(QWidget):
         self.device_label.setToolTip(tip)
         self.message_label.setStyleSheet("")
         verb = "Connected" if is_remote(event) else "Loaded"
-        self.message_label.setText(f"{verb} in {event.load_s:.1f} s")
+        self.message_label.setText(f"{verb} in {event.load_s if usable_s is None else usable_s:.1f} s")
+        self.message_label.setToolTip("")
+
+    def tuning(self, message: str, done: bool) -> None:
+        """Work after the load that speeds later replies (the model already answers): said, no progress bar."""
+        self.message_label.setStyleSheet("" if done else f"color: {MUTED};")
+        self.message_label.setText(message)
+        self.message_label.setToolTip(message)
 
     def failed(self, message: str) -> None:
         self._stop_loading()

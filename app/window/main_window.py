@@ -37,6 +37,7 @@ tooltip is the configuration it ran with.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -64,7 +65,7 @@ from app.views.style import STYLESHEET
 from app.window.conversations import ConversationActions
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, LayoutFile, default_widths
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
-from engine.api import Loaded, LoadFailed, LoadProgress, Warning
+from engine.api import Loaded, LoadFailed, LoadProgress, Tuning, Warning
 from engine.storage import Settings, Store, StoreError
 
 __all__ = ["MainWindow"]
@@ -97,6 +98,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.bridge = bridge
         self.settings = settings
         self.model_ready = False
+        self._load_began = time.monotonic()  # when the current load was asked for
+        self._usable_s: float | None = None  # from then until its Loaded: the load time the status bar says
         self.loaded: Loaded | None = None  # the last Loaded event: model facts for "About this machine"
         self.about: AboutDialog | None = None
         self._model_override = model_override
@@ -286,6 +289,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         if model:
             self._model_override = model
         self.model_ready = False
+        self._load_began, self._usable_s = time.monotonic(), None
         self.composer.set_ready(False, LOADING_TIP)
         self.hide_banner("load")
         self.hide_banner("draft")
@@ -300,12 +304,16 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         elif isinstance(event, Loaded):
             self.model_ready = True
             self.loaded = event
-            self.status_area.loaded(event)
+            if self._usable_s is None:  # the load time said is the time to a usable chat, engine start included
+                self._usable_s = time.monotonic() - self._load_began
+            self.status_area.loaded(event, self._usable_s)
             self.composer.set_ready(True)
             self.hide_banner("load")
             if self.about is not None:
                 self.about.set_loaded(event)
             self._seed_answers()
+        elif isinstance(event, Tuning):
+            self.status_area.tuning(event.message, event.done)
         elif isinstance(event, Warning) and event.kind == "draft":
             self.show_banner(
                 "draft",

@@ -45,6 +45,7 @@ __all__ = [
     "AUTO_CANDIDATES",
     "DTYPES",
     "LoadedModel",
+    "ModeMeasurement",
     "ModelLoadError",
     "Progress",
     "bundled_model_path",
@@ -75,6 +76,41 @@ class LoadedModel:
     context_length: int
     load_s: float
     info: dict[str, Any] = field(default_factory=dict)
+    measuring: ModeMeasurement | None = None  # quant="auto" loaded float32 and measures the modes later
+
+
+@dataclass
+class ModeMeasurement:
+    """A first start's mode measurement left for later (``load_model(..., defer_probe=True)``).
+
+    :meth:`steps` measures one step per ``next()`` (``engine.model.mode_probe.measure``), reusing the float32
+    model already loaded as the reference; :meth:`finish` turns its result into the :class:`LoadedModel` to
+    switch to, or None when float32 stays.  The engine runs the steps while it has nothing else to do.
+    """
+
+    key: str
+    candidates: list[tuple[str, str]]
+    build: Callable[[str, str], tuple[Any, dict[str, Any]]]
+    assemble: Callable[[Any, dict[str, Any], str, str, dict[str, Any]], LoadedModel]
+    reference: Any = None  # the float32 model in use
+
+    def steps(self, clock: Any, tokenizer: Any) -> Any:
+        from engine.model import mode_probe
+
+        def build(mode: str, dtype_name: str) -> tuple[Any, dict[str, Any]]:
+            if (mode, dtype_name) == mode_probe.REFERENCE and self.reference is not None:
+                return self.reference, {}
+            return self.build(mode, dtype_name)
+
+        return mode_probe.measure(self.key, self.candidates, build, tokenizer, clock)
+
+    def finish(self, result: tuple[str, str, dict[str, Any], Any]) -> LoadedModel | None:
+        mode, dtype_name, record, built = result
+        self.reference = None
+        if (mode, dtype_name) == ("none", "float32") or built is None:
+            return None
+        model, qinfo = built
+        return self.assemble(model, qinfo, mode, dtype_name, record)
 
 
 def pick_device(name: str) -> torch.device:
@@ -85,7 +121,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel:
+def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: bool = False) -> LoadedModel:
+    """Load ``spec`` (see the module docstring).
+
+    ``defer_probe``: where ``quant="auto"`` has no saved choice yet (a first start), load float32 now and leave
+    the measurement in :attr:`LoadedModel.measuring` for the caller to run later (the window chats meanwhile).
+    """
     progress = progress or (lambda _f, _m: None)
     start = time.perf_counter()
     device = pick_device(spec.device)
@@ -124,8 +165,16 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     def build(mode: str, dtype_name: str) -> tuple[Any, dict[str, Any]]:
         return _build(AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, progress)
 
+    measuring: ModeMeasurement | None = None
     if auto:
-        mode, dtype_name, mode_record, built = _auto_mode(spec, device, dtype, weights_id, build, tokenizer, progress)
+        choice = _auto_mode(spec, device, dtype, weights_id, build, tokenizer, progress, defer_probe)
+        if isinstance(choice, ModeMeasurement):
+            measuring, choice = choice, ("none", "float32", DEFERRED_RECORD, None)
+            # its builds say nothing on the load's progress: the model is in by then, and answering
+            measuring.build = lambda mode, dtype_name: _build(
+                AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, lambda _f, _m: None
+            )
+        mode, dtype_name, mode_record, built = choice
         dtype = DTYPES[dtype_name] if dtype_name else dtype
     if mode in quant.INT_MODES and dtype is None:
         dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
@@ -140,6 +189,48 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
 
         progress(0.9, "Measuring float32 against bfloat16 on this CPU (first start only)")
         dtype, probe, model = choose_cpu_dtype(model, tokenizer, f"{weights_id}|{torch.__version__}")
+
+    def assemble(
+        model: Any, qinfo: dict[str, Any], mode: str, dtype_name: str, mode_record: dict[str, Any]
+    ) -> LoadedModel:
+        return _assemble(
+            model, qinfo, tokenizer, name, location, device, DTYPES[dtype_name], mode, weights_id, mode_record, start
+        )
+
+    loaded = _assemble(model, qinfo, tokenizer, name, location, device, dtype, mode, weights_id, mode_record, start)
+    loaded.info["dtype_probe"] = probe
+    if measuring is not None:
+        measuring.assemble, measuring.reference = assemble, loaded.model
+        loaded.measuring = measuring
+    progress(1.0, "Ready")
+    return loaded
+
+
+DEFERRED_SKIP = ("int8-cpu",)  # not measured between replies (see _auto_mode)
+DEFERRED_RECORD = {
+    "mode": "none",
+    "dtype": "float32",
+    "chosen": "float32",
+    "reason": "float32 answers while the other weight modes are measured in the background (first start only)",
+    "deferred": True,
+}
+
+
+def _assemble(
+    model: Any,
+    qinfo: dict[str, Any],
+    tokenizer: Any,
+    name: str,
+    location: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    mode: str,
+    weights_id: str,
+    mode_record: dict[str, Any],
+    start: float,
+) -> LoadedModel:
+    """The :class:`LoadedModel` of a built ``model``: float32 CPU linears packed, end-of-turn ids checked."""
+    from engine import quant
     from engine.model.packed import PackedLinear, pack_linears
 
     if mode == "none" and device.type == "cpu" and dtype == torch.float32:
@@ -149,8 +240,6 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
     context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
     kernels = "packed" if packed else "plain"  # rounding differs between kernels: their KV must not mix
     identity = hashlib.sha256(f"{weights_id}|{dtype}|{mode}|{device.type}|{kernels}".encode()).hexdigest()[:16]
-    load_s = time.perf_counter() - start
-    progress(1.0, "Ready")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -162,12 +251,12 @@ def load_model(spec: ModelSpec, progress: Progress | None = None) -> LoadedModel
         identity=identity,
         eos_ids=eos_ids,
         context_length=context,
-        load_s=load_s,
+        load_s=time.perf_counter() - start,
         info={
             "parameters": count_parameters(model),
             "weight_bytes": quant.weight_bytes(model),
             "quant": mode,
-            "dtype_probe": probe,
+            "dtype_probe": {},
             "mode_probe": mode_record,
             "packed_linears": packed,
             **qinfo,
@@ -223,8 +312,12 @@ def _auto_mode(
     build: Callable[[str, str], tuple[Any, dict[str, Any]]],
     tokenizer: Any,
     progress: Progress,
-) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None]:
-    """``quant="auto"``: (mode, dtype name or "" for the usual choice, record, model if the probe built it)."""
+    defer_probe: bool = False,
+) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None] | ModeMeasurement:
+    """``quant="auto"``: (mode, dtype name or "" for the usual choice, record, model if the probe built it).
+
+    With ``defer_probe`` and nothing saved: the :class:`ModeMeasurement` to run later instead.
+    """
     from engine import quant
     from engine.model import mode_probe
 
@@ -248,6 +341,11 @@ def _auto_mode(
             continue
         candidates.append((mode, dtype_name))
     key = f"{weights_id}|{mode_probe.machine()}|dtype {spec.dtype}"
+    if defer_probe and len(candidates) > 1 and mode_probe.usable_record(key, candidates) is None:
+        # between replies every step must be short: int8-cpu's first build (quantizing, about 10 s on the
+        # bundled model) would hold a reply that long, and q8-cpu covers 8-bit weights with exact sums
+        later = [c for c in candidates if c[0] not in DEFERRED_SKIP]
+        return ModeMeasurement(key, later, build, lambda *_args: None)  # type: ignore[arg-type,return-value]
     if mode_probe.recorded(key) is None:
         progress(0.85, "Measuring which weight mode is fastest on this CPU (first start only)")
     return mode_probe.choose_mode(key, candidates, build, tokenizer)

@@ -56,7 +56,7 @@ import json
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +159,9 @@ def _forward(model: Any, state: KVState, ids: list[int]) -> tuple[torch.Tensor, 
     return logits.argmax(-1), 1000 * (time.perf_counter() - t)
 
 
-def _text_pass(traces: dict[Candidate, Trace], ids: list[int], allowed: int) -> int:
-    """Teacher-force ``ids`` through every candidate, piece by piece; returns float32's next token after them."""
+def _text_pass(traces: dict[Candidate, Trace], ids: list[int], allowed: int) -> Generator[str, None, int]:
+    """Teacher-force ``ids`` through every candidate, piece by piece (yielding after each); returns float32's next
+    token after them."""
     assert next(iter(traces)) == REFERENCE, "float32 goes first: it sets what the others must match"
     split = min(PROMPT_TOKENS, len(ids) // 2)
     pieces = [("prompt", ids[:split])] + [("chunks", ids[i : i + CHUNK]) for i in range(split, len(ids), CHUNK)]
@@ -177,6 +178,7 @@ def _text_pass(traces: dict[Candidate, Trace], ids: list[int], allowed: int) -> 
                 trace.prefill_ms.append(ms)
             if trace.misses() > allowed:
                 trace.dropped, trace.state = True, KVState()
+        yield f"comparing answers ({n + 1} of {len(pieces)})"
     return int(reference[-1])
 
 
@@ -195,15 +197,19 @@ def _step_round(traces: dict[Candidate, Trace], token: int, times: dict[Candidat
     return int(reference[-1])
 
 
-def _rounds(traces: dict[Candidate, Trace], token: int, deadline: float, warm: int = 0) -> int:
-    """``warm`` untimed steps, then ``ROUNDS`` timed rounds of ``STEPS`` (fewer past ``deadline``, perf_counter)."""
+def _rounds(
+    traces: dict[Candidate, Trace], token: int, clock: Clock, until: float, warm: int = 0
+) -> Generator[str, None, int]:
+    """``warm`` untimed steps, then ``ROUNDS`` timed rounds of ``STEPS`` (fewer once ``clock`` passed ``until``
+    seconds), yielding after each round."""
     for _ in range(warm):
         token = _step_round(traces, token, None)
     for trace in traces.values():
         trace.rounds_ms = []
-    for _ in range(ROUNDS):
-        if time.perf_counter() > deadline:
+    for n in range(ROUNDS):
+        if clock.spent() > until:
             break
+        yield f"timing decode steps (round {n + 1} of {ROUNDS})"
         times: dict[Candidate, list[float]] = {c: [] for c, t in traces.items() if not t.dropped}
         for _ in range(STEPS):
             token = _step_round(traces, token, times)
@@ -315,43 +321,90 @@ def _save(key: str, record: dict[str, Any]) -> bool:
     return True
 
 
-def choose_mode(
-    key: str, candidates: list[Candidate], build: Build, tokenizer: Any
-) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None]:
+class Clock:
+    """Seconds the measurement itself ran: the driver counts each step it runs, not the time between steps
+    (in the background the engine serves replies between them)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def spent(self) -> float:
+        return self.seconds
+
+    def run(self, step: Callable[[], Any]) -> Any:
+        """Run ``step`` on ``THREADS`` torch thread(s), counting its time; the thread count is put back after."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(min(THREADS, threads))
+        began = time.perf_counter()
+        try:
+            return step()
+        finally:
+            self.seconds += time.perf_counter() - began
+            torch.set_num_threads(threads)
+
+
+Result = tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None]
+
+
+def choose_mode(key: str, candidates: list[Candidate], build: Build, tokenizer: Any) -> Result:
     """(mode, dtype name, record, the chosen model as ``build`` returned it or None when taken from the record)."""
+    earlier = usable_record(key, candidates)
+    if earlier is not None:
+        return earlier["mode"], earlier["dtype"], earlier, None
+    clock = Clock()
+    steps = measure(key, candidates, build, tokenizer, clock)
+    while True:
+        try:
+            clock.run(lambda: next(steps))
+        except StopIteration as end:
+            return end.value  # type: ignore[no-any-return]
+
+
+def usable_record(key: str, candidates: list[Candidate]) -> dict[str, Any] | None:
+    """The saved choice for ``key`` if one of ``candidates`` (else it cannot run here and is measured again)."""
     earlier = recorded(key)
-    if earlier is not None and (earlier["mode"], earlier["dtype"]) in candidates:
-        return earlier["mode"], earlier["dtype"], earlier, None  # else it cannot run here: measured again
+    return earlier if earlier is not None and (earlier["mode"], earlier["dtype"]) in candidates else None
+
+
+def measure(
+    key: str, candidates: list[Candidate], build: Build, tokenizer: Any, clock: Clock | None = None
+) -> Generator[str, None, Result]:
+    """The measurement, one step per ``next()`` (each says what it did), returning what :func:`choose_mode` returns.
+
+    Drive it with a :class:`Clock` (``clock.run(lambda: next(steps))``) and pass the same clock here: the time
+    budget counts the steps only.  A step is one candidate's build, one piece of the text through every
+    candidate, or one timing round; between steps the caller may do anything (the engine serves replies).
+    """
     assert candidates and candidates[0] == REFERENCE, "float32 is the reference"
-    start = time.perf_counter()
+    clock = clock or Clock()
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(THREADS, threads))
-    try:
-        built = {c: build(*c) for c in candidates}
-        traces = {c: Trace(b[0]) for c, b in built.items()}
-        steps = WARM_STEPS + 2 * ROUNDS * STEPS  # the most one-token steps, with the second series
-        config = getattr(traces[REFERENCE].model, "config", None)
-        context = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
-        ids = tokenizer(TEXT)["input_ids"][: max(2, min(AGREE_TOKENS, context - steps - 1))]
-        build_s = time.perf_counter() - start
-        planned = len(ids) + WARM_STEPS + ROUNDS * STEPS
-        allowed = int((1 - MIN_AGREEMENT) * planned + 1e-9)  # misses a candidate may have and still be chosen
-        token = _text_pass(traces, ids, allowed)
-        agree_s = time.perf_counter() - start - build_s
-        # only modes that can still keep the answers are stepped and timed (none but float32: nothing to time)
-        timed = {c: t for c, t in traces.items() if not t.dropped}
-        rounds: dict[Candidate, list[float]] = {}
-        deadline = time.perf_counter() + BUDGET_S
-        if len(timed) > 1:
-            token = _rounds(timed, token, deadline, warm=WARM_STEPS)
-            rounds = {c: t.rounds_ms for c, t in timed.items()}
-        noisy = bool(rounds) and spread(rounds) > MAX_SPREAD
-        if noisy and time.perf_counter() < deadline:
-            _rounds(timed, token, deadline)  # once more: the other program may have finished
-            rounds = {c: t.rounds_ms for c, t in timed.items()}
-            noisy = spread(rounds) > MAX_SPREAD
-    finally:
-        torch.set_num_threads(threads)
+    built: dict[Candidate, tuple[Any, dict[str, Any]]] = {}
+    for n, candidate in enumerate(candidates):
+        built[candidate] = build(*candidate)
+        yield f"{label(candidate)} loaded ({n + 1} of {len(candidates)} modes)"
+    start_s = clock.spent()
+    traces = {c: Trace(b[0]) for c, b in built.items()}
+    steps = WARM_STEPS + 2 * ROUNDS * STEPS  # the most one-token steps, with the second series
+    config = getattr(traces[REFERENCE].model, "config", None)
+    context = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
+    ids = tokenizer(TEXT)["input_ids"][: max(2, min(AGREE_TOKENS, context - steps - 1))]
+    build_s = start_s
+    planned = len(ids) + WARM_STEPS + ROUNDS * STEPS
+    allowed = int((1 - MIN_AGREEMENT) * planned + 1e-9)  # misses a candidate may have and still be chosen
+    token = yield from _text_pass(traces, ids, allowed)
+    agree_s = clock.spent() - build_s
+    # only modes that can still keep the answers are stepped and timed (none but float32: nothing to time)
+    timed = {c: t for c, t in traces.items() if not t.dropped}
+    rounds: dict[Candidate, list[float]] = {}
+    until = clock.spent() + BUDGET_S  # the timing rounds' budget, in the measurement's own seconds
+    if len(timed) > 1:
+        token = yield from _rounds(timed, token, clock, until, warm=WARM_STEPS)
+        rounds = {c: t.rounds_ms for c, t in timed.items()}
+    noisy = bool(rounds) and spread(rounds) > MAX_SPREAD
+    if noisy and clock.spent() < until:
+        yield from _rounds(timed, token, clock, until)  # once more: the other program may have finished
+        rounds = {c: t.rounds_ms for c, t in timed.items()}
+        noisy = spread(rounds) > MAX_SPREAD
     figures = {
         label(c): {
             "mode": c[0],
@@ -389,7 +442,7 @@ def choose_mode(
         "threads": min(THREADS, threads),
         "tokens": len(ids),
         "decode_steps": traces[REFERENCE].positions["steps"],
-        "probe_s": round(time.perf_counter() - start, 2),
+        "probe_s": round(clock.spent(), 2),
         "load_s": round(build_s, 2),
         "agreement_s": round(agree_s, 2),
         "machine": machine(),

@@ -190,18 +190,19 @@ def gguf_read_once() -> Iterator[None]:
     reader, name_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
     readers: dict[tuple[str, str], Any] = {}
 
-    def read(path: Any, mode: str = "r") -> Any:
+    def read(path: Any, mode: Any = "r") -> Any:
         key = (os.fspath(path), mode)
         if key not in readers:
             readers[key] = reader(path, mode)
         return readers[key]
 
-    gguf_module.GGUFReader = read
-    gguf_module.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    setattr(gguf_module, "GGUFReader", read)  # noqa: B010 - a module attribute, put back below
+    setattr(gguf_module, "get_tensor_name_map", functools.lru_cache(maxsize=None)(name_map))  # noqa: B010
     try:
         yield
     finally:
-        gguf_module.GGUFReader, gguf_module.get_tensor_name_map = reader, name_map
+        setattr(gguf_module, "GGUFReader", reader)  # noqa: B010
+        setattr(gguf_module, "get_tensor_name_map", name_map)  # noqa: B010
 
 
 def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> None:

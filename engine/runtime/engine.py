@@ -44,12 +44,13 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.answer_cache import ModelIdentity
-from engine.api import Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Warning
+from engine.api import Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Tuning, Warning
 from engine.model.loader import LoadedModel, ModelLoadError
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.decode import Decoder
-from engine.runtime.loading import KV_RESERVE_BYTES, build, kv_file
+from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
+from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
@@ -71,6 +72,9 @@ __all__ = [
 ]
 
 
+MEASURE_POLL_S = 0.25  # while the native step compiles, the idle engine looks at it this often
+
+
 class Engine(Serving):
     def __init__(self, on_event: Callable[[object], None], options: EngineOptions | None = None) -> None:
         tune_malloc()
@@ -85,6 +89,8 @@ class Engine(Serving):
         self.history = HistoryIndex()  # every finished or seeded reply's n-grams: drafts for any question
         self.tools = ToolBox(self.options.tools, on_event)
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
+        self.measuring: Measuring | None = None  # a first start's mode measurement, run while idle
+        self._load_number = 0  # the load the current model came from
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
@@ -161,6 +167,8 @@ class Engine(Serving):
             try:
                 if kind == "rewarm":
                     self._rewarm_step()
+                elif kind == "measure":
+                    self._measure_step()
                 elif kind == "load":
                     self._load_reported(*item)
                 elif kind == "request":
@@ -177,6 +185,13 @@ class Engine(Serving):
                 return self._queue.get_nowait()
             except queue.Empty:
                 return "rewarm", None
+        if self.measuring is not None:
+            try:
+                if self.measuring.waiting():  # the native step compiles: look again shortly
+                    return self._queue.get(timeout=MEASURE_POLL_S)
+                return self._queue.get_nowait()
+            except queue.Empty:
+                return "measure", None
         return self._queue.get()
 
     def _call(self, fn: Callable[[Engine], Any]) -> None:
@@ -209,13 +224,23 @@ class Engine(Serving):
         def progress(fraction: float, message: str) -> None:
             self.on_event(LoadProgress(fraction, message))
 
-        old_cache, old_tokenizer = self.prefix_cache, self.loaded.tokenizer if self.loaded is not None else None
+        self.measuring = None  # what was measured belongs to the model being replaced
         built = build(spec, self.options, progress)
+        self._switch(spec, number, built, built.loaded.load_s, same_tokenizer=False)
+        if built.loaded.measuring is not None:
+            self.measuring = Measuring(built.loaded.measuring, built.loaded.tokenizer, spec, number)
+            self.on_event(Tuning("Chatting on float32 while the faster weight modes are measured in the background"))
+
+    def _switch(self, spec: ModelSpec, number: int, built: Built, load_s: float, same_tokenizer: bool) -> None:
+        """Switch to ``built`` all at once and send ``Loaded`` (with ``load_s``) and the load's warnings."""
+        old_cache, old_tokenizer = self.prefix_cache, self.loaded.tokenizer if self.loaded is not None else None
         loaded, warnings = built.loaded, built.warnings
         self.loaded, self.decoder, self.draft = loaded, built.decoder, built.draft
         self.prefix_cache = built.prefix_cache
-        self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
-        self.history = HistoryIndex()
+        self._load_number = number
+        if not same_tokenizer:
+            self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
+            self.history = HistoryIndex()
         self.identity = ModelIdentity(loaded.name, loaded.identity, built.dtype, loaded.quant)
         try:  # before Loaded: a request sent on Loaded meets this model's answers
             self.answer_gate.loaded(spec, number, self.identity)
@@ -223,9 +248,34 @@ class Engine(Serving):
             traceback.print_exc()
             warnings.append(Warning("cache", f"The answer cache was not updated for this model ({exc})."))
         self._rewarm_after_load(old_cache, old_tokenizer, warnings)
-        self.on_event(Loaded(loaded.name, loaded.device.type, built.dtype, loaded.load_s, built.info))
+        self.on_event(Loaded(loaded.name, loaded.device.type, built.dtype, load_s, built.info))
         for warning in warnings:
             self.on_event(warning)
+
+    def _measure_step(self) -> None:
+        """One step of the mode measurement; at its end, switch to the chosen mode (between two replies)."""
+        measuring = self.measuring
+        if measuring is None:
+            return
+        try:
+            outcome = measuring.step()
+            if isinstance(outcome, Outcome):
+                self.measuring = None
+                if outcome.loaded is not None and measuring.number == self._load_number and self.loaded is not None:
+                    load_s = self.loaded.load_s
+                    built = build(measuring.spec, self.options, lambda _f, _m: None, loaded=outcome.loaded)
+                    self._switch(measuring.spec, measuring.number, built, load_s, same_tokenizer=True)
+                elif self.loaded is not None:
+                    self.loaded.info["mode_probe"] = outcome.record
+                self.on_event(Tuning(outcome.message, done=True))
+            else:
+                self.on_event(Tuning(f"Measuring the weight modes in the background: {outcome}"))
+        except Exception as exc:  # only speed is lost: float32 goes on answering
+            traceback.print_exc()
+            self.measuring = None
+            message = f"Measuring the weight modes failed ({type(exc).__name__}: {exc}); float32 stays."
+            self.on_event(Tuning(message, done=True))
+            self.on_event(Warning("engine", message))
 
     def _rewarm_after_load(self, old_cache: PrefixCache | None, old_tokenizer: Any, warnings: list[Warning]) -> None:
         """Queue the old cache's last used system prompts for the new model (same vocabulary only)."""

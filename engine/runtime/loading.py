@@ -55,9 +55,17 @@ class Built:
     warnings: list[Warning] = field(default_factory=list)
 
 
-def build(spec: ModelSpec, options: EngineOptions, progress: Callable[[float, str], None]) -> Built:
-    """Load ``spec`` and build its decoder, prefix cache and draft model (see the module docstring)."""
-    loaded = load_model(spec, progress)
+def build(
+    spec: ModelSpec,
+    options: EngineOptions,
+    progress: Callable[[float, str], None],
+    loaded: LoadedModel | None = None,
+) -> Built:
+    """Load ``spec`` and build its decoder, prefix cache and draft model (see the module docstring).
+
+    ``loaded``: the model is already loaded (the mode a background measurement chose): only the rest is built.
+    """
+    loaded = loaded or load_model(spec, progress, defer_probe=options.defer_probe)
     warnings: list[Warning] = []
     if getattr(loaded.model, "brisk_quant", {}).get("mode") == "fp16-cpu":
         loaded.info["decode_step"] = native.prepare()  # loaded now, or built in the background

@@ -21,6 +21,9 @@ class EngineOptions:
     persist_prefixes: bool = True  # save system-prompt KV for a warm first message after restart
     tools: ToolSettings = field(default_factory=ToolSettings)  # what requests may enable (Request.tools)
     answer_cache: AnswerCacheSettings = field(default_factory=AnswerCacheSettings)
+    # quant="auto" on a first start: answer on float32 at once, measure the modes between replies, then switch
+    # (the window; a one-shot CLI measures before its reply instead, so that it answers on the chosen mode)
+    defer_probe: bool = False
 
     def __post_init__(self) -> None:
         check_budget(self.prefix_cache_bytes)

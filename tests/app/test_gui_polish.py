@@ -311,3 +311,37 @@ def test_quantization_tooltips_are_the_engines_descriptions(
         "bnb-nf4": "needs a CUDA GPU",  # greyed: why not
     }
     assert quant_probe.quant_descriptions("cpu")["int8-cpu"].startswith("8-bit weights")
+
+
+def test_a_first_start_is_usable_while_the_modes_are_measured_and_says_so(qtbot: QtBot, harness: Harness) -> None:
+    """The engine loads float32, then measures the weight modes between replies and switches (Tuning events)."""
+    from engine.api import Loaded, ModelInfo, Tuning
+    from tests.support.gui_harness import chat, fake
+
+    window = harness.open()
+    engine = fake(window)
+    engine.load_steps = [(0.1, "Converting GGUF model (first start only)"), (0.8, "Loading weights")]
+    bar_values: list[int] = []
+    window.status_area.progress.valueChanged.connect(bar_values.append)
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
+        window.load_model()  # the same engine loads again, this time with a first start's steps
+    assert fake(window) is engine and bar_values and bar_values == sorted(bar_values), "progress never goes back"
+    said = window.status_area.message_label.text()
+    assert said.startswith("Loaded in ") and window.model_ready and window.composer.ready
+
+    def engine_says(event: object) -> None:
+        with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: e is event):
+            engine.on_event(event)
+
+    engine_says(Tuning("Chatting on float32 while the faster weight modes are measured in the background"))
+    label = window.status_area.message_label
+    assert label.text().startswith("Chatting on float32") and not window.status_area.progress.isVisible()
+    chat(qtbot, window, "Hello")  # usable meanwhile
+    assert window.composer.ready
+    engine_says(Tuning("Measuring the weight modes in the background: q8-cpu loaded (3 of 4 modes)"))
+    assert "q8-cpu loaded" in label.text()
+    switched = Loaded("fake-model", "cpu", "float32", 0.01, ModelInfo(quant="q8-cpu"))
+    engine_says(switched)
+    engine_says(Tuning("Switched to q8-cpu (decode steps 5.0x as fast as float32), measured in the background", True))
+    assert label.text().startswith("Switched to q8-cpu") and window.model_ready and window.composer.ready
+    assert "q8-cpu" in window.status_area.device_label.text()

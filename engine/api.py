@@ -26,7 +26,8 @@ QUANT_MODES: tuple[str, ...] = ("none", "fp16-cpu", "q8-cpu", "int8-cpu", "int4-
 QUANT_CHOICES: tuple[str, ...] = ("auto", *QUANT_MODES)  # what a user may ask for: auto measures at first load
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-FINISH_REASONS: tuple[str, ...] = ("stop", "length", "context", "cancelled")
+# "repetition": the reply's last tokens were one block said Sampling.stop_repeats times in a row (a loop)
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "context", "cancelled", "repetition")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class Sampling:
     seed: int | None = None
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
+    # end the reply (finish "repetition") once its last tokens are one block of REPEAT_BLOCK tokens or more
+    # said this many times in a row: a loop a small model would keep up to max_tokens.  0: off
+    stop_repeats: int = 0
 
     def problems(self) -> list[str]:
         """What is wrong with these values, each said as what to change (empty: all good)."""
@@ -56,9 +60,24 @@ class Sampling:
             out.append(f"seed must be a whole number from 0 to 2**63-1, not {self.seed!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             out.append(f"max_tokens must be a whole number of 1 or more, not {self.max_tokens!r}")
+        if not _is_int(self.stop_repeats) or self.stop_repeats < 0 or self.stop_repeats == 1:
+            out.append(f"stop_repeats must be 0 (off) or a whole number of 2 or more, not {self.stop_repeats!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append("stop strings must not be empty")
         return out
+
+
+REPEAT_BLOCK = (4, 64)  # the shortest and longest block Sampling.stop_repeats looks for, in tokens
+
+
+def repeats(ids: list[int], times: int) -> bool:
+    """Whether ``ids`` ends with one block of ``REPEAT_BLOCK`` tokens said ``times`` times in a row."""
+    shortest, longest = REPEAT_BLOCK
+    for size in range(shortest, min(longest, len(ids) // times) + 1):
+        block = ids[-size:]
+        if all(ids[-(k + 1) * size : -k * size] == block for k in range(1, times)):
+            return True
+    return False
 
 
 def _finite(value: object) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QIntValidator
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -145,6 +146,12 @@ class SettingsDialog(QDialog):
         self.max_tokens.setRange(1, 1_000_000)
         self.max_tokens.setValue(settings.max_tokens)
         chat_form.addRow("Max tokens", self.max_tokens)
+        self.stop_loops = QCheckBox("Stop a reply that repeats itself")
+        self.stop_loops.setChecked(settings.stop_repeats > 0)
+        self.stop_loops.setToolTip(
+            "Ends a reply once it says the same passage three times in a row, instead of looping to Max tokens"
+        )
+        chat_form.addRow("", self.stop_loops)
         layout.addWidget(chat_box)
 
         self.speed = SpeedSection(settings)
@@ -180,6 +187,7 @@ class SettingsDialog(QDialog):
             repetition_penalty=self.repetition_penalty.value(),
             seed=int(seed_text) if seed_text else None,
             max_tokens=self.max_tokens.value(),
+            stop_repeats=(self._original.stop_repeats or 3) if self.stop_loops.isChecked() else 0,
             **self.speed.values(),
             **self.engines.values(),
         )

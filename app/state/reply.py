@@ -209,4 +209,6 @@ def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") ->
         parts.append("stopped")
     elif finish_reason == "length":
         parts.append("reached the token limit")
+    elif finish_reason == "repetition":
+        parts.append("stopped: it was repeating itself")
     return SEP.join(parts)

@@ -107,6 +107,8 @@ def weights_fingerprint(path: str | Path, sample_bytes: int = 1 << 20) -> str:
 def sampling_dict(sampling: Sampling | Mapping[str, Any] | None) -> dict[str, Any]:
     """The sampling settings that can change the reply, as plain values."""
     values = dict(asdict(sampling) if isinstance(sampling, Sampling) else dict(sampling or asdict(Sampling())))
+    if not values.get("stop_repeats"):  # off: the keys answers were kept under before the field existed
+        values.pop("stop_repeats", None)
     if "stop" in values:
         values["stop"] = list(values["stop"])
     if float(values.get("temperature", 0.0)) == 0.0:

@@ -12,7 +12,8 @@ decode's :class:`~engine.api.Metrics`).
 
 It decides when the reply is over, in this order for each token: EOS ("stop",
 the token is not part of the reply), a stop string ("stop"), ``max_tokens``
-("length"); the steps ending means the model's context is full ("context");
+("length"), a loop (``Sampling.stop_repeats``: "repetition"); the steps
+ending means the model's context is full ("context");
 ``cancelled()``, checked after every model step, gives "cancelled".  Sending
 the events, and ending the request with ``Done`` or ``Error``, is the engine's.
 """
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import Event, Metrics, PrefillProgress, Sampling, Token
+from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, repeats
 from engine.model.kv import KVState
 from engine.runtime import sampling
 from engine.runtime.detokenize import StreamText
@@ -98,6 +99,9 @@ class Decoder:
                             pending.clear()
                         if text.stopped or len(generated) >= params.max_tokens:
                             finish = "stop" if text.stopped else "length"
+                            break
+                        if params.stop_repeats and repeats(generated, params.stop_repeats):
+                            finish = "repetition"
                             break
                     if finish:
                         break

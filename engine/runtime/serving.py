@@ -266,7 +266,7 @@ class Serving:
         """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
         if finish != "cancelled" and not rounds.tools_ran:
             self.history.add(result.ids)  # drafts for any later question
-        if finish not in ("stop", "length") or rounds.tools_ran or self.identity is None:
+        if finish not in ("stop", "length", "repetition") or rounds.tools_ran or self.identity is None:
             if finish != "cancelled" and not rounds.tools_ran:
                 self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
             return

@@ -34,7 +34,15 @@ from engine.paths import atomic_write, settings_path
 
 LOCAL = "local"  # Settings.engine for the model on this machine
 SERVER_FIELDS = ("name", "base_url", "model")  # one saved server; its API key lives in the keyring, never here
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "seed",
+    "max_tokens",
+    "stop_repeats",
+)
 
 
 @dataclass
@@ -47,9 +55,12 @@ class Settings:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    repetition_penalty: float = 1.0
+    # greedy with a light penalty and a loop stop: measured against greedy alone and sampled (bench/defaults.py,
+    # docs/PERFORMANCE.md); greedy keeps the answer cache and exact drafting, sampling got facts wrong
+    repetition_penalty: float = 1.1
     seed: int | None = None
     max_tokens: int = 512
+    stop_repeats: int = 3  # end a reply that says one block three times in a row (Sampling.stop_repeats)
     prefix_cache: bool = True
     prefix_cache_mb: int = 512
     speculative: str = "auto"  # one of engine.api.SOURCES
@@ -137,6 +148,7 @@ class Settings:
             repetition_penalty=self.repetition_penalty,
             seed=self.seed,
             max_tokens=self.max_tokens,
+            stop_repeats=self.stop_repeats,
         )
 
     def save(self, path: Path | None = None) -> None:

@@ -41,8 +41,13 @@ def ask(qtbot: QtBot, window: MainWindow, text: str) -> Done:
 def test_panel_on_a_real_reply(qtbot: QtBot, tmp_path: Path, tiny_dir: Path) -> None:
     bundled = os.environ.get("BRISK_PANEL_MODEL") == "bundled"
     model = "" if bundled else str(tiny_dir)
-    settings = Settings(
-        model=model, speculative="lookup", max_tokens=160, system_prompt="You are a helpful assistant.", dtype="float32"
+    settings = Settings(  # no loop stop: the tiny model loops at once, and the panel is looked at mid-reply
+        model=model,
+        speculative="lookup",
+        max_tokens=160,
+        system_prompt="You are a helpful assistant.",
+        dtype="float32",
+        stop_repeats=0,
     )
     bridge = EngineBridge(local_backend(persist_prefixes=False))
     window = MainWindow(Store(tmp_path / "brisk.db"), bridge, settings, settings_path=tmp_path / "settings.json")

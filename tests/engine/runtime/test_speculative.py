@@ -303,3 +303,19 @@ def test_the_time_spent_making_drafts_counts_against_a_source(tiny_dir: Path) ->
     assert drafted and all(s.seconds >= 0.05 for s in drafted), "a step's time includes making its drafts"
     assert controller.stats["slow"].paused_until > 0, "a source whose drafting costs more than it brings pauses"
     assert len(drafted) < 10
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_loop_stop_ends_a_greedy_reply_at_the_same_token_with_or_without_drafts(
+    tiny_pair: EngineRunner, source: str
+) -> None:
+    """The tiny random model loops at once; ``stop_repeats`` ends it, and drafting never moves the end."""
+    looping = Sampling(max_tokens=96, stop_repeats=3, repetition_penalty=1.1)
+
+    def reply(speculative: str) -> list[object]:
+        return tiny_pair.run(CHAT, sampling=looping, speculative=speculative, prefix_cache=False, answer_cache=False)
+
+    plain, spec = reply("off"), reply(source)
+    assert done(plain).finish_reason == "repetition" and len(token_ids(plain)) < 96
+    assert token_ids(spec) == token_ids(plain) and done(spec).finish_reason == "repetition"
+    assert done(spec).text == done(plain).text

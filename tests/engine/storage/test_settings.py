@@ -31,7 +31,8 @@ BAD_VALUES = [
     ("top_p", 0, 1.0),
     ("top_p", 2, 1.0),
     ("top_k", -3, 0),
-    ("repetition_penalty", 0, 1.0),
+    ("repetition_penalty", 0, 1.1),
+    ("stop_repeats", 1, 3),
     ("seed", 2**64, None),
     ("seed", "7", None),
     ("prefix_cache", "yes", True),
@@ -74,7 +75,7 @@ def test_nan_and_infinity_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "settings.json"
     path.write_text('{"temperature": NaN, "top_p": Infinity, "repetition_penalty": -Infinity}', encoding="utf-8")
     settings, problems = Settings.load_with_problems(path)
-    assert (settings.temperature, settings.top_p, settings.repetition_penalty) == (0.0, 1.0, 1.0)
+    assert (settings.temperature, settings.top_p, settings.repetition_penalty) == (0.0, 1.0, 1.1)
     assert len(problems) == 3 and not any(math.isnan(v) for v in (settings.temperature, settings.top_p))
 
 
@@ -192,7 +193,7 @@ def test_the_window_and_the_cli_take_sampling_from_one_place() -> None:
     from engine.cli.common import sampling_from
 
     settings = Settings(temperature=0.7, top_p=0.9, top_k=40, repetition_penalty=1.1, seed=5, max_tokens=99)
-    assert settings.sampling() == Sampling(0.7, 0.9, 40, 1.1, 5, 99)
+    assert settings.sampling() == Sampling(0.7, 0.9, 40, 1.1, 5, 99, stop_repeats=3)
     cli = sampling_from(argparse.Namespace(top_k=7, stop=["\n\n"]), settings)
     # the CLI is greedy and unseeded unless told; the rest comes from the settings, flags on top
-    assert cli == Sampling(0.0, 0.9, 7, 1.1, None, 99, ("\n\n",))
+    assert cli == Sampling(0.0, 0.9, 7, 1.1, None, 99, ("\n\n",), stop_repeats=3)

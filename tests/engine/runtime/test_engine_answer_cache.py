@@ -123,9 +123,9 @@ def test_a_cached_answer_is_served_while_the_model_loads(
     release = threading.Event()
     real_load = loading_module.load_model
 
-    def slow_load(spec: ModelSpec, progress):  # noqa: ANN001, ANN202
+    def slow_load(spec: ModelSpec, progress, **options):  # noqa: ANN001, ANN003, ANN202
         assert release.wait(120), "the test never released the load"
-        return real_load(spec, progress)
+        return real_load(spec, progress, **options)
 
     monkeypatch.setattr(loading_module, "load_model", slow_load)
     events: queue.Queue[object] = queue.Queue()

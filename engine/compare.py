@@ -175,15 +175,18 @@ def compare(
     runs: int = 3,
     cold: bool = False,
     progress: Callable[[str], None] | None = None,
+    in_use: str = "",
 ) -> list[Result]:
     """Replay ``messages`` under each configuration; ``client`` holds ``spec`` loaded (reloaded as ``quant`` asks).
 
-    Raises LoadError when a quantization mode cannot be loaded and RequestError when a reply fails.
+    ``in_use``: the mode the loaded model runs, where ``spec.quant`` does not say it (``auto``): a
+    configuration of that mode needs no reload.  Raises LoadError when a quantization mode cannot be loaded
+    and RequestError when a reply fails.
     """
     if runs < 1:
         raise ValueError("runs must be 1 or more")
     sampling = Sampling(temperature=0.0, seed=seed, max_tokens=max_tokens)
-    loaded_quant = spec.quant
+    loaded_quant = in_use or spec.quant
     results: list[Result] = []
     for number, config in enumerate(configs, start=1):
         say = progress or (lambda _text: None)

@@ -98,8 +98,10 @@ class CompareDialog(QDialog):
         messages: Sequence[dict[str, str]],
         base: ReplyConfig,
         parent: QWidget | None = None,
+        in_use: str = "",
     ) -> None:
         super().__init__(parent)
+        self.in_use = in_use  # the mode the loaded model runs when spec.quant is "auto" (no reload for it)
         self.setWindowTitle("Compare configurations")
         self.setObjectName("compareDialog")
         self.resize(900, 640)
@@ -228,15 +230,25 @@ class CompareDialog(QDialog):
         spec, messages, bridge = self.spec, self.messages, self.bridge
         runs, cold, max_tokens, say = self.runs.value(), self.cold.isChecked(), self.max_tokens.value(), self.progress
 
+        in_use = self.in_use
+
         def work() -> list[Result]:
             client, sink = bridge_client(bridge)
             try:
                 return compare(
-                    client, spec, messages, configs, max_tokens=max_tokens, runs=runs, cold=cold, progress=say.emit
+                    client,
+                    spec,
+                    messages,
+                    configs,
+                    max_tokens=max_tokens,
+                    runs=runs,
+                    cold=cold,
+                    progress=say.emit,
+                    in_use=in_use,
                 )
             finally:
                 try:
-                    if client.loaded is not None and any(c.quant != spec.quant for c in configs):
+                    if client.loaded is not None and any(c.quant != (in_use or spec.quant) for c in configs):
                         say.emit(f"loading the model with quant={spec.quant} again")
                         client.load(spec)
                 except LoadError as exc:

@@ -124,7 +124,11 @@ class LatencyController(QObject):
         if self.dialog is not None:
             self.dialog.close()
         spec = model_spec(window.settings, getattr(window, "_model_override", None))
-        self.dialog = CompareDialog(window.bridge, spec, replayed, self.config(), window)
+        base = self.config()
+        in_use = window.loaded.info.quant if window.loaded is not None and spec.quant == "auto" else ""
+        if in_use:  # start from the mode auto loaded: that row reloads nothing and is not float32
+            base = dataclasses.replace(base, quant=in_use)
+        self.dialog = CompareDialog(window.bridge, spec, replayed, base, window, in_use=in_use)
         self.dialog.setWindowModality(Qt.WindowModality.WindowModal)  # no new turn while it replays
         self.dialog.show()
         return self.dialog

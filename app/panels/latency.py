@@ -43,6 +43,7 @@ STATUS = {
     "cancelled": "Last reply (stopped)",
     "error": "Last reply (failed)",
 }
+NOT_STREAMING = "Writing the reply (shown when done)"
 
 
 def _group(title: str, widget: QWidget) -> QGroupBox:
@@ -151,6 +152,8 @@ class LatencyPanel(QScrollArea):
         trace = self.trace
         if trace is not None:
             words = STATUS.get(trace.status, trace.status)
+            if trace.status == "streaming" and self.config is not None and not self.config.stream:
+                words = NOT_STREAMING  # the reply is being written, and shown whole when it is done
             config = self.config.short() if self.config else ""
             self.status.setText(f"{words} \u00b7 {config}" if config else words)
             self.numbers.show_numbers(trace.numbers())

@@ -71,6 +71,7 @@ class ChatView(QListView):
     edit_requested = Signal(int)
     compare_requested = Signal(int)
     fresh_requested = Signal(int)
+    copied = Signal(int, int)  # message id, characters put on the clipboard
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -238,9 +239,11 @@ class ChatView(QListView):
         return next((rect for name, rect in box.actions if name == action), QRect()) if box else QRect()
 
     def copy_message(self, message_id: int) -> None:
+        """Put the message's text on the clipboard and say so (``copied``: the message id, its characters)."""
         item = self.chat_model.item(message_id)
         if item is not None:
             QApplication.clipboard().setText(item.text)
+            self.copied.emit(message_id, len(item.text))
 
     def select_text(self, message_id: int) -> QTextBrowser | None:
         """Open the read-only text browser over one message (closing one open elsewhere); returns it."""

@@ -174,6 +174,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.sidebar.hit_chosen.connect(self._open_hit)
         self.sidebar.settings_requested.connect(self.open_settings)
         self.chat_view.regenerate_requested.connect(self.regenerate)
+        self.chat_view.copied.connect(
+            lambda _id, chars: self.composer.show_hint(f"Copied {chars:,} characters to the clipboard.")
+        )
         self.chat_view.edit_requested.connect(self.edit_message)
         self.chat_view.fresh_requested.connect(lambda message_id: self.regenerate(message_id, fresh=True))
         self.composer.send_requested.connect(self.send)

@@ -192,3 +192,5 @@ def test_copy_puts_the_reply_on_the_clipboard(qtbot: QtBot, harness: Harness) ->
     QApplication.clipboard().setText("something else")
     click_action(qtbot, window, last_bubble(window).message_id, "copy")
     assert QApplication.clipboard().text() == FULL_REPLY
+    hint = window.composer.hint
+    assert hint.isVisible() and hint.text() == f"Copied {len(FULL_REPLY)} characters to the clipboard."

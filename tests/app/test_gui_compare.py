@@ -84,6 +84,20 @@ def test_compare_a_chosen_message_and_a_quant_reload(qtbot: QtBot, harness: Harn
     qtbot.waitUntil(lambda: window.model_ready)
 
 
+def test_compare_starts_from_the_mode_auto_loaded_and_reloads_nothing_for_it(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()  # quant "auto" in the settings; the engine says which mode it loaded
+    engine = fake(window)
+    engine.load_info = {**engine.load_info, "quant": "q8-cpu"}
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
+        window.load_model()
+    chat(qtbot, window, "First question")
+    dialog = window.latency.compare_message()
+    assert dialog is not None and [c.quant for c in dialog.chosen()] == ["q8-cpu", "q8-cpu"]
+    loads = len(engine.loads)
+    results = run(qtbot, dialog)
+    assert isinstance(results, list) and len(engine.loads) == loads, "the mode in use needs no reload"
+
+
 def test_compare_needs_a_message(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
     assert window.latency.compare_message() is None

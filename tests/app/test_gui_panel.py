@@ -159,6 +159,9 @@ def test_streaming_off_shows_the_reply_at_the_end(qtbot: QtBot, harness: Harness
     qtbot.wait(120)  # longer than the chat view's repaint throttle: nothing may appear
     bubble = window.chat_view.bubble(reply.message_id)
     assert bubble is not None and bubble.plain_text == ""
+    window.latency.panel.flush()
+    status = window.latency.panel.status.text()
+    assert status.startswith("Writing the reply (shown when done)") and "Streaming" not in status, status
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
         engine.release()
     qtbot.waitUntil(lambda: bubble.plain_text == "Hello there, friend.")

@@ -5,9 +5,11 @@ segments, into HTML that ``QLabel``/``QTextDocument`` render well: fenced code
 in a monospace block with a background, inline code tinted, raw HTML from the
 model shown as text (never interpreted).  With ``colour_drafts`` the drafted
 segments get a subtle colour; the markers used for that never break Markdown
-structure (fences, headings, list bullets).  With ``streaming`` an unclosed
-code fence is closed for display so a half-written block already looks like
-code.  Links keep only ``http(s)`` targets and images are never loaded (a
+structure (fences, headings, list bullets); inside a fenced block the colours
+are the language's (Pygments, where the fence names one), not the drafts'.  An
+unclosed code fence is closed for display, so a half-written block already
+looks like code and a reply cut off inside one (Stop, the token limit) keeps
+its formatting.  Links keep only ``http(s)`` targets and images are never loaded (a
 web image becomes a link with its alt text), so rendered text cannot open or
 load a local file.  :func:`render_user` shows a user's message as plain text.
 """
@@ -28,7 +30,9 @@ _S, _E = "\ue000", "\ue001"  # private-use markers around drafted text
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _RULE = re.compile(r"^\s*(?:[-*_=]\s*){3,}$")
 _PREFIX = re.compile(r"^\s*(?:(?:#{1,6}|>|[*+-]|\d{1,9}[.)])(?:\s+|$))*")
-_CODE_BLOCK = re.compile(r"<pre><code[^>]*>(.*?)</code></pre>", re.S)
+_CODE_BLOCK = re.compile(
+    r'(?:<div class="codehilite"[^>]*>)?<pre[^>]*>(?:<span></span>)?<code[^>]*>(.*?)</code></pre>(?:</div>)?', re.S
+)
 _TAG_SPLIT = re.compile(r"(<[^>]*>)")
 _BLOCK_END = re.compile(r"</(?:p|li|h[1-6]|td|th|pre|blockquote)>")
 
@@ -60,7 +64,11 @@ class _SafeLinks(Treeprocessor):
                     element.tag = "span"
 
 
-_md = markdown.Markdown(extensions=["fenced_code", "tables", "sane_lists", "nl2br"])
+_md = markdown.Markdown(
+    extensions=["fenced_code", "codehilite", "tables", "sane_lists", "nl2br"],
+    # Pygments colours a block whose fence names its language, as inline styles (Qt's rich text has no CSS classes)
+    extension_configs={"codehilite": {"noclasses": True, "guess_lang": False, "pygments_style": "friendly"}},
+)
 _md.preprocessors.deregister("html_block")  # the model's raw HTML is shown, not run
 _md.inlinePatterns.deregister("html")
 _md.treeprocessors.register(_SafeLinks(_md), "brisk_safe_links", 0)
@@ -80,13 +88,29 @@ def render_reply(
     if isinstance(segments, str):
         segments = [(segments, False)]
     source = _mark(segments) if colour_drafts else "".join(_clean(t) for t, _ in segments)
-    if streaming and sum(1 for line in _clean(source).split("\n") if _FENCE.match(line)) % 2:
-        source += "\n```"
+    source = _unmark_code(source)
+    if sum(1 for line in _clean(source).split("\n") if _FENCE.match(line)) % 2:
+        source += "\n```"  # a block still being written, or cut by Stop or the token limit, stays code
     _md.reset()
     body = _md.convert(source)
     body = _CODE_BLOCK.sub(_code_block, body)
     body = body.replace("<code>", f'<code style="background-color:{CODE_BG}; font-family:monospace;">')
     return _resolve_markers(body)
+
+
+def _unmark_code(source: str) -> str:
+    """No draft markers inside fenced code: its colours are the language's (Pygments), and a marker would
+    split the tokens it colours."""
+    if _S not in source:
+        return source
+    lines, inside = source.split("\n"), False
+    for i, line in enumerate(lines):
+        fence = bool(_FENCE.match(_clean(line)))
+        if inside or fence:
+            lines[i] = _clean(line)
+        if fence:
+            inside = not inside
+    return "\n".join(lines)
 
 
 def _clean(text: str) -> str:

@@ -3,6 +3,7 @@ no blank space under the last message, selecting a message's text, the hooks for
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from PySide6.QtCore import QEvent, Qt
@@ -55,7 +56,8 @@ def test_stats_line_shows_only_what_exists() -> None:
 def test_markdown_rendering() -> None:
     html = render_reply("Use `x`:\n\n```python\nif a < b:\n    pass\n```\n<script>alert(1)</script>")
     assert CODE_BG in html and "monospace" in html
-    assert "if a &lt; b:" in html
+    assert "if a &lt; b:" in re.sub(r"<[^>]+>", "", html), "the code, escaped, under its colours"
+    assert '<span style="color: #007020; font-weight: bold">if</span>' in html, "Pygments coloured the keyword"
     assert "<script>" not in html and "&lt;script&gt;" in html
     coloured = render_reply([("plain ", False), ("drafted", True), ("\n# Head", True)], colour_drafts=True)
     assert coloured.count(DRAFT_COLOUR) == 2
@@ -63,6 +65,17 @@ def test_markdown_rendering() -> None:
     assert DRAFT_COLOUR not in render_reply([("drafted", True)], colour_drafts=False)
     half = render_reply("Here:\n```py\nx = 1", streaming=True)
     assert "monospace" in half and "```" not in half
+
+
+def test_a_reply_cut_off_inside_a_code_block_keeps_its_formatting() -> None:
+    """Stop or the token limit in the middle of a block: no literal fence, indentation kept, no italics."""
+    cut = render_reply("Try this:\n\n```python\ndef first_item(my_list):\n    return my_list[0]\n    # _not_ italic")
+    text = re.sub(r"<[^>]+>", "", cut)
+    assert "```" not in cut and "<em>" not in cut and "<i>" not in cut
+    assert "def first_item(my_list):\n    return my_list[0]" in text, "indentation and underscores as written"
+    assert "monospace" in cut and "# _not_ italic" in text
+    drafted = render_reply([("```python\nx_1 = 1\n", True), ("y_2 = 2", True)], colour_drafts=True)
+    assert DRAFT_COLOUR not in drafted and "x_1" in re.sub(r"<[^>]+>", "", drafted), "code keeps its own colours"
 
 
 def test_drafted_tokens_are_coloured_when_enabled(qtbot: QtBot, harness: Harness) -> None:

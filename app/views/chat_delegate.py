@@ -50,7 +50,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.views.chat_model import ITEM_ROLE, ChatItem, ChatModel
-from app.views.markdown_render import safe_url
+from app.views.markdown_render import COPY_LINK, safe_url
 from app.views.message_geometry import BUSY_BLOCKED, MARGIN_PX, MessageGeometry, RowLayout
 from app.views.message_paint import paint_row
 
@@ -59,6 +59,7 @@ _Index = QModelIndex | QPersistentModelIndex
 
 class MessageDelegate(QStyledItemDelegate):
     action_triggered = Signal(str, int)  # (action, message id)
+    code_copy_requested = Signal(int, int)  # (message id, code block number): its "Copy code" link
 
     def __init__(self, view: QAbstractItemView, model: ChatModel) -> None:
         super().__init__(view)
@@ -182,9 +183,17 @@ class MessageDelegate(QStyledItemDelegate):
             return True  # a click on an action never opens the text editor
         anchor = self.anchor_at(item, box, pos.x(), pos.y())
         if anchor and kind == QEvent.Type.MouseButtonRelease and event.button() == Qt.MouseButton.LeftButton:
-            open_link(anchor)
+            self._follow(anchor, item.message_id)
             return True
-        return False
+        return bool(anchor) and anchor.startswith(COPY_LINK)  # a press on "Copy code" opens no text editor
+
+    def _follow(self, anchor: str, message_id: int) -> None:
+        if anchor.startswith(COPY_LINK):
+            number = anchor.removeprefix(COPY_LINK)
+            if number.isdigit():
+                self.code_copy_requested.emit(message_id, int(number))
+        else:
+            open_link(anchor)
 
     # -- the read-only text browser for selecting text --------------------------------------------------
     def createEditor(self, parent: QWidget, option: QStyleOptionViewItem, index: _Index) -> QWidget:  # noqa: N802
@@ -193,7 +202,8 @@ class MessageDelegate(QStyledItemDelegate):
         browser.setFrameShape(QFrame.Shape.NoFrame)
         browser.setReadOnly(True)
         browser.setOpenLinks(False)
-        browser.anchorClicked.connect(lambda url: open_link(url.toString()))
+        message_id = index.data(ITEM_ROLE).message_id
+        browser.anchorClicked.connect(lambda url: self._follow(url.toString(), message_id))
         browser.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         browser.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         browser.document().setDocumentMargin(0)

@@ -54,6 +54,7 @@ from app.state.reply import ReplyState
 from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import TRUNCATED_NOTICE, ChatItem, ChatModel, item_from_message
 from app.views.chat_pointer import ChatPointer
+from app.views.markdown_render import code_blocks
 from app.views.message_geometry import MARGIN_PX, RowLayout
 from app.views.message_handle import MessageHandle
 from app.views.style import MUTED
@@ -101,6 +102,7 @@ class ChatView(QListView):
         self.setMouseTracking(True)
         self.setAutoFillBackground(True)
         self.delegate.action_triggered.connect(self._on_action)
+        self.delegate.code_copy_requested.connect(self.copy_code)
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
@@ -244,6 +246,14 @@ class ChatView(QListView):
         if item is not None:
             QApplication.clipboard().setText(item.text)
             self.copied.emit(message_id, len(item.text))
+
+    def copy_code(self, message_id: int, number: int) -> None:
+        """Put code block ``number`` of a message on the clipboard, as written, and say so (``copied``)."""
+        item = self.chat_model.item(message_id)
+        blocks = code_blocks(item.text) if item is not None else []
+        if 0 <= number < len(blocks):
+            QApplication.clipboard().setText(blocks[number])
+            self.copied.emit(message_id, len(blocks[number]))
 
     def select_text(self, message_id: int) -> QTextBrowser | None:
         """Open the read-only text browser over one message (closing one open elsewhere); returns it."""

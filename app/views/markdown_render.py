@@ -17,6 +17,7 @@ load a local file.  :func:`render_user` shows a user's message as plain text.
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from collections.abc import Sequence
 from xml.etree.ElementTree import Element
@@ -25,6 +26,8 @@ import markdown
 from markdown.treeprocessors import Treeprocessor
 
 DRAFT_COLOUR = "#2f7d6d"
+COPY_LINK = "brisk-copy:"  # + the block's number: a code block's "Copy code" (app.views.chat_delegate)
+COPY_COLOUR = "#4b5563"
 CODE_BG = "#f3f4f6"
 _S, _E = "\ue000", "\ue001"  # private-use markers around drafted text
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -93,7 +96,8 @@ def render_reply(
         source += "\n```"  # a block still being written, or cut by Stop or the token limit, stays code
     _md.reset()
     body = _md.convert(source)
-    body = _CODE_BLOCK.sub(_code_block, body)
+    numbers = itertools.count()
+    body = _CODE_BLOCK.sub(lambda match: _code_block(match, next(numbers)), body)
     body = body.replace("<code>", f'<code style="background-color:{CODE_BG}; font-family:monospace;">')
     return _resolve_markers(body)
 
@@ -157,12 +161,35 @@ def _fix_line(line: str) -> str:
     return "".join(out)
 
 
-def _code_block(match: re.Match[str]) -> str:
+def _code_block(match: re.Match[str], number: int) -> str:
+    copy = (
+        f'<tr><td align="right" style="padding:2px 8px 0 8px;"><a href="{COPY_LINK}{number}" '
+        f'style="color:{COPY_COLOUR}; text-decoration:none;">Copy code</a></td></tr>'
+    )
     return (
-        f'<table width="100%" cellspacing="0" cellpadding="8" style="background-color:{CODE_BG};">'
+        f'<table width="100%" cellspacing="0" cellpadding="8" style="background-color:{CODE_BG};">{copy}'
         f'<tr><td><pre style="font-family:monospace; white-space:pre-wrap;">{match.group(1).rstrip()}</pre>'
         "</td></tr></table>"
     )
+
+
+def code_blocks(text: str) -> list[str]:
+    """The fenced code blocks of a reply's Markdown, as written (an unclosed last one included), in order:
+    what ``Copy code`` link number ``n`` copies."""
+    blocks: list[str] = []
+    current: list[str] | None = None
+    for line in _clean(text).split("\n"):
+        if _FENCE.match(line):
+            if current is None:
+                current = []
+            else:
+                blocks.append("\n".join(current))
+                current = None
+        elif current is not None:
+            current.append(line)
+    if current is not None:
+        blocks.append("\n".join(current))
+    return blocks
 
 
 def _resolve_markers(body: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent, QPoint, Qt
 from PySide6.QtGui import QHelpEvent
 from PySide6.QtWidgets import QApplication, QTextBrowser, QToolTip
 from pytestqt.qtbot import QtBot
@@ -253,3 +253,31 @@ def test_compare_action_and_reply_tooltip_for_the_latency_panel(qtbot: QtBot, ha
     view.set_reply_tooltip(reply.message_id, "")
     assert reply.tooltip == f"ran as #{reply.message_id}"
     QToolTip.hideText()
+
+
+def test_a_code_block_has_a_copy_link_that_copies_the_code_as_written(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    fake(window).tokens = ["Like this:\n\n", "```python\n", "def first(my_list):\n", "    return my_list[0]\n", "```\n"]
+    chat(qtbot, window, "How?")
+    view = window.chat_view
+    message_id = last_bubble(window).message_id
+    view.scrollTo(view.index_of(message_id))
+    box = view.row_layout(message_id)
+    item = view.chat_model.item(message_id)
+    assert box is not None and item is not None
+    where = next(
+        (
+            QPoint(x, y)
+            for y in range(box.content.top(), box.content.bottom(), 2)
+            for x in range(box.content.left(), box.content.right(), 4)
+            if view.delegate.anchor_at(item, box, x, y) == "brisk-copy:0"
+        ),
+        None,
+    )
+    assert where is not None, "the block shows a Copy code link"
+    QApplication.clipboard().setText("something else")
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=where)
+    code = "def first(my_list):\n    return my_list[0]"
+    assert QApplication.clipboard().text() == code, "the code, indentation and all, without fences"
+    assert window.composer.hint.text() == f"Copied {len(code)} characters to the clipboard."
+    assert view.state() != view.State.EditingState, "a click on the link opens no text editor"

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -41,6 +42,7 @@ from PySide6.QtWidgets import (
 
 from app.background import in_background
 from app.state.tools import BUILTIN, ServerProbe, probe_server
+from app.views.style import ERROR
 from engine.storage import Settings
 
 Probe = Callable[[str], ServerProbe]
@@ -128,6 +130,11 @@ class ToolsDialog(QDialog):
         note.setWordWrap(True)
         note.setStyleSheet("color: #6b7280;")
         outer.addWidget(note)
+        self.problem = QLabel()  # why Save did not close the dialog
+        self.problem.setWordWrap(True)
+        self.problem.setStyleSheet(f"color: {ERROR};")
+        self.problem.hide()
+        outer.addWidget(self.problem)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -156,6 +163,40 @@ class ToolsDialog(QDialog):
     def _choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Grant a folder to the files tool")
         self.grant(path)
+
+    # -- saving ----------------------------------------------------------------------------------
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
+        """Enter in the server field adds the server (and checks it); it never also saves and closes."""
+        enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+        if enter and self.focusWidget() is self.server_edit:
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def unsaved_problems(self) -> list[str]:
+        """Why the servers added in this dialog cannot be saved yet: still being checked, or failed."""
+        problems = []
+        for target in self.server_targets():
+            if target not in self._new_servers:
+                continue  # saved before: its state is said in the list, and removing it is the user's call
+            probe = self.probes.get(target)
+            if probe is None:
+                problems.append(f"{target} is still being checked")
+            elif probe.status != "running":
+                problems.append(f"{target} did not start ({probe.message})")
+        return problems
+
+    def accept(self) -> None:
+        """Save, unless a server added here is unchecked or broken (said above the buttons)."""
+        problems = self.unsaved_problems()
+        if problems:
+            self.problem.setText(
+                "Not saved: " + "; ".join(problems) + ". Wait for the check, or remove it or Check again."
+            )
+            self.problem.show()
+            return
+        self.problem.hide()
+        super().accept()
 
     # -- MCP servers -----------------------------------------------------------------------------
     def server_targets(self) -> list[str]:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.dialogs.tools import ToolsDialog
@@ -182,3 +183,27 @@ def test_a_tool_call_event_is_folded_into_the_reply() -> None:
     reply = ReplyState("r", 1, "c")
     assert reply.apply(ToolCall("r", 0.3, "clock", {"zone": "UTC"}, 0.1, 0.3, True, "12:00"))
     assert reply.stored_metrics()["tool_calls"][0]["result"] == "12:00"
+
+
+def test_enter_in_the_server_field_adds_it_and_a_broken_new_server_is_not_saved(qtbot: QtBot) -> None:
+    answers = {
+        "good-server": ServerProbe("good-server", "running", "", (("add", "Add two numbers"),)),
+        "broken-server": ServerProbe("broken-server", "failed", "exited at start: no such command"),
+    }
+    dialog = ToolsDialog(Settings(), probe=lambda target: answers[target])
+    qtbot.addWidget(dialog)
+    dialog.show()
+    dialog.server_edit.setFocus()
+    qtbot.keyClicks(dialog.server_edit, "broken-server")
+    with qtbot.waitSignal(dialog.probed, timeout=5000):
+        qtbot.keyClick(dialog.server_edit, Qt.Key.Key_Return)
+    assert dialog.isVisible() and dialog.result() == 0, "Enter added the server; it did not save and close"
+    assert dialog.server_targets() == ["broken-server"] and dialog.server_edit.text() == ""
+    dialog.accept()
+    assert dialog.isVisible() and dialog.problem.isVisible()
+    assert "broken-server did not start (exited at start: no such command)" in dialog.problem.text()
+    dialog.remove_server("broken-server")
+    with qtbot.waitSignal(dialog.probed, timeout=5000):
+        dialog.add_server("good-server")
+    dialog.accept()
+    assert not dialog.isVisible() and dialog.result() == 1, "a new server that runs is saved"

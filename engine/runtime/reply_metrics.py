@@ -4,7 +4,8 @@
 ``prefilled(item)`` for each prefill chunk, ``step(step)`` for each decode
 step (the first one's arrival is the TTFT), ``token()`` when a token is taken
 into the reply (times are read then, with ``time.perf_counter()``); ``metrics(...)`` gives the decode's
-numbers (TTFT, TPOT mean/p50/p95, tokens/s, per-source ``DraftStats``).
+numbers (TTFT, TPOT mean/p50/p95 from each token's share of its step, tokens/s, per-source ``DraftStats``,
+the speed-up against the median plain step once enough were measured).
 :func:`request_metrics` adds the engine's own numbers (queue, prompt, cache
 lookup, the waterfall of ``Span`` s).  All times are seconds since ``t0``, the
 request's submission.
@@ -29,15 +30,21 @@ class ReplyMeter:
     prefill_s: float | None = None
     first_s: float | None = None  # since t0: the model's first token was known (even an EOS)
     token_times: list[float] = field(default_factory=list)  # since t0, one per reply token
+    step_tokens: list[list[float]] = field(default_factory=list)  # the token times, grouped by the step that made them
     sources: dict[str, DraftStats] = field(default_factory=dict)
 
     def prefilled(self, item: Prefilled) -> None:
         self.prefill_s = (self.prefill_s or 0.0) + item.seconds
 
     def token(self) -> None:
-        self.token_times.append(time.perf_counter() - self.t0)
+        now = time.perf_counter() - self.t0
+        self.token_times.append(now)
+        if not self.step_tokens:
+            self.step_tokens.append([])
+        self.step_tokens[-1].append(now)
 
     def step(self, step: Step) -> None:
+        self.step_tokens.append([])
         if self.first_s is None:
             self.first_s = time.perf_counter() - self.t0
         if step.source is not None:
@@ -50,14 +57,16 @@ class ReplyMeter:
         n = len(self.token_times)
         ttft = self.first_s
         decode_s = end - ttft if ttft is not None else None
-        gaps = sorted(b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False))
+        gaps = sorted(per_token_times(self.step_tokens))
         drafted = sum(s.drafted for s in self.sources.values())
         accepted = sum(s.accepted for s in self.sources.values())
         steps = sum(s.steps for s in self.sources.values())
         speedup = None
-        if drafting and controller.plain_step_s and n > 1 and decode_s:
-            # the measured plain step time x tokens, against the time the reply actually took
-            speedup = controller.plain_step_s * (n - 1) / decode_s
+        plain = controller.plain_step_reference()
+        if drafting and plain and n > 1 and decode_s:
+            # a robust plain step time (the median of the latest, only once enough were measured) x tokens,
+            # against the time the reply actually took
+            speedup = plain * (n - 1) / decode_s
         return Metrics(
             prompt_tokens=prompt_tokens,
             cached_tokens=cached_tokens,
@@ -76,9 +85,25 @@ class ReplyMeter:
             acceptance=accepted / drafted if drafted else None,
             accepted_per_step=accepted / steps if steps else None,
             draft_sources=dict(self.sources),
-            plain_step_s=controller.plain_step_s if speedup is not None else None,
+            plain_step_s=plain if speedup is not None else None,
             speedup=speedup,
         )
+
+
+def per_token_times(step_tokens: list[list[float]]) -> list[float]:
+    """Each token's share of the step that made it: a step's time (since the previous step's last token)
+    divided among its tokens.  Tokens a verification accepted together arrive together; the gaps between
+    their arrivals (0.0 ms) said nothing about what a token cost.  The first step (the first token) is
+    the TTFT's, not counted."""
+    out: list[float] = []
+    previous: float | None = None
+    for times in step_tokens:
+        if not times:
+            continue
+        if previous is not None:
+            out.extend([(times[-1] - previous) / len(times)] * len(times))
+        previous = times[-1]
+    return out
 
 
 def request_metrics(

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 
 import pyqtgraph as pg
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QSizePolicy
 
 from app.panels.trace import TokenPoint
@@ -65,6 +66,7 @@ def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
 
 def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> None:
     plot.setTitle(title, color=AXIS, size="9pt")
+    plot.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # nothing to do with keys: Tab goes past it
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
@@ -148,6 +150,7 @@ class HistoryChart(pg.GraphicsLayoutWidget):
     def __init__(self) -> None:
         super().__init__()
         self.setBackground(BACKGROUND)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.setMinimumHeight(200)
         self.ttft = self.addPlot(row=0, col=0, title="TTFT per reply (s)")
         self.speed = self.addPlot(row=1, col=0, title="Tokens/s per reply")

@@ -23,10 +23,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from app.state.model_facts import precision_text, size_text
+from app.views.style import MUTED  # the labels' grey: readable on the panel (WCAG AA), as everywhere else
 from engine.api import DraftStats, Loaded
 
 DASH = "\u2014"
-MUTED = "#9aa0a6"
+UNAVAILABLE = "#9ca3af"  # a figure a remote server does not report: greyed with the value (disabled text)
 REMOTE_TIP = "A remote server does not report this figure."
 
 # key -> (label, fields of Metrics that make it available from a remote server)
@@ -205,7 +206,7 @@ class NumbersView(QWidget):
         self._greyed = (self.remote, reported)
         for key, (_, remote_fields) in ROWS.items():
             off = self.remote and remote_fields is not None and not set(remote_fields) & set(reported)
-            colour = MUTED if not off else "#c8ccd0"
+            colour = MUTED if not off else UNAVAILABLE
             self.values[key].setEnabled(not off)
             self.names[key].setStyleSheet(f"color: {colour};")
             self.values[key].setToolTip(REMOTE_TIP if off else "")

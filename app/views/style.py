@@ -73,4 +73,9 @@ QFrame#banner_info {{ background: #eff6ff; border: 1px solid #bfdbfe; border-rad
 QStatusBar {{ background: #f7f7f8; color: {MUTED}; }}
 QProgressBar {{ border: 1px solid #d1d5db; border-radius: 4px; background: #ffffff; max-height: 8px; }}
 QProgressBar::chunk {{ background: {ACCENT}; border-radius: 3px; }}
+QPushButton:focus, QComboBox:focus, QSpinBox:focus, QDoubleSpinBox:focus {{ border: 2px solid {ACCENT}; }}
+QPushButton#primary:focus {{ border: 2px solid #111827; }}
+QToolButton:focus {{ border: 2px solid {ACCENT}; }}
+QCheckBox:focus, QRadioButton:focus {{ border: 1px solid {ACCENT}; border-radius: 4px; }}
+QListView:focus, QListWidget:focus, QTreeWidget:focus, QTableWidget:focus {{ border: 1px solid {ACCENT}; }}
 """

@@ -133,3 +133,31 @@ def test_draft_model_is_greyed_with_the_reason_until_one_is_set(harness) -> None
     assert not draft.isEnabled() and "Set a draft model in Settings first" in draft.toolTip()
     window.apply_settings(dataclasses.replace(window.settings, draft_model="/models/tiny-draft"))
     assert draft.isEnabled() and "Set a draft model" not in draft.toolTip()
+
+
+def _luminance(colour: str) -> float:
+    def channel(c: int) -> float:
+        v = c / 255
+        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
+
+
+def contrast(a: str, b: str) -> float:
+    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(qtbot: QtBot, harness: Harness) -> None:
+    from app.panels import numbers
+    from app.views.style import ERROR, MUTED, STYLESHEET, WARNING
+
+    for text in (MUTED, numbers.MUTED, ERROR, WARNING):  # WCAG AA for text: 4.5:1
+        for background in ("#ffffff", "#f7f7f8"):
+            assert contrast(text, background) >= 4.5, (text, background, contrast(text, background))
+    assert ":focus" in STYLESHEET and "QPushButton:focus" in STYLESHEET
+    window = harness.open()
+    panel = window.latency.panel
+    charts = [panel.waterfall, panel.tokens, panel.history_chart]
+    assert all(chart.focusPolicy() == Qt.FocusPolicy.NoFocus for chart in charts), "Tab goes past the charts"

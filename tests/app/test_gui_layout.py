@@ -149,7 +149,7 @@ def contrast(a: str, b: str) -> float:
     return (high + 0.05) / (low + 0.05)
 
 
-def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(qtbot: QtBot, harness: Harness) -> None:
+def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(harness) -> None:  # noqa: ANN001
     from app.panels import numbers
     from app.views.style import ERROR, MUTED, STYLESHEET, WARNING
 

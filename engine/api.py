@@ -361,6 +361,7 @@ class ModelInfo:
     draft_model: str = ""
     draft_quant: str = "none"
     endpoint: str = ""  # a remote engine's base URL ("" for the local model)
+    context_length: int = 0  # tokens the model can attend to (0: not known, e.g. a remote server)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
+from app.state.context import context_text, tokens_in_chat
 from app.state.session import ChatSession
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
@@ -57,7 +58,17 @@ class ConversationActions:
         self.chat_view.clear()
         self.sidebar.select(None)
         self._show_title()
+        self.show_context([])
         self.composer.editor.setFocus()
+
+    def show_context(self, messages: list[Any] | None = None) -> None:
+        """The context meter for the open chat (``messages``: its stored messages, read if not given)."""
+        if messages is None:
+            messages = self._messages() if self.session.conversation_id else []
+        loaded = getattr(self, "loaded", None)
+        length = loaded.info.context_length if loaded is not None else 0
+        used = tokens_in_chat(m.metrics for m in messages if m.role == "assistant")
+        self.composer.context.setText(context_text(used, length))
 
     def open_conversation(self, conversation_id: str) -> None:
         try:
@@ -70,6 +81,7 @@ class ConversationActions:
         self.chat_view.set_messages(messages, shown_active)
         self.sidebar.select(conversation_id)
         self._show_title()
+        self.show_context(messages)
 
     def _open_hit(self, conversation_id: str, message_id: int | None) -> None:
         self.open_conversation(conversation_id)

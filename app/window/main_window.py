@@ -310,6 +310,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             if self._usable_s is None:  # the load time said is the time to a usable chat, engine start included
                 self._usable_s = time.monotonic() - self._load_began
             self.status_area.loaded(event, self._usable_s)
+            self.show_context()
             self.composer.set_ready(True)
             self.hide_banner("load")
             if self.about is not None:

@@ -59,6 +59,7 @@ class TurnActions:
             return
         if shown:
             self.chat_view.reply_finished(reply)
+            self.show_context()
         if reply.status == "done":
             self.cache_tally.add(reply.metrics)
             self.latency.panel.numbers.show_session(self.cache_tally.text())

@@ -99,6 +99,7 @@ def build(
                 exc = ModelLoadError(f"{type(exc).__name__}: {exc}")
             warnings.append(Warning("draft", f"Draft model not used: {exc}"))
     dtype = str(loaded.dtype).removeprefix("torch.")
+    loaded.info["context_length"] = loaded.context_length
     known = {f.name for f in dataclasses.fields(ModelInfo)}
     info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
     return Built(loaded, decoder, prefix_cache, draft, dtype, info, warnings)

@@ -194,3 +194,36 @@ def test_copy_puts_the_reply_on_the_clipboard(qtbot: QtBot, harness: Harness) ->
     assert QApplication.clipboard().text() == FULL_REPLY
     hint = window.composer.hint
     assert hint.isVisible() and hint.text() == f"Copied {len(FULL_REPLY)} characters to the clipboard."
+
+
+def test_the_context_meter_says_how_much_of_the_context_the_chat_fills(qtbot: QtBot, harness: Harness) -> None:
+    from engine.api import Loaded
+
+    window = harness.open()
+    engine = fake(window)
+    engine.load_info = {**engine.load_info, "context_length": 8192}
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded)):
+        window.load_model()
+    meter = window.composer.context
+    assert meter.text() == "Context: empty"
+    conversation = chat(qtbot, window, "Hi")
+    done = engine.metrics
+    used = done.prompt_tokens + done.completion_tokens
+    said = f"Context: {used:,} of 8,192 tokens ({100 * used / 8192:.0f} %)"
+    assert meter.text() == said and meter.isVisible()
+    window.new_chat()
+    assert meter.text() == "Context: empty"
+    window.open_conversation(conversation)
+    assert meter.text() == said, "read back from the stored reply"
+
+
+def test_the_meter_counts_the_last_reply_the_model_computed() -> None:
+    from app.state.context import context_text, tokens_in_chat
+
+    computed = {"prompt_tokens": 300, "completion_tokens": 40}
+    from_cache = {"prompt_tokens": 0, "completion_tokens": 12, "answer_cache": "exact"}
+    assert tokens_in_chat([computed, from_cache]) == 340, "a cached reply read no prompt: the one before counts"
+    assert tokens_in_chat([None, from_cache]) is None
+    assert context_text(None, 2048) == "Context: empty" and context_text(None, 0) == ""
+    assert context_text(1536, 2048) == "Context: 1,536 of 2,048 tokens (75 %)"
+    assert context_text(1536, 0) == "Context: 1,536 tokens", "a remote server's context length is not known"

@@ -57,6 +57,7 @@ LABELS: dict[str, str] = {
     "draft_model": "Draft model",
     "draft_quant": "Draft quantization",
     "endpoint": "Server",
+    "context_length": "Context length (tokens)",
 }
 EMPTY = "\u2014"
 

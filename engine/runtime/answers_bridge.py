@@ -132,8 +132,7 @@ class AnswerGate:
         self._warned = False
         self._settled = threading.Event()  # clear while the engine keeps a reply it has just sent
         self._settled.set()
-        self._backfilling = False  # a batch of missing vectors is on the embedder's thread
-        self._vectors_idle = threading.Event()  # set while no batch is on the embedder's thread
+        self._vectors_idle = threading.Event()  # clear while a batch of missing vectors is on the embedder's thread
         self._vectors_idle.set()
         self._races: dict[str, Race] = {}  # requests sent to the model while their semantic lookup runs
         self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
@@ -234,7 +233,7 @@ class AnswerGate:
             return True
         with self._lock:
             try:  # a batch of vectors being made (the reply just kept) may hold the match
-                wanted = self._backfilling or self.cache.could_match(key)
+                wanted = not self._vectors_idle.is_set() or self.cache.could_match(key)
             except Exception:  # the index could not be read: the stage below says so (or misses)
                 wanted = False
             if wanted:
@@ -373,7 +372,7 @@ class AnswerGate:
         vector follows when the embedder has run; one batch at a time.
         """
         with self._lock:
-            if self.cache is None or self._backfilling:
+            if self.cache is None or not self._vectors_idle.is_set():
                 return
             try:
                 missing = self.cache.missing_vectors(identity)
@@ -383,7 +382,6 @@ class AnswerGate:
             future = self.cache.embedder.submit([q for _, q in missing]) if missing else None
             if future is None:
                 return
-            self._backfilling = True
             self._vectors_idle.clear()
 
         def keep(done: Future[Any]) -> None:
@@ -397,7 +395,6 @@ class AnswerGate:
                 traceback.print_exc()
             finally:
                 with self._lock:
-                    self._backfilling = False
                     self._vectors_idle.set()
 
         future.add_done_callback(keep)

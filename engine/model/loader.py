@@ -92,7 +92,7 @@ class ModeMeasurement:
     candidates: list[tuple[str, str]]
     build: Callable[[str, str], tuple[Any, dict[str, Any]]]
     assemble: Callable[[Any, dict[str, Any], str, str, dict[str, Any]], LoadedModel]
-    reference: Any = None  # the float32 model in use
+    reference: Any  # the float32 model in use
 
     def steps(self, clock: Any, tokenizer: Any) -> Any:
         from engine.model import mode_probe
@@ -111,6 +111,14 @@ class ModeMeasurement:
             return None
         model, qinfo = built
         return self.assemble(model, qinfo, mode, dtype_name, record)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """``_auto_mode``'s answer when the measurement is left for later: what :class:`ModeMeasurement` measures."""
+
+    key: str
+    candidates: list[tuple[str, str]]
 
 
 def pick_device(name: str) -> torch.device:
@@ -165,15 +173,11 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
     def build(mode: str, dtype_name: str) -> tuple[Any, dict[str, Any]]:
         return _build(AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, progress)
 
-    measuring: ModeMeasurement | None = None
+    deferred: Deferred | None = None
     if auto:
         choice = _auto_mode(spec, device, dtype, weights_id, build, tokenizer, progress, defer_probe)
-        if isinstance(choice, ModeMeasurement):
-            measuring, choice = choice, ("none", "float32", DEFERRED_RECORD, None)
-            # its builds say nothing on the load's progress: the model is in by then, and answering
-            measuring.build = lambda mode, dtype_name: _build(
-                AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, lambda _f, _m: None
-            )
+        if isinstance(choice, Deferred):
+            deferred, choice = choice, ("none", "float32", DEFERRED_RECORD, None)
         mode, dtype_name, mode_record, built = choice
         dtype = DTYPES[dtype_name] if dtype_name else dtype
     if mode in quant.INT_MODES and dtype is None:
@@ -199,9 +203,13 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
 
     loaded = _assemble(model, qinfo, tokenizer, name, location, device, dtype, mode, weights_id, mode_record, start)
     loaded.info["dtype_probe"] = probe
-    if measuring is not None:
-        measuring.assemble, measuring.reference = assemble, loaded.model
-        loaded.measuring = measuring
+    if deferred is not None:
+
+        def quiet_build(mode: str, dtype_name: str) -> tuple[Any, dict[str, Any]]:
+            # its builds say nothing on the load's progress: the model is in by then, and answering
+            return _build(AutoModelForCausalLM, location, mode, DTYPES[dtype_name], device, lambda _f, _m: None)
+
+        loaded.measuring = ModeMeasurement(deferred.key, deferred.candidates, quiet_build, assemble, loaded.model)
     progress(1.0, "Ready")
     return loaded
 
@@ -313,10 +321,10 @@ def _auto_mode(
     tokenizer: Any,
     progress: Progress,
     defer_probe: bool = False,
-) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None] | ModeMeasurement:
+) -> tuple[str, str, dict[str, Any], tuple[Any, dict[str, Any]] | None] | Deferred:
     """``quant="auto"``: (mode, dtype name or "" for the usual choice, record, model if the probe built it).
 
-    With ``defer_probe`` and nothing saved: the :class:`ModeMeasurement` to run later instead.
+    With ``defer_probe`` and nothing saved: the :class:`Deferred` candidates to measure later instead.
     """
     from engine import quant
     from engine.model import mode_probe
@@ -344,8 +352,7 @@ def _auto_mode(
     if defer_probe and len(candidates) > 1 and mode_probe.usable_record(key, candidates) is None:
         # between replies every step must be short: int8-cpu's first build (quantizing, about 10 s on the
         # bundled model) would hold a reply that long, and q8-cpu covers 8-bit weights with exact sums
-        later = [c for c in candidates if c[0] not in DEFERRED_SKIP]
-        return ModeMeasurement(key, later, build, lambda *_args: None)  # type: ignore[arg-type,return-value]
+        return Deferred(key, [c for c in candidates if c[0] not in DEFERRED_SKIP])
     if mode_probe.recorded(key) is None:
         progress(0.85, "Measuring which weight mode is fastest on this CPU (first start only)")
     return mode_probe.choose_mode(key, candidates, build, tokenizer)

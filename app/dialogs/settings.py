@@ -120,7 +120,10 @@ class SettingsDialog(QDialog):
         model_form.addRow("Precision", self.dtype_combo)
         layout.addWidget(model_box)
 
-        chat_box = QGroupBox("Chat")
+        chat_box = QGroupBox("Chat defaults")
+        chat_box.setToolTip(
+            "What a chat uses unless its own values are set in the Parameters panel (View > Parameters panel)"
+        )
         chat_form = QFormLayout(chat_box)
         self.system_edit = QPlainTextEdit(settings.system_prompt)
         self.system_edit.setFixedHeight(70)

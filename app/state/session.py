@@ -22,11 +22,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from app.state.reply import ReplyState
 from app.state.tools import enabled_tools
 from engine.api import Done, Error, ModelSpec, Request, Token
-from engine.storage import Message, Settings, Store, StoreError, StreamSaver
+from engine.storage import Message, Settings, Store, StoreError, StreamSaver, params
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40
@@ -74,11 +75,38 @@ class ChatSession:
         self.on_store_error: Callable[[StoreError], None] | None = None
         self._saver: StreamSaver | None = None
         self._stopped: dict[str, ReplyState] = {}  # stopped locally, engine's Done still due
+        # what the parameters panel set before the chat exists (a new chat): written when it is created
+        self.pending_system: str | None = None
+        self.pending_params: dict[str, Any] = {}
 
     # -- conversations ----------------------------------------------------------
     def open(self, conversation_id: str | None) -> list[Message]:
         self.conversation_id = conversation_id
+        self.pending_system, self.pending_params = None, {}
         return self.messages()
+
+    # -- the open chat's own parameters (the parameters panel) -------------------------
+    def chat_params(self) -> tuple[str, dict[str, Any]]:
+        """(system prompt, the sampling values set for this chat alone) of the open chat, or of the next new one."""
+        if self.conversation_id is None:
+            system = self.settings.system_prompt if self.pending_system is None else self.pending_system
+            return system, dict(self.pending_params)
+        conversation = self.store.get_conversation(self.conversation_id)
+        return conversation.system_prompt, params.checked(conversation.params)[0]
+
+    def set_chat_params(self, own: dict[str, Any], system_prompt: str | None = None) -> None:
+        """Keep ``own`` (and the system prompt, if given) for the open chat, or for the next new one."""
+        good, problems = params.checked(own)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.conversation_id is None:
+            self.pending_params = good
+            if system_prompt is not None:
+                self.pending_system = system_prompt
+            return
+        self.store.set_params(self.conversation_id, good)
+        if system_prompt is not None:
+            self.store.set_system_prompt(self.conversation_id, system_prompt)
 
     def messages(self) -> list[Message]:
         if self.conversation_id is None:
@@ -90,9 +118,11 @@ class ChatSession:
         self._require_idle()
         new = self.conversation_id is None
         if new:
+            system = self.settings.system_prompt if self.pending_system is None else self.pending_system
             self.conversation_id = self.store.create_conversation(
-                make_title(text), system_prompt=self.settings.system_prompt
+                make_title(text), system_prompt=system, params=self.pending_params
             )
+            self.pending_system, self.pending_params = None, {}
         conversation_id = self._current()
         untitled = not new and self.store.get_conversation(conversation_id).title == DEFAULT_TITLE
         if untitled and not self.store.messages(conversation_id):
@@ -137,7 +167,7 @@ class ChatSession:
         request = Request(
             id=uuid.uuid4().hex,
             messages=tuple(messages),
-            sampling=self.settings.sampling(),
+            sampling=params.sampling(self.settings, conversation.params),
             conversation_id=conversation_id,
             prefix_cache=self.settings.prefix_cache,
             speculative=self.settings.speculative,

@@ -33,6 +33,7 @@ class ConversationActions:
     _store_error: Any
     show_banner: Any
     stop: Any
+    parameters: Any  # app.window.parameters.ParametersController
     statusBar: Any  # noqa: N815 (QMainWindow's)
     setWindowTitle: Any  # noqa: N815
 
@@ -59,6 +60,7 @@ class ConversationActions:
         self.sidebar.select(None)
         self._show_title()
         self.show_context([])
+        self.parameters.show_chat()
         self.composer.editor.setFocus()
 
     def show_context(self, messages: list[Any] | None = None) -> None:
@@ -82,6 +84,7 @@ class ConversationActions:
         self.sidebar.select(conversation_id)
         self._show_title()
         self.show_context(messages)
+        self.parameters.show_chat()
 
     def _open_hit(self, conversation_id: str, message_id: int | None) -> None:
         self.open_conversation(conversation_id)

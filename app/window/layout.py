@@ -33,8 +33,9 @@ PANEL_WIDTH = 300  # the latency panel's default width where the chat keeps its 
 PANEL_MIN = 240
 FRAMES = 12  # the splitter's handle and the dock's separator
 LAYOUT_FILE = "window.json"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the parameters panel joined the latency panel on the right
 PANEL_SHORTCUT = "Ctrl+Shift+L"
+PARAMETERS_SHORTCUT = "Ctrl+Shift+P"
 
 
 def default_widths(window_width: int) -> tuple[int, int | None]:

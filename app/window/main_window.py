@@ -43,7 +43,16 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
-from PySide6.QtWidgets import QDialog, QDockWidget, QMainWindow, QSplitter, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QDialog,
+    QDockWidget,
+    QMainWindow,
+    QSplitter,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.bridge import EngineBridge
 from app.dialogs.about import AboutDialog
@@ -63,10 +72,12 @@ from app.views.sidebar import Sidebar
 from app.views.status_area import StatusArea
 from app.views.style import STYLESHEET
 from app.window.conversations import ConversationActions
-from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, LayoutFile, default_widths
+from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
+from app.window.parameters import ParametersController
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
 from engine.api import Loaded, LoadFailed, LoadProgress, Tuning, Warning
 from engine.storage import Settings, Store, StoreError
+from engine.storage.params import PresetFile
 
 __all__ = ["MainWindow"]
 
@@ -91,6 +102,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         model_override: str | None = None,
         settings_path: Path | None = None,
         layout_file: LayoutFile | None = None,
+        presets: PresetFile | None = None,
     ) -> None:
         super().__init__()
         self.layout_file = layout_file  # where the layout is remembered (None: never, as in most tests)
@@ -117,11 +129,16 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.chat_view.compare_requested.connect(self.latency.compare_message)  # "Compare…" on a user message
         self.chat_view.set_compare_available(True)
         self.chat_view.tooltip_provider = self._reply_tooltip  # the configuration each reply ran with
+        self.parameters = ParametersController(self, presets)  # the open chat's values, in a tab beside it
+        self.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.North)
+        self.tabifyDockWidget(self.latency.dock, self.parameters.dock)
+        self.latency.dock.raise_()
         self._build_menus()
         self._restore_layout()
         bridge.event.connect(self._on_event)
         if store_warning:
             self.show_banner("store-fallback", "warning", store_warning)
+        self.parameters.show_chat()  # the next new chat's, until a saved one is opened
         self._load_history()
         self.composer.editor.setFocus()
 
@@ -198,12 +215,17 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         for name in ("New chat", "Search", "Stop"):
             chat.addAction(named[name])
         view = bar.addMenu("&View")
-        self.panel_action = self.latency.dock.toggleViewAction()
-        self.panel_action.setText("Latency panel")
-        self.panel_action.setShortcut(QKeySequence(PANEL_SHORTCUT))
-        self.panel_action.setToolTip(f"Show or hide the latency panel ({PANEL_SHORTCUT})")
-        self.addAction(self.panel_action)
+        self.panel_action = self._dock_action(
+            self.latency.dock, "Latency panel", PANEL_SHORTCUT, "Show or hide the latency panel"
+        )
+        self.parameters_action = self._dock_action(
+            self.parameters.dock,
+            "Parameters panel",
+            PARAMETERS_SHORTCUT,
+            "Show or hide the open chat's system prompt, sampling values and presets",
+        )
         view.addAction(self.panel_action)
+        view.addAction(self.parameters_action)
         self.reset_layout_action = view.addAction("Reset layout")
         self.reset_layout_action.triggered.connect(self.reset_layout)
         tools = bar.addMenu("&Tools")
@@ -215,17 +237,22 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
     # -- layout --------------------------------------------------------------------------
     def reset_layout(self) -> None:
         """The default proportions: sidebar, chat at least CHAT_SHARE of the width, the panel docked right."""
-        dock = self.latency.dock
-        if dock.isFloating():
-            dock.setFloating(False)
-        if self.dockWidgetArea(dock) != Qt.DockWidgetArea.RightDockWidgetArea:
-            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        dock, parameters = self.latency.dock, self.parameters.dock
+        for one in (dock, parameters):
+            if one.isFloating():
+                one.setFloating(False)
+            self.removeDockWidget(one)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        self.tabifyDockWidget(dock, parameters)  # one column on the right, two tabs
         sidebar, panel = default_widths(self.width())
         if panel is None:
             dock.hide()
+            parameters.hide()
             self.splitter.setSizes([sidebar, self.width() - sidebar])
             return
         dock.show()
+        parameters.show()
+        dock.raise_()
         self.resizeDocks([dock], [panel], Qt.Orientation.Horizontal)
         self.splitter.setSizes([sidebar, self.width() - sidebar - panel])
 
@@ -242,6 +269,26 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
     def save_layout(self) -> None:
         if self.layout_file is not None:
             self.layout_file.save(bytes(self.saveGeometry().data()), bytes(self.saveState(LAYOUT_VERSION).data()))
+
+    def _dock_action(self, dock: QDockWidget, text: str, shortcut: str, tip: str) -> QAction:
+        """A View menu entry for ``dock``: shows it and brings its tab to the front unless it is in view, else
+        closes it; checked while it is in view (a tab behind another is not)."""
+        action = QAction(text, self)
+        action.setCheckable(True)
+        action.setShortcut(QKeySequence(shortcut))
+        action.setToolTip(f"{tip} ({shortcut})")
+
+        def toggle(show: bool) -> None:  # the check mark follows visibilityChanged, which tab changes send too
+            if show:
+                dock.show()
+                dock.raise_()
+            else:
+                dock.close()
+
+        action.triggered.connect(toggle)
+        dock.visibilityChanged.connect(action.setChecked)
+        self.addAction(action)
+        return action
 
     def _action(self, text: str, shortcut: QKeySequence | QKeySequence.StandardKey, slot: object) -> QAction:
         action = QAction(text, self)
@@ -421,6 +468,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
                 self.store.set_system_prompt(self.session.conversation_id, new.system_prompt)
             except StoreError as exc:
                 self._store_error(exc)
+        self.parameters.show_chat()  # the defaults a chat follows may have changed
         if new.prefix_cache_mb != old.prefix_cache_mb:
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
         self.latency.settings_changed()

@@ -46,6 +46,7 @@ class TurnActions:
     show_banner: Any
     banner: Any
     latency: Any
+    parameters: Any
     cache_tally: Any
 
     def _on_reply_event(self, event: object) -> None:
@@ -83,6 +84,8 @@ class TurnActions:
         self._refresh_entry(turn.reply.conversation_id)
         self.sidebar.select(turn.reply.conversation_id)
         self._show_title()
+        if turn.new_conversation:
+            self.parameters.show_chat()  # the panel now edits the chat just made
         if turn.user_message_id is not None:
             self.chat_view.add_user_message(turn.user_message_id, text)
         self._start(turn)

@@ -24,7 +24,9 @@ Columns:
   ``--quant`` picks another) and the settings' speculative source (``auto``);
 - ``brisk (speculation off)``: the same engine with speculative decoding off;
 - with ``--also-quant MODE``: another engine in that mode, speculation off (to
-  compare weight modes in the same sitting);
+  compare weight modes in the same sitting), in a child process
+  (:mod:`engine.bench.child`: an idle engine in the same process slows the
+  measured one by about a third);
 - the peer (``--peer URL``, for example llama-cpp-python's or llama.cpp's
   server on the same GGUF), sent ``repeat_penalty`` 1.0 so that it decodes
   plain greedy as Brisk does (llama-cpp-python's server defaults to 1.1).
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
+from engine.bench.child import ChildEngine
 from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, median, table
 from engine.bench.speculative import ARTICLE, CODE
 from engine.client import Client, local_backend
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for label, values in first.items():
                 merge(columns.setdefault(label, {}), values)
             # new engines each round: no reply of an earlier round can serve as a draft
-            engines: list[Client] = []
+            engines: list[Client | ChildEngine] = []
             try:
                 local = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
                 engines.append(local)
@@ -229,11 +232,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 loaded = local.load(spec)
                 info = {"model": loaded.model_name, "dtype": loaded.dtype, "quant": loaded.info.quant}
                 sides: list[tuple[str, Client, str]] = [(installed, local, source), (off, local, "off")]
-                if also:
-                    other = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
+                if also:  # in a process of its own: an idle engine beside the one measured slows it (bench.child)
+                    other = ChildEngine()
                     engines.append(other)
                     other.load(ModelSpec(source=spec.source, dtype="auto", quant=also))
-                    sides.append((extra, other, "off"))
+                    sides.append((extra, other, "off"))  # type: ignore[arg-type]  # a Client's ask, load, close
                 if peer is not None:
                     sides.append((peer_label, peer, "off"))
                 # interleaved item by item, so that a machine whose speed drifts slows each column alike

@@ -6,6 +6,7 @@ modules inside may move.  ``engine.storage.db`` (``connect``, ``Schema``,
 answer cache, with the same checks, WAL, lock waiting and error messages.
 """
 
+from engine.storage import params
 from engine.storage.db import NotFoundError, Schema, SQLiteFile, StoreError, connect
 from engine.storage.settings import Settings
 from engine.storage.store import Conversation, Message, SearchHit, Store, StreamSaver
@@ -22,4 +23,5 @@ __all__ = [
     "StoreError",
     "StreamSaver",
     "connect",
+    "params",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -13,6 +13,8 @@ class Conversation:
     system_prompt: str
     created: float
     updated: float
+    # the sampling values set for this chat alone, as saved (engine.storage.params reads them); {}: the defaults
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,11 @@ def _add_search(db: Database) -> None:
     db.table("conversations").enable_fts(["title"], create_triggers=True, tokenize=TOKENIZER)
 
 
-MIGRATIONS: list[Migration] = [_create_tables, _add_search]
+def _add_chat_params(db: Database) -> None:
+    # a chat's own sampling values (engine.storage.params.ChatParams), only those set for it: JSON, '{}' = defaults
+    db.execute("ALTER TABLE conversations ADD COLUMN params TEXT NOT NULL DEFAULT '{}'")
+
+
+MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params]
 HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
 SCHEMA_VERSION = HISTORY_SCHEMA.version

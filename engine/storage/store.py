@@ -65,6 +65,26 @@ __all__ = [
 ]
 
 
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params"
+
+
+def _params_json(params: dict[str, Any]) -> str:
+    if not isinstance(params, dict):
+        raise TypeError(f"a chat's parameters must be a dict, not {type(params).__name__}")
+    return json.dumps(params, allow_nan=False)
+
+
+def _conversation(row: tuple[Any, ...]) -> Conversation:
+    """A conversation row; parameters that are not a JSON object read as none set (the defaults)."""
+    conversation_id, title, system_prompt, created, updated, raw = row
+    try:
+        params = json.loads(raw) if isinstance(raw, str) else {}
+    except ValueError:
+        params = {}
+    own = params if isinstance(params, dict) else {}
+    return Conversation(conversation_id, title, system_prompt, created, updated, own)
+
+
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
 _NEXT_UPDATED = "max(?, (SELECT coalesce(max(updated), 0) FROM conversations) + 0.001)"
 
@@ -85,33 +105,35 @@ class Store:
 
     # -- conversations ------------------------------------------------------------
 
-    def create_conversation(self, title: str = "New chat", system_prompt: str = "") -> str:
+    def create_conversation(
+        self, title: str = "New chat", system_prompt: str = "", params: dict[str, Any] | None = None
+    ) -> str:
         conversation_id = uuid.uuid4().hex
         now = time.time()
         with self._op("create a conversation", write=True) as db:
             db.execute(
-                "INSERT INTO conversations (id, title, system_prompt, created, updated) "
-                f"VALUES (?, ?, ?, ?, {_NEXT_UPDATED})",
-                [conversation_id, title, system_prompt, now, now],
+                "INSERT INTO conversations (id, title, system_prompt, params, created, updated) "
+                f"VALUES (?, ?, ?, ?, ?, {_NEXT_UPDATED})",
+                [conversation_id, title, system_prompt, _params_json(params or {}), now, now],
             )
         return conversation_id
 
     def get_conversation(self, conversation_id: str) -> Conversation:
         with self._op("read a conversation") as db:
             row = db.execute(
-                "SELECT id, title, system_prompt, created, updated FROM conversations WHERE id = ?",
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?",
                 [conversation_id],
             ).fetchone()
         if row is None:
             raise NotFoundError(f"No conversation with id {conversation_id!r}; was it deleted?")
-        return Conversation(*row)
+        return _conversation(row)
 
     def list_conversations(self) -> list[Conversation]:
         with self._op("list conversations") as db:
             rows = db.execute(
-                "SELECT id, title, system_prompt, created, updated FROM conversations ORDER BY updated DESC, seq DESC"
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations ORDER BY updated DESC, seq DESC"
             ).fetchall()
-        return [Conversation(*row) for row in rows]
+        return [_conversation(row) for row in rows]
 
     def rename_conversation(self, conversation_id: str, title: str) -> None:
         with self._op("rename the conversation", write=True) as db:
@@ -120,6 +142,11 @@ class Store:
     def set_system_prompt(self, conversation_id: str, text: str) -> None:
         with self._op("save the system prompt", write=True) as db:
             self._set(db, conversation_id, "system_prompt", text, touch=False)
+
+    def set_params(self, conversation_id: str, params: dict[str, Any]) -> None:
+        """Keep the sampling values set for this chat alone (``engine.storage.params``); ``{}``: the defaults."""
+        with self._op("save the chat's parameters", write=True) as db:
+            self._set(db, conversation_id, "params", _params_json(params), touch=False)
 
     def delete_conversation(self, conversation_id: str) -> None:
         with self._op("delete the conversation", write=True) as db:

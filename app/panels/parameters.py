@@ -1,0 +1,308 @@
+"""The parameters panel: the open chat's system prompt and sampling values, and presets.
+
+:class:`ParametersPanel` shows one chat's values (:meth:`show_chat`: its system
+prompt, the values set for it alone and the defaults the others follow) and
+emits ``changed(system_prompt, own)`` when the user edits one: ``own`` holds
+only the values that differ from the defaults, so a chat nobody tuned follows
+Settings.  Labels of values set for this chat are bold, and the line under the
+form says how many there are; "Use defaults" clears them.  The system prompt is
+sent 600 ms after typing stops, or when the box loses focus.
+
+Presets (``engine.storage.params``): choosing one in the list emits
+``preset_chosen(name)``; "Save as…" asks for a name and emits
+``save_requested(name)``; "Delete" emits ``delete_requested(name)`` for a
+preset of the user's (built-in ones are greyed).  The list shows the preset
+the chat matches, or "Custom".  Nothing here reads or writes files: the
+window's :class:`~app.window.parameters.ParametersController` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
+from PySide6.QtGui import QFocusEvent, QIntValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.storage.params import Preset
+
+CUSTOM = "Custom"
+FIELD_MIN_WIDTH = 80
+SAVE_DELAY_MS = 600
+LOOP_STOP = 3  # stop_repeats when "End a reply that repeats itself" is on (Settings' default)
+TIPS = {
+    "temperature": "0: greedy, the same reply every time (and answers can come from the answer cache); "
+    "higher: more varied",
+    "top_p": "Sample only from the most likely tokens that together reach this probability (1: all)",
+    "top_k": "Sample only from this many most likely tokens (off: all)",
+    "repetition_penalty": "Above 1 makes tokens already said less likely, so replies loop less (1: off)",
+    "max_tokens": "The longest reply, in tokens",
+    "seed": "The same seed gives the same sampled reply; empty: a new one each time",
+    "stop_repeats": "End the reply when it says the same block three times in a row",
+}
+
+
+class _PromptEdit(QPlainTextEdit):
+    left = Signal()
+
+    def focusOutEvent(self, event: QFocusEvent) -> None:  # noqa: N802 (Qt override)
+        super().focusOutEvent(event)
+        self.left.emit()
+
+
+def _double(low: float, high: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setSingleStep(step)
+    box.setDecimals(decimals)
+    box.setKeyboardTracking(False)  # typed digits count when the box is left or Enter is pressed
+    return box
+
+
+class ParametersPanel(QWidget):
+    changed = Signal(str, dict)  # (system prompt, the values set for this chat alone)
+    preset_chosen = Signal(str)
+    save_requested = Signal(str)
+    delete_requested = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("parametersPanel")
+        self.defaults: dict[str, Any] = {}
+        self.own: dict[str, Any] = {}
+        self._presets: list[Preset] = []
+        self._system = ""
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the body fits the width
+        body = QWidget()
+        column = QVBoxLayout(body)
+        column.setContentsMargins(10, 8, 10, 8)
+        scroll.setWidget(body)
+        outer.addWidget(scroll)
+
+        self.heading = QLabel("This chat")
+        self.heading.setObjectName("sectionTitle")
+        column.addWidget(self.heading)
+        presets_row = QHBoxLayout()
+        self.preset_box = QComboBox()
+        self.preset_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.preset_box.setMinimumContentsLength(8)  # long preset names are elided, not widening the panel
+        self.preset_box.setToolTip("Apply a saved system prompt and values to this chat")
+        self.preset_box.setAccessibleName("Preset")
+        self.preset_box.activated.connect(self._preset_activated)
+        presets_row.addWidget(self.preset_box, 1)
+        column.addWidget(QLabel("Preset"))
+        column.addLayout(presets_row)
+        buttons = QHBoxLayout()
+        self.save_button = QPushButton("Save as\u2026")
+        self.save_button.setToolTip("Keep this chat's system prompt and values as a preset")
+        self.save_button.clicked.connect(self._ask_name)
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setToolTip("Delete the chosen preset (built-in presets stay)")
+        self.delete_button.clicked.connect(lambda: self.delete_requested.emit(self.preset_box.currentText()))
+        buttons.addWidget(self.save_button)
+        buttons.addWidget(self.delete_button)
+        buttons.addStretch(1)
+        column.addLayout(buttons)
+
+        column.addWidget(QLabel("System prompt"))
+        self.system_edit = _PromptEdit()
+        self.system_edit.setAccessibleName("System prompt")
+        self.system_edit.setPlaceholderText("How the assistant should behave in this chat")
+        self.system_edit.setMaximumHeight(110)
+        self.system_edit.setTabChangesFocus(True)
+        self._save_timer = QTimer(self)
+        self._save_timer.setSingleShot(True)
+        self._save_timer.setInterval(SAVE_DELAY_MS)
+        self._save_timer.timeout.connect(self._system_done)
+        self.system_edit.textChanged.connect(self._save_timer.start)
+        self.system_edit.left.connect(self._system_done)
+        column.addWidget(self.system_edit)
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.fields: dict[str, QWidget] = {}
+        self.labels: dict[str, QLabel] = {}
+        temperature = _double(0.0, 2.0, 0.05)
+        top_p = _double(0.01, 1.0, 0.05)
+        top_k = QSpinBox()
+        top_k.setRange(0, 1000)
+        top_k.setSpecialValueText("off")
+        top_k.setKeyboardTracking(False)
+        penalty = _double(0.5, 2.0, 0.05)
+        max_tokens = QSpinBox()
+        max_tokens.setRange(1, 131072)
+        max_tokens.setSingleStep(64)
+        max_tokens.setKeyboardTracking(False)
+        seed = QLineEdit()
+        seed.setValidator(QIntValidator(0, 2**31 - 1, seed))
+        seed.setPlaceholderText("random")
+        loops = QCheckBox("End a reply that repeats itself")
+        for name, text, widget in (
+            ("temperature", "Temperature", temperature),
+            ("top_p", "Top-p", top_p),
+            ("top_k", "Top-k", top_k),
+            ("repetition_penalty", "Repetition penalty", penalty),
+            ("max_tokens", "Max tokens", max_tokens),
+            ("seed", "Seed", seed),
+        ):
+            label = QLabel(text)
+            label.setBuddy(widget)
+            widget.setMinimumWidth(FIELD_MIN_WIDTH)  # the form fits a narrow panel: fields shrink, labels stay whole
+            widget.setToolTip(TIPS[name])
+            widget.setAccessibleName(text)
+            form.addRow(label, widget)
+            self.fields[name], self.labels[name] = widget, label
+        loops.setToolTip(TIPS["stop_repeats"])
+        self.fields["stop_repeats"] = loops
+        form.addRow(loops)
+        column.addLayout(form)
+        for box in (temperature, top_p, penalty):
+            box.valueChanged.connect(self._edited)
+        for spin in (top_k, max_tokens):
+            spin.valueChanged.connect(self._edited)
+        seed.editingFinished.connect(self._edited)
+        loops.toggled.connect(self._edited)
+
+        self.summary = QLabel()
+        self.summary.setObjectName("hint")
+        self.summary.setWordWrap(True)
+        column.addWidget(self.summary)
+        self.reset_button = QPushButton("Use defaults")
+        self.reset_button.setToolTip("Drop this chat's own values; it follows the defaults in Settings")
+        self.reset_button.clicked.connect(self.reset)
+        reset_row = QHBoxLayout()
+        reset_row.addWidget(self.reset_button)
+        reset_row.addStretch(1)
+        column.addLayout(reset_row)
+        column.addStretch(1)
+
+    # -- showing -----------------------------------------------------------------------
+    def show_chat(
+        self, system_prompt: str, own: dict[str, Any], defaults: dict[str, Any], presets: list[Preset], new: bool
+    ) -> None:
+        """Show a chat's values without emitting ``changed``; ``new``: the chat is not yet created."""
+        self._save_timer.stop()
+        self.defaults, self.own, self._presets, self._system = dict(defaults), dict(own), list(presets), system_prompt
+        self.heading.setText("Next new chat" if new else "This chat")
+        values = defaults | own
+        with QSignalBlocker(self.system_edit):
+            if self.system_edit.toPlainText() != system_prompt:
+                self.system_edit.setPlainText(system_prompt)
+        for name, widget in self.fields.items():
+            with QSignalBlocker(widget):
+                value = values.get(name)
+                if isinstance(widget, QDoubleSpinBox):
+                    widget.setValue(float(value or 0.0))
+                elif isinstance(widget, QSpinBox):
+                    widget.setValue(int(value or 0))
+                elif isinstance(widget, QLineEdit):
+                    widget.setText("" if value is None else str(value))
+                elif isinstance(widget, QCheckBox):
+                    widget.setChecked(bool(value))
+        self._show_state()
+
+    def _show_state(self) -> None:
+        for name, label in self.labels.items():
+            font = label.font()
+            font.setBold(name in self.own)
+            label.setFont(font)
+        loops = self.fields["stop_repeats"]
+        font = loops.font()
+        font.setBold("stop_repeats" in self.own)
+        loops.setFont(font)
+        count = len(self.own)
+        self.summary.setText(
+            "Follows the defaults in Settings."
+            if not count
+            else f"{count} value{'s' if count != 1 else ''} set for this chat (bold); the rest follow Settings."
+        )
+        self.reset_button.setEnabled(bool(count))
+        match = self._matching_preset()
+        with QSignalBlocker(self.preset_box):
+            self.preset_box.clear()
+            names = [p.name for p in self._presets]
+            self.preset_box.addItems(names if match else [CUSTOM, *names])
+            self.preset_box.setCurrentText(match.name if match else CUSTOM)
+        self.delete_button.setEnabled(match is not None and not match.builtin)
+
+    def _matching_preset(self) -> Preset | None:
+        values = self.defaults | self.own
+        for preset in self._presets:
+            if preset.system_prompt == self._system and all(values.get(k) == v for k, v in preset.params.items()):
+                return preset
+        return None
+
+    @property
+    def system_prompt(self) -> str:
+        """The system prompt shown (as last sent with ``changed``)."""
+        return self._system
+
+    # -- editing -----------------------------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """Every sampling value the form shows."""
+        out: dict[str, Any] = {}
+        for name, widget in self.fields.items():
+            if isinstance(widget, QDoubleSpinBox):
+                out[name] = round(widget.value(), widget.decimals())
+            elif isinstance(widget, QSpinBox):
+                out[name] = widget.value()
+            elif isinstance(widget, QLineEdit):
+                out[name] = int(widget.text()) if widget.text().strip() else None
+            elif isinstance(widget, QCheckBox):
+                out[name] = LOOP_STOP if widget.isChecked() else 0
+        if out.get("stop_repeats") and self.defaults.get("stop_repeats"):
+            out["stop_repeats"] = self.defaults["stop_repeats"]  # on keeps the defaults' count
+        return out
+
+    def _edited(self, *_args: object) -> None:
+        own = {name: value for name, value in self.values().items() if value != self.defaults.get(name)}
+        if own != self.own:
+            self.own = own
+            self._show_state()
+            self.changed.emit(self._system, dict(own))
+
+    def _system_done(self) -> None:
+        self._save_timer.stop()
+        text = self.system_edit.toPlainText()
+        if text != self._system:
+            self._system = text
+            self._show_state()
+            self.changed.emit(text, dict(self.own))
+
+    def reset(self) -> None:
+        """Drop the chat's own values (the system prompt stays)."""
+        self.show_chat(self._system, {}, self.defaults, self._presets, self.heading.text() != "This chat")
+        self.changed.emit(self._system, {})
+
+    def _preset_activated(self, index: int) -> None:
+        name = self.preset_box.itemText(index)
+        if name != CUSTOM:
+            self.preset_chosen.emit(name)
+
+    def _ask_name(self) -> None:
+        current = self.preset_box.currentText()
+        suggested = "" if current == CUSTOM or any(p.builtin and p.name == current for p in self._presets) else current
+        name, ok = QInputDialog.getText(self, "Save preset", "Name of the preset:", text=suggested)
+        if ok and name.strip():
+            self.save_requested.emit(name.strip())

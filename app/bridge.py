@@ -44,15 +44,14 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from engine import client
 from engine.api import Backend, Error, LoadFailed, LoadProgress, ModelSpec, Request
 from engine.client import BackendFactory, local_backend
 
 
 def machine_report() -> Mapping[str, Any]:
-    """What this machine offers (``engine.doctor.report()``; imports torch, so call it off the GUI thread)."""
-    from engine.doctor import report
-
-    return report()
+    """What this machine offers (``brisk doctor``'s facts; imports torch, so call it off the GUI thread)."""
+    return client.machine_report()
 
 
 def _reason(exc: Exception) -> str:

@@ -24,8 +24,10 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from app.state.session import model_spec
+from engine import client
 from engine.api import Backend, Loaded, ModelSpec, OnEvent
 from engine.client import BackendFactory
 from engine.storage import Settings
@@ -69,17 +71,15 @@ def server_factory(base_url: str, model: str = "") -> BackendFactory:
     """A factory for the bridge: a :class:`engine.remote.RemoteBackend` with the key kept for ``base_url``."""
 
     def make(on_event: OnEvent) -> Backend:
-        from engine.remote import RemoteBackend, keys
-
-        api_key = keys.load_key(base_url)  # the keyring may be slow: this runs on the bridge's worker
-        holder: list[RemoteBackend] = []
+        api_key = client.server_key(base_url) or None  # the keyring may be slow: this runs on the bridge's worker
+        holder: list[Any] = []
 
         def forward(event: object) -> None:
             if isinstance(event, Loaded) and event.device == "remote" and not event.info.endpoint and holder:
                 event = dataclasses.replace(event, info=dataclasses.replace(event.info, endpoint=holder[0].base_url))
             on_event(event)
 
-        backend = RemoteBackend(forward, base_url, model or None, api_key)
+        backend = client.server_backend(forward, base_url, model or None, api_key)
         holder.append(backend)
         return backend
 
@@ -88,13 +88,7 @@ def server_factory(base_url: str, model: str = "") -> BackendFactory:
 
 def save_key(base_url: str, api_key: str) -> bool:
     """Keep ``api_key`` for ``base_url`` ("" forgets it); True when it outlives this session (the keyring)."""
-    from engine.remote import keys
-
-    if api_key:
-        persistent = keys.save_key(base_url, api_key)
-    else:
-        keys.delete_key(base_url)
-        persistent = keys.persistent()
+    persistent = client.keep_server_key(base_url, api_key)
     with _generation_lock:
         name = _normal(base_url)
         _generation[name] = _generation.get(name, 0) + 1
@@ -103,26 +97,17 @@ def save_key(base_url: str, api_key: str) -> bool:
 
 def load_key(base_url: str) -> str:
     """The key kept for ``base_url`` ("" when none or the URL is not valid)."""
-    from engine.remote import RemoteError, keys
-
-    try:
-        return keys.load_key(base_url) or ""
-    except RemoteError:
-        return ""
+    return client.server_key(base_url)
 
 
 def keys_persist() -> bool:
     """True when API keys go to the system keyring; False: they last this session only."""
-    from engine.remote import keys
-
-    return keys.persistent()
+    return client.server_keys_persist()
 
 
 def list_server_models(base_url: str, api_key: str) -> list[str]:
     """The model ids the server lists at /v1/models (slow: call it off the GUI thread); RemoteError says why not."""
-    from engine.remote import list_models
-
-    return list_models(base_url, api_key or None)
+    return client.server_models(base_url, api_key)
 
 
 def _normal(base_url: str) -> str:

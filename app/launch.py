@@ -24,8 +24,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.window.layout import LayoutFile
 from engine.client import BackendFactory, local_backend
-from engine.paths import database_path
-from engine.storage import Settings, Store, StoreError
+from engine.storage import Settings, Store, StoreError, database_path
 
 ICON_PATH = Path(__file__).resolve().parent.parent / "resources" / "brisk.svg"
 

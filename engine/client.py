@@ -120,3 +120,79 @@ class Client:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+# -- The rest a front end asks of the engine: machine facts, OpenAI-compatible servers, MCP tool sources. ------
+# Each imports what it needs when called (torch, the openai SDK, the mcp SDK), so importing the client stays cheap;
+# the window reaches the engine through engine.api, this module and engine.storage only (pyproject's contracts).
+
+
+def machine_report() -> dict[str, Any]:
+    """What this machine offers (``brisk doctor``'s facts; imports torch: call it off a GUI thread)."""
+    from engine.doctor import report
+
+    return dict(report())
+
+
+def server_backend(on_event: OnEvent, base_url: str, model: str | None, api_key: str | None) -> Any:
+    """A backend on an OpenAI-compatible server (``engine.remote.RemoteBackend``; its ``base_url`` is checked)."""
+    from engine.remote import RemoteBackend
+
+    return RemoteBackend(on_event, base_url, model, api_key)
+
+
+def server_key(base_url: str) -> str:
+    """The API key kept for ``base_url`` ("" when none, or when the URL is not valid)."""
+    from engine.remote import RemoteError, keys
+
+    try:
+        return keys.load_key(base_url) or ""
+    except RemoteError:
+        return ""
+
+
+def keep_server_key(base_url: str, api_key: str) -> bool:
+    """Keep ``api_key`` for ``base_url`` ("" forgets it); True when it outlives this session (the keyring)."""
+    from engine.remote import keys
+
+    if api_key:
+        return bool(keys.save_key(base_url, api_key))
+    keys.delete_key(base_url)
+    return bool(keys.persistent())
+
+
+def server_keys_persist() -> bool:
+    """True when API keys go to the system keyring; False: they last this session only."""
+    from engine.remote import keys
+
+    return bool(keys.persistent())
+
+
+def server_models(base_url: str, api_key: str | None) -> list[str]:
+    """The model ids a server lists at /v1/models (slow); raises ``engine.remote.RemoteError`` saying why not."""
+    from engine.remote import list_models
+
+    return list_models(base_url, api_key or None)
+
+
+def probe_tool_server(target: str, timeout_s: float, taken: Callable[[str], bool]) -> tuple[str, str, list[Any]]:
+    """Start the MCP server ``target`` (a command line or an http(s) URL), list its tools, stop it.
+
+    Returns ``(status, message, tools)``: ``"running"`` with the tools (``.name``, ``.description``), or
+    ``"failed"`` with what went wrong in words.  ``taken(name)``: a tool name already used (it is renamed)."""
+    try:
+        from engine.tools.mcp_client import McpHub, ServerSpec
+
+        spec = ServerSpec.parse(target)
+    except Exception as exc:  # a line that is no command and no URL
+        return "failed", f"Not a command line or an http(s) URL ({exc}).", []
+    hub = McpHub(connect_timeout_s=timeout_s)
+    try:
+        state = hub.add(spec)
+        if state.status != "ready":
+            return "failed", state.message or f"The server is {state.status}.", []
+        return "running", "", list(hub.tools(taken=taken))
+    except Exception as exc:  # the hub reports failures in its state; anything else is said here
+        return "failed", f"{type(exc).__name__}: {exc}", []
+    finally:
+        hub.close(timeout_s=2.0)

@@ -44,6 +44,7 @@ from app.dialogs.speed import SpeedSection, browse_model
 from engine.api import DEVICES, DTYPES, Loaded
 from engine.storage import Settings
 
+THEME_TEXT = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model", "draft_quant")
 
 
@@ -163,6 +164,16 @@ class SettingsDialog(QDialog):
         self.colour_drafts = self.speed.colour_drafts
         layout.addWidget(self.speed)
 
+        look = QGroupBox("Appearance")
+        look_form = QFormLayout(look)
+        self.theme_combo = QComboBox()
+        for value, text in THEME_TEXT.items():
+            self.theme_combo.addItem(text, value)
+        self.theme_combo.setCurrentIndex(max(0, self.theme_combo.findData(settings.theme)))
+        self.theme_combo.setToolTip("Follow the system: dark when your desktop uses a dark colour scheme")
+        look_form.addRow("Theme", self.theme_combo)
+        layout.addWidget(look)
+
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -191,6 +202,7 @@ class SettingsDialog(QDialog):
             seed=int(seed_text) if seed_text else None,
             max_tokens=self.max_tokens.value(),
             stop_repeats=(self._original.stop_repeats or 3) if self.stop_loops.isChecked() else 0,
+            theme=str(self.theme_combo.currentData()),
             **self.speed.values(),
             **self.engines.values(),
         )

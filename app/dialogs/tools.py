@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 
 from app.background import in_background
 from app.state.tools import BUILTIN, ServerProbe, probe_server
-from app.views.style import ERROR
+from app.views.style import current
 from engine.storage import Settings
 
 Probe = Callable[[str], ServerProbe]
@@ -80,7 +80,7 @@ class ToolsDialog(QDialog):
         column.addWidget(self.private)
         hint = QLabel("Type /NAME ARGS in a message to call a tool yourself, e.g. /calculator 2*(3+4).")
         hint.setWordWrap(True)
-        hint.setStyleSheet("color: #6b7280;")
+        hint.setStyleSheet(f"color: {current().muted};")
         column.addWidget(hint)
         outer.addWidget(builtin)
 
@@ -128,11 +128,11 @@ class ToolsDialog(QDialog):
             "are given to the engine when it starts."
         )
         note.setWordWrap(True)
-        note.setStyleSheet("color: #6b7280;")
+        note.setStyleSheet(f"color: {current().muted};")
         outer.addWidget(note)
         self.problem = QLabel()  # why Save did not close the dialog
         self.problem.setWordWrap(True)
-        self.problem.setStyleSheet(f"color: {ERROR};")
+        self.problem.setStyleSheet(f"color: {current().error};")
         self.problem.hide()
         outer.addWidget(self.problem)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)

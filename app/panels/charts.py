@@ -26,12 +26,11 @@ from PySide6.QtWidgets import QSizePolicy
 
 from app.panels.trace import TokenPoint
 from app.state.config import HistoryPoint
+from app.views.style import current
 from engine.api import Span
 
 pg.setConfigOptions(antialias=True)
 
-BACKGROUND = "#ffffff"
-AXIS = "#5f6368"
 DRAFT = "#f29900"
 LINE = "#1a73e8"
 SPAN_COLOURS = {
@@ -59,13 +58,14 @@ def nice_ceiling(value: float) -> float:
 def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
     """Bar colours for ``BarGraphItem.setOpts`` (an empty list needs single ones: pyqtgraph 0.14 fails on [])."""
     if not colours:
-        return {"brushes": None, "pens": None, "brush": BACKGROUND, "pen": None}
+        return {"brushes": None, "pens": None, "brush": current().chart_bg, "pen": None}
     pens = [pg.mkPen(c) for c in colours] if outline else [pg.mkPen(None) for _ in colours]
     return {"brushes": [pg.mkBrush(c) for c in colours], "pens": pens}
 
 
 def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> None:
-    plot.setTitle(title, color=AXIS, size="9pt")
+    axis_colour = current().chart_axis
+    plot.setTitle(title, color=axis_colour, size="9pt")
     plot.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # nothing to do with keys: Tab goes past it
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
@@ -74,16 +74,16 @@ def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> 
     plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
     for name in ("left", "bottom"):
         axis = plot.getAxis(name)
-        axis.setPen(AXIS)
-        axis.setTextPen(AXIS)
+        axis.setPen(axis_colour)
+        axis.setTextPen(axis_colour)
     if grid:  # grid lines are redrawn with the axes: left off the charts that move while a reply streams
         plot.showGrid(x=False, y=True, alpha=0.15)
 
 
 class WaterfallChart(pg.PlotWidget):
     def __init__(self) -> None:
-        super().__init__(background=BACKGROUND)
-        _style(self, "Waterfall, s since send", 140)
+        super().__init__(background=current().chart_bg)
+        _style(self, "Waterfall (s from Send)", 140)
         self.setToolTip("Where the reply's time went, in seconds since you pressed Send")
         self.getPlotItem().invertY(True)
         self.getAxis("left").setWidth(82)  # room for "cache lookup", "first token", "tool:NAME"
@@ -117,7 +117,7 @@ class WaterfallChart(pg.PlotWidget):
 
 class TokensChart(pg.PlotWidget):
     def __init__(self) -> None:
-        super().__init__(background=BACKGROUND)
+        super().__init__(background=current().chart_bg)
         _style(self, "Tokens over time", 130)
         self.setToolTip("Tokens streamed against seconds since send; orange dots: drafted tokens the model accepted")
         self.curve = self.plot([], [], pen=pg.mkPen(LINE, width=2), antialias=False)
@@ -149,7 +149,8 @@ class TokensChart(pg.PlotWidget):
 class HistoryChart(pg.GraphicsLayoutWidget):
     def __init__(self) -> None:
         super().__init__()
-        self.setBackground(BACKGROUND)
+        axis_colour = current().chart_axis
+        self.setBackground(current().chart_bg)
         self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.setMinimumHeight(200)
         self.ttft = self.addPlot(row=0, col=0, title="TTFT per reply (s)")
@@ -159,13 +160,13 @@ class HistoryChart(pg.GraphicsLayoutWidget):
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
-            plot.titleLabel.setText(plot.titleLabel.text, color=AXIS, size="9pt")
+            plot.titleLabel.setText(plot.titleLabel.text, color=axis_colour, size="9pt")
             plot.showGrid(x=False, y=True, alpha=0.15)
             for name in ("left", "bottom"):
-                plot.getAxis(name).setPen(AXIS)
-                plot.getAxis(name).setTextPen(AXIS)
+                plot.getAxis(name).setPen(axis_colour)
+                plot.getAxis(name).setTextPen(axis_colour)
         # the legend has a row of its own under the charts, so it never covers a point
-        self.legend = pg.LegendItem(colCount=1, labelTextColor=AXIS, labelTextSize="8pt")
+        self.legend = pg.LegendItem(colCount=1, labelTextColor=axis_colour, labelTextSize="8pt")
         self.addItem(self.legend, row=2, col=0)
         self.series: dict[str, tuple[pg.ScatterPlotItem, pg.ScatterPlotItem]] = {}
         self.count = 0
@@ -208,7 +209,7 @@ def reply_ticks(count: int, most: int = 8) -> list[int]:
 
 class BarsChart(pg.PlotWidget):
     def __init__(self, title: str) -> None:
-        super().__init__(background=BACKGROUND)
+        super().__init__(background=current().chart_bg)
         _style(self, title, 150, grid=True)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.6, **_colours([]))
         self.addItem(self.bars)
@@ -222,3 +223,17 @@ class BarsChart(pg.PlotWidget):
         )
         self.getAxis("bottom").setTicks([[(i, label) for i, label in enumerate(labels)]])
         self.setXRange(-0.6, max(len(labels), 1) - 0.4, padding=0)
+
+
+def apply_theme(chart: pg.PlotWidget | HistoryChart) -> None:
+    """Recolour a chart for the theme in use (``app.views.style.current``): background, axes, titles, legend."""
+    theme = current()
+    chart.setBackground(theme.chart_bg)
+    plots = [chart.ttft, chart.speed] if isinstance(chart, HistoryChart) else [chart.getPlotItem()]
+    for plot in plots:
+        plot.titleLabel.setText(plot.titleLabel.text, color=theme.chart_axis, size="9pt")
+        for name in ("left", "bottom"):
+            plot.getAxis(name).setPen(theme.chart_axis)
+            plot.getAxis(name).setTextPen(theme.chart_axis)
+    if isinstance(chart, HistoryChart):
+        chart.legend.setLabelTextColor(theme.chart_axis)

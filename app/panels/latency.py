@@ -12,12 +12,14 @@ did, so a fast stream costs at most twenty repaints a second.
 Children tests and the controller use: ``switches`` (:class:`SwitchesView`),
 ``numbers`` (:class:`NumbersView`), ``waterfall``, ``tokens``, ``history_chart``,
 ``status`` (a line saying what the panel shows), ``reload_bar`` (shown while a
-quantization switch reloads the model) and ``compare_button``.
+quantization switch reloads the model) and ``compare_button``.  ``summary``
+is the panel in one line (:func:`summary_text`), sent with ``summary_changed``:
+the window shows it in the status bar while the panel is closed.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QGroupBox,
@@ -46,6 +48,33 @@ STATUS = {
 NOT_STREAMING = "Writing the reply (shown when done)"
 
 
+def summary_text(trace: ReplyTrace | None, stream: bool = True) -> str:
+    """The panel in one line, for the status bar while the panel is closed: what the last reply measured."""
+    if trace is None:
+        return "Latency: no reply yet"
+    numbers = trace.numbers()
+    parts: list[str] = []
+    if trace.status == "streaming":
+        parts.append("Streaming\u2026" if stream else NOT_STREAMING)
+        if trace.tokens:
+            parts.append(f"{trace.tokens} tokens")
+    cached = numbers.get("answer_cache")
+    if cached:
+        parts.append(f"{cached} answer-cache hit")
+    ttft = numbers.get("ttft_s")
+    if isinstance(ttft, int | float):
+        parts.append(f"TTFT {ttft:.2f} s")
+    speed = numbers.get("tokens_per_s")
+    if isinstance(speed, int | float) and not cached:
+        parts.append(f"{speed:.0f} tok/s")
+    speedup = numbers.get("speedup")
+    if isinstance(speedup, int | float) and trace.status != "streaming":
+        parts.append(f"{speedup:.1f}\u00d7 plain")
+    if trace.status in ("cancelled", "error"):
+        parts.append("stopped" if trace.status == "cancelled" else "failed")
+    return "Latency: " + " \u00b7 ".join(parts) if parts else "Latency: waiting for the first token"
+
+
 def _group(title: str, widget: QWidget) -> QGroupBox:
     box = QGroupBox(title)
     layout = QVBoxLayout(box)
@@ -55,6 +84,8 @@ def _group(title: str, widget: QWidget) -> QGroupBox:
 
 
 class LatencyPanel(QScrollArea):
+    summary_changed = Signal(str)  # the panel in one line (summary_text), when it changes
+
     def __init__(self, config: ReplyConfig | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("latencyPanel")
@@ -66,6 +97,7 @@ class LatencyPanel(QScrollArea):
         self.config: ReplyConfig | None = None
         self.history = History()
         self.redraws = 0
+        self.summary = summary_text(None)
         self._drawn: tuple[int, int, int] = (-1, -1, -1)
         self._trace_serial = 0
         self._tokens_drawn = -1
@@ -164,6 +196,10 @@ class LatencyPanel(QScrollArea):
                 new_reply = self._tokens_drawn != self._trace_serial
                 self._tokens_drawn = self._trace_serial
                 self.tokens.update_points(trace.points, new_reply)
+        summary = summary_text(trace, self.config.stream if self.config else True)
+        if summary != self.summary:
+            self.summary = summary
+            self.summary_changed.emit(summary)
         if self.history_chart.count != len(self.history.points):
             self.history_chart.update_history(self.history.points)
         self._drawn = (self._trace_serial, trace.version if trace else -1, len(self.history.points))

@@ -23,11 +23,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
 from app.state.model_facts import precision_text, size_text
-from app.views.style import MUTED  # the labels' grey: readable on the panel (WCAG AA), as everywhere else
 from engine.api import DraftStats, Loaded
 
 DASH = "\u2014"
-UNAVAILABLE = "#9ca3af"  # a figure a remote server does not report: greyed with the value (disabled text)
+
 REMOTE_TIP = "A remote server does not report this figure."
 
 # key -> (label, fields of Metrics that make it available from a remote server)
@@ -138,7 +137,7 @@ class NumbersView(QWidget):
         self.values: dict[str, QLabel] = {}
         for row, (key, (label, _)) in enumerate(ROWS.items()):
             name = QLabel(label)
-            name.setStyleSheet(f"color: {MUTED};")
+            name.setObjectName("panelLabel")  # muted, in the theme's stylesheet
             name.setWordWrap(True)  # long names take two lines in a narrow panel
             value = QLabel(DASH)
             value.setObjectName(f"panel_{key}")
@@ -206,9 +205,10 @@ class NumbersView(QWidget):
         self._greyed = (self.remote, reported)
         for key, (_, remote_fields) in ROWS.items():
             off = self.remote and remote_fields is not None and not set(remote_fields) & set(reported)
-            colour = MUTED if not off else UNAVAILABLE
             self.values[key].setEnabled(not off)
-            self.names[key].setStyleSheet(f"color: {colour};")
+            self.names[key].setObjectName("panelLabelOff" if off else "panelLabel")  # the theme's muted or greyed
+            self.names[key].style().unpolish(self.names[key])  # the new object name picks the stylesheet's rule
+            self.names[key].style().polish(self.names[key])
             self.values[key].setToolTip(REMOTE_TIP if off else "")
             if off:
                 self.values[key].setText(DASH)

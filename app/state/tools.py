@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ToolCall, ToolSettings
+from engine.client import probe_tool_server
 from engine.storage import Settings
 
 BUILTIN: dict[str, str] = {
@@ -76,23 +77,8 @@ class ServerProbe:
 
 def probe_server(target: str, timeout_s: float = PROBE_TIMEOUT_S) -> ServerProbe:
     """Start the MCP server ``target``, list its tools, stop it (blocks up to about ``timeout_s``)."""
-    try:
-        from engine.tools.mcp_client import McpHub, ServerSpec
-
-        spec = ServerSpec.parse(target)
-    except Exception as exc:  # a line that is no command and no URL: say so in the list
-        return ServerProbe(target, "failed", f"Not a command line or an http(s) URL ({exc}).")
-    hub = McpHub(connect_timeout_s=timeout_s)
-    try:
-        state = hub.add(spec)
-        if state.status != "ready":
-            return ServerProbe(target, "failed", state.message or f"The server is {state.status}.")
-        tools = hub.tools(taken=lambda name: name in BUILTIN)
-        return ServerProbe(target, "running", "", tuple((t.name, t.description) for t in tools))
-    except Exception as exc:  # the hub reports failures in its state; anything else is said here
-        return ServerProbe(target, "failed", f"{type(exc).__name__}: {exc}")
-    finally:
-        hub.close(timeout_s=2.0)
+    status, message, tools = probe_tool_server(target, timeout_s, taken=lambda name: name in BUILTIN)
+    return ServerProbe(target, status, message, tuple((t.name, t.description) for t in tools))
 
 
 # -- tool calls in the conversation ------------------------------------------------------------------

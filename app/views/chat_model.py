@@ -211,6 +211,12 @@ class ChatModel(QAbstractListModel):
             index = self.index(row)
             self.dataChanged.emit(index, index, [ITEM_ROLE])
 
+    def restyle_all(self) -> None:
+        """The colours changed (another theme): every row renders and lays out again."""
+        for item in self.rows:
+            item.revision += 1
+        self.touch_all()
+
     def touch_all(self) -> None:
         if self.rows:
             self.dataChanged.emit(self.index(0), self.index(len(self.rows) - 1), [ITEM_ROLE])

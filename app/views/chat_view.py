@@ -57,7 +57,7 @@ from app.views.chat_pointer import ChatPointer
 from app.views.markdown_render import code_blocks
 from app.views.message_geometry import MARGIN_PX, RowLayout
 from app.views.message_handle import MessageHandle
-from app.views.style import MUTED
+from app.views.style import current
 from engine.storage import Message
 
 __all__ = ["EMPTY_TEXT", "THROTTLE_MS", "TRUNCATED_NOTICE", "ChatView", "MessageHandle"]
@@ -364,7 +364,7 @@ class ChatView(QListView):
         font = QFont(self.font())
         font.setPixelSize(11)
         painter.setFont(font)
-        painter.setPen(QColor(MUTED))
+        painter.setPen(QColor(current().muted))
         rect = self.viewport().rect().adjusted(MARGIN_PX, MARGIN_PX, -MARGIN_PX, -MARGIN_PX)
         painter.drawText(rect, Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop, EMPTY_TEXT)
 

@@ -67,14 +67,26 @@ class _SafeLinks(Treeprocessor):
                     element.tag = "span"
 
 
-_md = markdown.Markdown(
-    extensions=["fenced_code", "codehilite", "tables", "sane_lists", "nl2br"],
-    # Pygments colours a block whose fence names its language, as inline styles (Qt's rich text has no CSS classes)
-    extension_configs={"codehilite": {"noclasses": True, "guess_lang": False, "pygments_style": "friendly"}},
-)
-_md.preprocessors.deregister("html_block")  # the model's raw HTML is shown, not run
-_md.inlinePatterns.deregister("html")
-_md.treeprocessors.register(_SafeLinks(_md), "brisk_safe_links", 0)
+def _converter(pygments_style: str) -> markdown.Markdown:
+    md = markdown.Markdown(
+        extensions=["fenced_code", "codehilite", "tables", "sane_lists", "nl2br"],
+        # Pygments colours a block whose fence names its language, as inline styles (Qt's rich text has no classes)
+        extension_configs={"codehilite": {"noclasses": True, "guess_lang": False, "pygments_style": pygments_style}},
+    )
+    md.preprocessors.deregister("html_block")  # the model's raw HTML is shown, not run
+    md.inlinePatterns.deregister("html")
+    md.treeprocessors.register(_SafeLinks(md), "brisk_safe_links", 0)
+    return md
+
+
+_md = _converter("friendly")
+
+
+def use_colours(draft: str, link: str, code_bg: str, pygments_style: str) -> None:
+    """The colours replies are rendered with from now on (the theme in use: ``app.views.style.apply``)."""
+    global DRAFT_COLOUR, COPY_COLOUR, CODE_BG, _md
+    DRAFT_COLOUR, COPY_COLOUR, CODE_BG = draft, link, code_bg
+    _md = _converter(pygments_style)
 
 
 def render_user(text: str) -> str:

@@ -18,13 +18,9 @@ from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QPainter, QPalett
 
 from app.views.chat_model import ChatItem
 from app.views.message_geometry import ACTION_TEXT, BUSY_BLOCKED, MessageGeometry, RowLayout
-from app.views.style import ERROR, MUTED, WARNING
+from app.views.style import current
 
 ROLE_NAMES = {"user": "You", "assistant": "Brisk"}
-USER_BG, ASSISTANT_BG, BORDER = QColor("#eef4ff"), QColor("#ffffff"), QColor("#eceef1")
-HOVER_BG, HOVER_FG, DISABLED_FG = QColor("#f3f4f6"), QColor("#111827"), QColor("#c7cbd1")
-TEXT_FG = QColor("#111827")
-BADGE_FG, TOOLS_FG = QColor("#1d6fd8"), QColor("#4b5563")
 
 Hover = tuple[int, str] | None  # (message id, action) under the mouse
 
@@ -40,18 +36,19 @@ def paint_row(
     palette: QPalette,
 ) -> None:
     """Draw ``item`` laid out as ``box``; ``palette`` is the view's (the content's text colour is set here)."""
+    theme = current()  # the colours of the theme in use, read at each paint
     painter.save()
     painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
     bubble = box.bubble.adjusted(0, 0, -1, -1)
     if item.role == "user":
         painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(USER_BG)
+        painter.setBrush(QColor(theme.user_bubble))
     else:
-        painter.setPen(QPen(BORDER, 1))
-        painter.setBrush(ASSISTANT_BG)
+        painter.setPen(QPen(QColor(theme.bubble_border), 1))
+        painter.setBrush(QColor(theme.window))
     painter.drawRoundedRect(QRect(bubble).translated(0, 0), 12, 12)
     painter.setFont(geometry.bold)
-    painter.setPen(QColor(MUTED))
+    painter.setPen(QColor(theme.muted))
     align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
     name = geometry.bold_fm.elidedText(
         ROLE_NAMES.get(item.role, item.role.title()), Qt.TextElideMode.ElideRight, box.role.width()
@@ -61,22 +58,22 @@ def paint_row(
     wrap = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop | Qt.TextFlag.TextWordWrap
     if box.notice is not None:
         painter.setFont(geometry.small)
-        painter.setPen(QColor(WARNING))
+        painter.setPen(QColor(theme.warning))
         painter.drawText(box.notice, wrap, item.notice)
     if box.badge is not None:
         painter.setFont(geometry.small)
-        painter.setPen(BADGE_FG)
+        painter.setPen(QColor(theme.badge))
         painter.drawText(box.badge, wrap, item.badge)
     if box.tools_header is not None and box.tools is not None:
         _paint_tools(painter, geometry, item, box.tools_header, box.tools, wrap, hover)
     _paint_content(painter, geometry, item, box.content, palette)
     if box.error is not None:
         painter.setFont(geometry.font)
-        painter.setPen(QColor(ERROR))
+        painter.setPen(QColor(theme.error))
         painter.drawText(box.error, wrap, item.error)
     if box.stats is not None:
         painter.setFont(geometry.small)
-        painter.setPen(QColor(MUTED))
+        painter.setPen(QColor(theme.muted))
         painter.drawText(box.stats, wrap, item.stats)
     painter.restore()
 
@@ -84,15 +81,16 @@ def paint_row(
 def _paint_actions(
     painter: QPainter, geometry: MessageGeometry, item: ChatItem, box: RowLayout, hover: Hover, busy: bool
 ) -> None:
+    theme = current()
     painter.setFont(geometry.font)
     for name, rect in box.actions:
         enabled = not (busy and name in BUSY_BLOCKED)
         hovered = enabled and hover == (item.message_id, name)
         if hovered:
             painter.setPen(Qt.PenStyle.NoPen)
-            painter.setBrush(HOVER_BG)
+            painter.setBrush(QColor(theme.hover))
             painter.drawRoundedRect(rect, 6, 6)
-        painter.setPen(HOVER_FG if hovered else QColor(MUTED) if enabled else DISABLED_FG)
+        painter.setPen(QColor(theme.text if hovered else theme.muted if enabled else theme.disabled))
         painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, ACTION_TEXT[name])
 
 
@@ -105,16 +103,17 @@ def _paint_tools(
     wrap: Qt.AlignmentFlag,
     hover: Hover,
 ) -> None:
+    theme = current()
     painter.setFont(geometry.small)
     if hover == (item.message_id, "tools"):
         painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(HOVER_BG)
+        painter.setBrush(QColor(theme.hover))
         painter.drawRoundedRect(header, 4, 4)
-    painter.setPen(TOOLS_FG)
+    painter.setPen(QColor(theme.tools_fg))
     painter.drawText(
         header.adjusted(2, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, item.tools_header
     )
-    painter.setPen(QColor(MUTED))
+    painter.setPen(QColor(theme.muted))
     painter.drawText(body, wrap, item.tools_text)
 
 
@@ -126,7 +125,7 @@ def _paint_content(
     painter.translate(rect.topLeft())
     context = QAbstractTextDocumentLayout.PaintContext()
     palette = QPalette(view_palette)
-    palette.setColor(QPalette.ColorRole.Text, TEXT_FG)
+    palette.setColor(QPalette.ColorRole.Text, QColor(current().text))
     context.palette = palette
     context.clip = QRect(0, 0, rect.width(), rect.height())
     painter.setClipRect(context.clip)

@@ -19,7 +19,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.state.model_facts import is_remote, precision_text
-from app.views.style import ERROR, MUTED
+from app.views.style import current
 from engine.api import Loaded
 
 TICK_MS = 1000
@@ -86,7 +86,7 @@ class StatusArea(QWidget):
 
     def tuning(self, message: str, done: bool) -> None:
         """Work after the load that speeds later replies (the model already answers): said, no progress bar."""
-        self.message_label.setStyleSheet("" if done else f"color: {MUTED};")
+        self.message_label.setStyleSheet("" if done else f"color: {current().muted};")
         self.message_label.setText(message)
         self.message_label.setToolTip(message)
 
@@ -95,5 +95,5 @@ class StatusArea(QWidget):
         self.model_label.setText("No model loaded")
         self.device_label.setText("")
         self.device_label.setToolTip("")
-        self.message_label.setStyleSheet(f"color: {ERROR};")
+        self.message_label.setStyleSheet(f"color: {current().error};")
         self.message_label.setText(f"Loading failed: {message}")

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.datafiles import StateError, load_state
-from engine.paths import atomic_write, data_dir
+from engine.storage import StateError, atomic_write, data_dir, load_state
 
 log = logging.getLogger("brisk.layout")
 

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtGui import QAction, QCloseEvent, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QDialog,
     QDockWidget,
@@ -59,18 +59,19 @@ from app.dialogs.about import AboutDialog
 from app.dialogs.settings import SettingsDialog, needs_reload
 from app.dialogs.tools import ToolsDialog
 from app.engines import engine_choice
+from app.panels.charts import apply_theme as chart_theme
 from app.panels.controller import LatencyController
 from app.state.answer_seed import answer_pairs
 from app.state.answer_stats import CacheTally
 from app.state.config import config_tooltip
 from app.state.session import ChatSession
 from app.state.tools import backend_changes, enabled_tools, tool_settings
+from app.views import style
 from app.views.banner import Banner
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
 from app.views.sidebar import Sidebar
 from app.views.status_area import StatusArea
-from app.views.style import STYLESHEET
 from app.window.conversations import ConversationActions
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
@@ -135,6 +136,9 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.latency.dock.raise_()
         self._build_menus()
         self._restore_layout()
+        self._build_summary()
+        self.apply_theme()
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._system_scheme_changed)
         bridge.event.connect(self._on_event)
         if store_warning:
             self.show_banner("store-fallback", "warning", store_warning)
@@ -146,7 +150,6 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
     def _build(self) -> None:
         self.setWindowTitle("Brisk")
         self.resize(1100, 740)
-        self.setStyleSheet(STYLESHEET)
         self.sidebar = Sidebar()
         panel = QWidget()
         panel.setObjectName("chatPanel")
@@ -234,7 +237,36 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(named["About this machine"])
 
+    # -- look ----------------------------------------------------------------------------
+    def apply_theme(self) -> None:
+        """Colour the window by the ``theme`` setting ("system": dark when the system's colour scheme is)."""
+        dark = QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+        style.apply(style.theme_for(self.settings.theme, dark), self)
+        self.chat_view.chat_model.restyle_all()  # replies render again with the theme's colours
+        self.chat_view.viewport().update()
+        panel = self.latency.panel
+        for chart in (panel.waterfall, panel.tokens, panel.history_chart):
+            chart_theme(chart)
+
+    def _system_scheme_changed(self, _scheme: object) -> None:
+        if self.settings.theme == "system":
+            self.apply_theme()
+
     # -- layout --------------------------------------------------------------------------
+    def _build_summary(self) -> None:
+        """The latency panel in one line at the foot of the window while the panel is not in view; a click opens it."""
+        summary = QToolButton()
+        summary.setObjectName("latencySummary")
+        summary.setAutoRaise(True)
+        summary.setText(self.latency.panel.summary)
+        summary.setToolTip(f"The last reply's latency; click to open the latency panel ({PANEL_SHORTCUT})")
+        summary.clicked.connect(lambda: self.panel_action.isChecked() or self.panel_action.trigger())
+        self.latency.panel.summary_changed.connect(summary.setText)
+        self.statusBar().insertPermanentWidget(0, summary)
+        self.panel_action.toggled.connect(lambda shown: summary.setVisible(not shown))
+        summary.setVisible(not self.panel_action.isChecked())
+        self.latency_summary = summary
+
     def reset_layout(self) -> None:
         """The default proportions: sidebar, chat at least CHAT_SHARE of the width, the panel docked right."""
         dock, parameters = self.latency.dock, self.parameters.dock
@@ -469,6 +501,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             except StoreError as exc:
                 self._store_error(exc)
         self.parameters.show_chat()  # the defaults a chat follows may have changed
+        if new.theme != old.theme:
+            self.apply_theme()
         if new.prefix_cache_mb != old.prefix_cache_mb:
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
         self.latency.settings_changed()

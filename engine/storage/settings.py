@@ -33,6 +33,7 @@ from engine.datafiles import MAX_STATE_BYTES, StateError, parse_json, quarantine
 from engine.paths import atomic_write, settings_path
 
 LOCAL = "local"  # Settings.engine for the model on this machine
+THEMES = ("system", "light", "dark")
 SERVER_FIELDS = ("name", "base_url", "model")  # one saved server; its API key lives in the keyring, never here
 SAMPLING_FIELDS = (
     "temperature",
@@ -78,6 +79,7 @@ class Settings:
     mcp_servers: list[str] = dataclasses.field(default_factory=list)  # command lines (stdio) or http(s) URLs
     engine: str = LOCAL  # "local" (the model on this machine) or the name of one of ``servers``
     servers: list[dict[str, str]] = dataclasses.field(default_factory=list)  # {name, base_url, model}; no keys
+    theme: str = "system"  # the window's colours: "system" (dark when the system's scheme is), "light", "dark"
 
     @classmethod
     def load(cls, path: Path | None = None) -> Settings:
@@ -249,4 +251,5 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "mcp_servers": _texts("mcp_servers"),
     "engine": lambda v: None if isinstance(v, str) and v else f"engine must be {LOCAL!r} or a server's name, not {v!r}",
     "servers": _servers,
+    "theme": _choice("theme", THEMES),
 }

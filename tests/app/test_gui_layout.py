@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
+from app.panels.latency import summary_text
 from app.window import MainWindow
 from app.window.layout import CHAT_SHARE, LAYOUT_FILE, PANEL_SHORTCUT, LayoutFile, default_widths
 from engine.api import Warning
+from tests.support.gui_harness import chat
 
 
 def chat_share(window: MainWindow) -> float:
@@ -58,6 +60,23 @@ def test_a_closed_panel_comes_back_from_the_menu_and_the_shortcut(harness, qtbot
     dock.setFloating(True)
     window.reset_layout_action.trigger()
     assert not dock.isFloating() and window.dockWidgetArea(dock) == Qt.DockWidgetArea.RightDockWidgetArea
+
+
+def test_a_closed_panel_leaves_a_one_line_summary_that_opens_it(harness, qtbot) -> None:  # noqa: ANN001
+    window = harness.open(size=(1100, 740))
+    settle(qtbot, window)
+    summary = window.latency_summary
+    assert window.panel_action.isChecked() and not summary.isVisible()  # the panel says it all
+    window.latency.dock.close()
+    qtbot.waitUntil(summary.isVisible)
+    assert summary.text() == "Latency: no reply yet"
+    chat(qtbot, window, "Hello")
+    window.latency.panel.flush()
+    assert summary.text().startswith("Latency: TTFT 0.21 s") and "tok/s" in summary.text(), summary.text()
+    assert summary.text() == summary_text(window.latency.trace)
+    qtbot.mouseClick(summary, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: window.panel_action.isChecked() and not summary.isVisible())
+    assert window.latency.dock.isVisible()
 
 
 def test_the_layout_is_remembered_and_a_damaged_file_costs_only_the_layout(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
@@ -149,14 +168,26 @@ def contrast(a: str, b: str) -> float:
     return (high + 0.05) / (low + 0.05)
 
 
-def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(harness) -> None:  # noqa: ANN001
-    from app.panels import numbers
-    from app.views.style import ERROR, MUTED, STYLESHEET, WARNING
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_text_colours_are_readable_in_both_themes(theme: str) -> None:
+    from app.views.style import DARK, LIGHT, stylesheet
 
-    for text in (MUTED, numbers.MUTED, ERROR, WARNING):  # WCAG AA for text: 4.5:1
-        for background in ("#ffffff", "#f7f7f8"):
-            assert contrast(text, background) >= 4.5, (text, background, contrast(text, background))
-    assert ":focus" in STYLESHEET and "QPushButton:focus" in STYLESHEET
+    t = LIGHT if theme == "light" else DARK
+    backgrounds = (t.window, t.side, t.hover)
+    for name in ("text", "muted", "error", "warning", "badge", "tools_fg", "link"):  # WCAG AA for text: 4.5:1
+        for background in backgrounds:
+            ratio = contrast(getattr(t, name), background)
+            assert ratio >= 4.5, (theme, name, background, round(ratio, 2))
+    for name in ("text", "muted", "link"):  # on a code block and in a user's bubble too
+        for background in (t.code_bg, t.user_bubble):
+            assert contrast(getattr(t, name), background) >= 4.5, (theme, name, background)
+    assert contrast(t.stop_fg, t.stop_bg) >= 4.5 and contrast("#ffffff", t.accent) >= 4.5  # Send, Stop
+    assert contrast(t.draft, t.window) >= 3.0  # drafted tokens: a tint on text, told apart, still readable
+    sheet = stylesheet(t)
+    assert ":focus" in sheet and "QPushButton:focus" in sheet and "{" in sheet and "t." not in sheet
+
+
+def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(harness) -> None:  # noqa: ANN001
     window = harness.open()
     panel = window.latency.panel
     charts = [panel.waterfall, panel.tokens, panel.history_chart]

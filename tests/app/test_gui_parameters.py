@@ -147,3 +147,37 @@ def test_the_view_menu_brings_the_parameters_tab_forward_and_the_chat_keeps_its_
         window.grab().save(str(SHOTS / "parameters.png"))
     window.parameters_action.trigger()  # in view: hides it, and the latency tab is in view again
     qtbot.waitUntil(lambda: window.parameters.dock.isHidden() and window.panel_action.isChecked())
+
+
+def test_a_dark_theme_from_settings_colours_the_whole_window_and_light_comes_back(harness, qtbot) -> None:  # noqa: ANN001
+    import dataclasses
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.views import markdown_render, style
+
+    assert style.theme_for("system", True) is style.DARK and style.theme_for("system", False) is style.LIGHT
+    assert style.theme_for("light", True) is style.LIGHT and style.theme_for("dark", False) is style.DARK
+    window = harness.open(size=(1100, 740))
+    chat(qtbot, window, "Hello")
+    try:
+        window.apply_settings(dataclasses.replace(window.settings, theme="dark"))
+        assert style.current() is style.DARK
+        assert style.DARK.window in window.styleSheet()
+        assert QApplication.palette().color(QApplication.palette().ColorRole.Window).name() == style.DARK.side
+        assert style.DARK.code_bg == markdown_render.CODE_BG
+        assert style.DARK.code_bg in markdown_render.render_reply("```python\nx = 1\n```")  # a dark code block
+        panel = window.latency.panel
+        assert panel.history_chart.backgroundBrush().color().name() == style.DARK.chart_bg
+        window.latency.panel.flush()
+        qtbot.wait(50)
+        image = window.chat_view.viewport().grab().toImage()
+        bubble = window.chat_view.visualRect(window.chat_view.index_of(window.chat_view.chat_model.rows[-1].message_id))
+        pixel = image.pixelColor(bubble.left() + 12, bubble.top() + bubble.height() // 2).name()
+        assert style._luminance_of(pixel) < 0.1, pixel  # the reply's bubble is painted dark
+        if SHOTS is not None:
+            window.grab().save(str(SHOTS / "dark.png"))
+    finally:
+        window.apply_settings(dataclasses.replace(window.settings, theme="light"))
+    assert style.current() is style.LIGHT and style.LIGHT.code_bg == markdown_render.CODE_BG
+    assert style.LIGHT.window in window.styleSheet()

@@ -177,7 +177,7 @@ def converted_dir(gguf: Path, progress: Progress) -> Path:
 
 @contextlib.contextmanager
 def gguf_read_once() -> Iterator[None]:
-    """While converting: the GGUF file is parsed once, and each tensor-name map is built once.
+    """While converting: the GGUF file is read into memory and parsed once, each tensor-name map built once.
 
     transformers parses the file three times (tokenizer, config, weights: about 2.5 s each, its 49,152
     token strings read element by element) and builds ``gguf.get_tensor_name_map`` once per module
@@ -186,8 +186,10 @@ def gguf_read_once() -> Iterator[None]:
     the converted weights are equal tensor for tensor (``tests/engine/model/test_source.py``).
     """
     import gguf as gguf_module
+    import gguf.gguf_reader as reader_module
+    import numpy
 
-    reader, name_map = gguf_module.GGUFReader, gguf_module.get_tensor_name_map
+    reader, name_map, numpy_there = gguf_module.GGUFReader, gguf_module.get_tensor_name_map, reader_module.np
     readers: dict[tuple[str, str], Any] = {}
 
     def read(path: Any, mode: Any = "r") -> Any:
@@ -198,11 +200,30 @@ def gguf_read_once() -> Iterator[None]:
 
     setattr(gguf_module, "GGUFReader", read)  # noqa: B010 - a module attribute, put back below
     setattr(gguf_module, "get_tensor_name_map", functools.lru_cache(maxsize=None)(name_map))  # noqa: B010
+    setattr(reader_module, "np", _InMemory(numpy))  # noqa: B010
     try:
         yield
     finally:
         setattr(gguf_module, "GGUFReader", reader)  # noqa: B010
         setattr(gguf_module, "get_tensor_name_map", name_map)  # noqa: B010
+        setattr(reader_module, "np", numpy_there)  # noqa: B010
+
+
+class _InMemory:
+    """numpy as ``gguf.gguf_reader`` sees it while converting: ``memmap`` reads the whole file into memory.
+
+    The reader slices its data once per value (3.7 million times for SmolLM2's vocabulary), and a memmap
+    slice costs several times a plain array's; the file is read whole for the conversion anyway.
+    Measured on the bundled model: the conversion 8.5-9.2 s -> 7.6-8.7 s."""
+
+    def __init__(self, numpy: Any) -> None:
+        self._numpy = numpy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._numpy, name)
+
+    def memmap(self, path: Any, mode: str = "r", **_options: Any) -> Any:
+        return self._numpy.fromfile(path, dtype=self._numpy.uint8)
 
 
 def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> None:

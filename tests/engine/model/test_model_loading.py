@@ -95,11 +95,17 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
 
     from engine.model.source import gguf_read_once
 
+    import gguf.gguf_reader as reader_module
+    import numpy as np
+
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     gguf_path = bundled_model_path()
     with gguf_read_once():
         assert gguf.GGUFReader(gguf_path) is gguf.GGUFReader(gguf_path), "parsed once"
+        data = gguf.GGUFReader(gguf_path).data
+        assert not isinstance(data, np.memmap) and data.nbytes == gguf_path.stat().st_size, "read into memory"
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map), "put back afterwards"
+    assert reader_module.np is np and isinstance(gguf.GGUFReader(gguf_path).data, np.memmap)
 
     converted = load_file(converted_dir(gguf_path, lambda _f, _m: None) / "model.safetensors")
     plain = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)

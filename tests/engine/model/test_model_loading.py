@@ -90,13 +90,12 @@ def test_bundled_gguf_is_converted_once(bundled_engine) -> None:  # noqa: ANN001
 def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) -> None:  # noqa: ANN001
     """``gguf_read_once`` memoises the file's parse and the name maps: the weights must be those of a plain load."""
     import gguf
+    import gguf.gguf_reader as reader_module
+    import numpy as np
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from engine.model.source import gguf_read_once
-
-    import gguf.gguf_reader as reader_module
-    import numpy as np
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     gguf_path = bundled_model_path()

@@ -273,7 +273,7 @@ def apply(theme: Theme, window: QWidget | None = None) -> None:
         window.setStyleSheet(stylesheet(theme))
 
 
-def _luminance_of(colour: str) -> float:
+def luminance(colour: str) -> float:
     """Relative luminance (WCAG) of ``#rrggbb``: 0 black, 1 white."""
 
     def channel(c: int) -> float:

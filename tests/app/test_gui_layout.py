@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.panels.latency import summary_text
+from app.views.style import luminance
 from app.window import MainWindow
 from app.window.layout import CHAT_SHARE, LAYOUT_FILE, PANEL_SHORTCUT, LayoutFile, default_widths
 from engine.api import Warning
@@ -154,17 +155,8 @@ def test_draft_model_is_greyed_with_the_reason_until_one_is_set(harness) -> None
     assert draft.isEnabled() and "Set a draft model" not in draft.toolTip()
 
 
-def _luminance(colour: str) -> float:
-    def channel(c: int) -> float:
-        v = c / 255
-        return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
-
-    r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
-    return 0.2126 * channel(r) + 0.7152 * channel(g) + 0.0722 * channel(b)
-
-
 def contrast(a: str, b: str) -> float:
-    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
     return (high + 0.05) / (low + 0.05)
 
 

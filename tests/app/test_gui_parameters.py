@@ -174,7 +174,7 @@ def test_a_dark_theme_from_settings_colours_the_whole_window_and_light_comes_bac
         image = window.chat_view.viewport().grab().toImage()
         bubble = window.chat_view.visualRect(window.chat_view.index_of(window.chat_view.chat_model.rows[-1].message_id))
         pixel = image.pixelColor(bubble.left() + 12, bubble.top() + bubble.height() // 2).name()
-        assert style._luminance_of(pixel) < 0.1, pixel  # the reply's bubble is painted dark
+        assert style.luminance(pixel) < 0.1, pixel  # the reply's bubble is painted dark
         if SHOTS is not None:
             window.grab().save(str(SHOTS / "dark.png"))
     finally:

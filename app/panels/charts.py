@@ -83,7 +83,7 @@ def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> 
 class WaterfallChart(pg.PlotWidget):
     def __init__(self) -> None:
         super().__init__(background=current().chart_bg)
-        _style(self, "Waterfall (s from Send)", 140)
+        _style(self, "Waterfall (s)", 140)
         self.setToolTip("Where the reply's time went, in seconds since you pressed Send")
         self.getPlotItem().invertY(True)
         self.getAxis("left").setWidth(82)  # room for "cache lookup", "first token", "tool:NAME"

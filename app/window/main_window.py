@@ -262,7 +262,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         summary.setToolTip(f"The last reply's latency; click to open the latency panel ({PANEL_SHORTCUT})")
         summary.clicked.connect(lambda: self.panel_action.isChecked() or self.panel_action.trigger())
         self.latency.panel.summary_changed.connect(summary.setText)
-        self.statusBar().insertPermanentWidget(0, summary)
+        self.statusBar().insertPermanentWidget(1, summary)  # index 0 is the status area, a normal widget
         self.panel_action.toggled.connect(lambda shown: summary.setVisible(not shown))
         summary.setVisible(not self.panel_action.isChecked())
         self.latency_summary = summary

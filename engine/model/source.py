@@ -31,6 +31,7 @@ saying what happened and what to do.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -201,12 +202,65 @@ def gguf_read_once() -> Iterator[None]:
     setattr(gguf_module, "GGUFReader", read)  # noqa: B010 - a module attribute, put back below
     setattr(gguf_module, "get_tensor_name_map", functools.lru_cache(maxsize=None)(name_map))  # noqa: B010
     setattr(reader_module, "np", _InMemory(numpy))  # noqa: B010
+    put_back = _transformers_read_once(numpy)
     try:
         yield
     finally:
         setattr(gguf_module, "GGUFReader", reader)  # noqa: B010
         setattr(gguf_module, "get_tensor_name_map", name_map)  # noqa: B010
         setattr(reader_module, "np", numpy_there)  # noqa: B010
+        for module, name, value in put_back:
+            setattr(module, name, value)
+
+
+def _transformers_read_once(numpy: Any) -> list[tuple[Any, str, Any]]:
+    """transformers' own GGUF reading, memoised the same way: the file read into memory once, its metadata
+    (the 49,152 tokens and merges included) read once per set of string arrays, and the metadata's parse
+    (``load_gguf_checkpoint`` without tensors: for the tokenizer, the config and the model's config) once.
+    Returns (module, name, original) to put back; nothing where this transformers lays its modules out
+    otherwise (then the conversion reads as transformers does)."""
+    import importlib
+
+    try:
+        reader = importlib.import_module("transformers.integrations.gguf.reader")
+        package = importlib.import_module("transformers.integrations.gguf")
+        quantizer = importlib.import_module("transformers.quantizers.quantizer_gguf")
+        utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+        originals = (reader._mapped, reader.read_gguf_metadata, utils.load_gguf_checkpoint)
+    except (ImportError, AttributeError):
+        return []
+    mapped, metadata, checkpoint = originals
+    files: dict[str, Any] = {}
+    metadatas: dict[tuple[str, tuple[str, ...]], Any] = {}
+    parsed: dict[str, Any] = {}
+
+    def in_memory(path: str) -> Any:
+        if os.fspath(path) not in files:
+            files[os.fspath(path)] = numpy.fromfile(path, dtype=numpy.uint8)
+        return files[os.fspath(path)]
+
+    def read_metadata(path: Any, string_arrays: Any = ()) -> Any:
+        key = (os.fspath(path), tuple(string_arrays))
+        if key not in metadatas:
+            metadatas[key] = metadata(path, string_arrays)
+        values, names = metadatas[key]
+        return dict(values), names  # a caller may change its dict, never the next caller's
+
+    def load_checkpoint(path: Any, return_tensors: bool = False, **options: Any) -> Any:
+        if return_tensors or options:
+            return checkpoint(path, return_tensors=return_tensors, **options)
+        if os.fspath(path) not in parsed:
+            parsed[os.fspath(path)] = checkpoint(path, return_tensors=False)
+        return copy.deepcopy(parsed[os.fspath(path)])
+
+    put_back: list[tuple[Any, str, Any]] = [(reader, "_mapped", mapped), (utils, "load_gguf_checkpoint", checkpoint)]
+    setattr(reader, "_mapped", in_memory)  # noqa: B010
+    setattr(utils, "load_gguf_checkpoint", load_checkpoint)  # noqa: B010
+    for module in (reader, package, quantizer):
+        if getattr(module, "read_gguf_metadata", None) is metadata:
+            put_back.append((module, "read_gguf_metadata", metadata))
+            setattr(module, "read_gguf_metadata", read_metadata)  # noqa: B010
+    return put_back
 
 
 class _InMemory:

@@ -71,6 +71,7 @@ def test_a_closed_panel_leaves_a_one_line_summary_that_opens_it(harness, qtbot) 
     window.latency.dock.close()
     qtbot.waitUntil(summary.isVisible)
     assert summary.text() == "Latency: no reply yet"
+    assert summary.x() < window.tools_button.x(), "left of the Tools button, at the foot of the window"
     chat(qtbot, window, "Hello")
     window.latency.panel.flush()
     assert summary.text().startswith("Latency: TTFT 0.21 s") and "tok/s" in summary.text(), summary.text()

@@ -106,9 +106,28 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map), "put back afterwards"
     assert reader_module.np is np and isinstance(gguf.GGUFReader(gguf_path).data, np.memmap)
 
+    import transformers.integrations.gguf.reader as tf_reader
+    import transformers.modeling_gguf_pytorch_utils as tf_utils
+
+    before = (tf_reader._mapped, tf_reader.read_gguf_metadata, tf_utils.load_gguf_checkpoint)
+    with gguf_read_once():  # transformers' own reading: memoised, and each caller gets its own copy
+        assert tf_reader.read_gguf_metadata is not before[1]
+        first = tf_utils.load_gguf_checkpoint(str(gguf_path))
+        first["config"]["changed_by_a_caller"] = True
+        assert "changed_by_a_caller" not in tf_utils.load_gguf_checkpoint(str(gguf_path))["config"]
+    assert (tf_reader._mapped, tf_reader.read_gguf_metadata, tf_utils.load_gguf_checkpoint) == before
+
     converted = load_file(converted_dir(gguf_path, lambda _f, _m: None) / "model.safetensors")
     plain = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     expected = plain.state_dict()
     assert set(converted) <= set(expected) and len(converted) >= len(expected) - 1  # tied lm_head saved once
     different = [name for name, tensor in converted.items() if not torch.equal(tensor, expected[name])]
     assert different == []
+
+    from transformers import AutoTokenizer
+
+    mine = AutoTokenizer.from_pretrained(converted_dir(gguf_path, lambda _f, _m: None))
+    theirs = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    assert len(mine) == len(theirs) and mine.chat_template == theirs.chat_template
+    for text in ("Hello, world!", "Ünïcödé  spaces\n\ttabs 12345", "<|im_start|>user\nHi<|im_end|>"):
+        assert mine(text)["input_ids"] == theirs(text)["input_ids"], text

@@ -1,0 +1,92 @@
+"""The README's screenshots of the real window on the bundled model: ``python bench/screenshots.py [OUT_DIR]``.
+
+Opens the window offscreen at its default size (1100x740) on a private data
+folder (holding links to this user's converted models and measured weight
+mode, so it starts as a usual day's start does), with the default settings
+(``quant=auto``), asks two questions, and saves, into ``OUT_DIR`` (default
+``docs/``):
+
+* ``screenshot.png``: the chat with the latency panel beside the second reply;
+* ``screenshot-dark.png``: the same window in the dark theme with the
+  parameters panel in front.
+
+Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+FIRST = "Give me three tips for a good night's sleep."
+SECOND = "Now write them again as a numbered list, then add one more tip."
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "docs"
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    if "BRISK_DATA_DIR" not in os.environ:  # a private folder, with this user's converted models and measured mode
+        from engine.paths import cache_dir
+
+        mine, private = cache_dir(), Path(tempfile.mkdtemp(prefix="brisk-shots-"))
+        if mine.is_dir():
+            shutil.copytree(mine, private / "cache", copy_function=os.link, ignore=shutil.ignore_patterns("*.lock"))
+        os.environ["BRISK_DATA_DIR"] = str(private)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from PySide6.QtWidgets import QApplication
+
+    from app.bridge import EngineBridge
+    from app.window.main_window import MainWindow
+    from engine.api import Done, Loaded
+    from engine.client import local_backend
+    from engine.storage import Settings, Store, database_path
+
+    app = QApplication.instance() or QApplication(sys.argv)
+    settings = Settings(theme="light")
+    window = MainWindow(Store(database_path()), EngineBridge(local_backend()), settings)
+    window.resize(1100, 740)
+    window.show()
+    window.reset_layout()
+    seen: list[object] = []
+    window.bridge.event.connect(seen.append)
+
+    def wait_for(kind: type, count: int = 1, limit_s: float = 600.0) -> None:
+        began = time.monotonic()
+        while sum(isinstance(e, kind) for e in seen) < count:
+            app.processEvents()
+            time.sleep(0.01)
+            if time.monotonic() - began > limit_s:
+                raise TimeoutError(f"no {kind.__name__} within {limit_s:.0f} s")
+
+    window.load_model()
+    wait_for(Loaded)
+    for n, text in enumerate((FIRST, SECOND), start=1):
+        window.send(text)
+        wait_for(Done, n)
+    window.parameters_action.trigger()  # the latency panel's tab in front, the parameters tab beside it
+    window.panel_action.trigger()
+    for _ in range(50):  # the panel's timer and the layout settle
+        app.processEvents()
+        time.sleep(0.01)
+    window.latency.panel.flush()
+    out.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(out / "screenshot.png"))
+    window.apply_settings(dataclasses.replace(window.settings, theme="dark"))
+    window.parameters_action.trigger()
+    for _ in range(50):
+        app.processEvents()
+        time.sleep(0.01)
+    window.grab().save(str(out / "screenshot-dark.png"))
+    print(f"wrote {out / 'screenshot.png'} and {out / 'screenshot-dark.png'}")
+    window.close()
+    window.bridge.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

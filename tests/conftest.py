@@ -46,3 +46,12 @@ def bundled_engine():
     runner = EngineRunner("")
     yield runner
     runner.close()
+
+
+@pytest.fixture
+def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private data folder for one test (settings.json, brisk.db, presets.json): BRISK_DATA_DIR points at it."""
+    data = tmp_path / "brisk-data"
+    data.mkdir()
+    monkeypatch.setenv("BRISK_DATA_DIR", str(data))
+    return data

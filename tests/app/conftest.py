@@ -1,19 +1,10 @@
-"""GUI fixtures: a private data folder per test and the harness over it (``tests/support/gui_harness.py``)."""
+"""GUI fixtures: the harness (``tests/support/gui_harness.py``) over ``brisk_data_dir`` (tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture
-def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private data folder for one test (settings.json, brisk.db); GUI tests use it."""
-    data = tmp_path / "brisk-data"
-    data.mkdir()
-    monkeypatch.setenv("BRISK_DATA_DIR", str(data))
-    return data
 
 
 @pytest.fixture

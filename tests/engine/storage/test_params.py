@@ -15,14 +15,6 @@ from engine.storage import store as store_module
 from engine.storage.params import BUILTIN_PRESETS, Preset, PresetFile
 
 
-@pytest.fixture
-def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "data"
-    folder.mkdir()
-    monkeypatch.setenv("BRISK_DATA_DIR", str(folder))
-    return folder
-
-
 def test_a_chats_own_values_are_kept_and_the_rest_follow_the_settings(tmp_path: Path) -> None:
     path = tmp_path / "brisk.db"
     with Store(path) as store:
@@ -90,7 +82,7 @@ def test_set_params_refuses_what_json_cannot_hold(tmp_path: Path) -> None:
         assert store.get_conversation(cid).params == {}
 
 
-def test_presets_are_saved_replaced_and_deleted(data: Path) -> None:
+def test_presets_are_saved_replaced_and_deleted(brisk_data_dir: Path) -> None:
     presets = PresetFile()
     assert [p.name for p in presets.presets()] == [p.name for p in BUILTIN_PRESETS]
     presets.save(Preset("Terse", "One sentence only.", {"max_tokens": 48, "temperature": 0}))
@@ -103,7 +95,7 @@ def test_presets_are_saved_replaced_and_deleted(data: Path) -> None:
     assert [p for p in PresetFile().presets() if not p.builtin] == []
 
 
-def test_presets_refuse_bad_names_and_values_and_builtins_stay(data: Path) -> None:
+def test_presets_refuse_bad_names_and_values_and_builtins_stay(brisk_data_dir: Path) -> None:
     presets = PresetFile()
     for bad, words in (
         (Preset("  ", "x"), "needs a name"),
@@ -115,21 +107,21 @@ def test_presets_refuse_bad_names_and_values_and_builtins_stay(data: Path) -> No
             presets.save(bad)
     with pytest.raises(ValueError, match="cannot be deleted"):
         presets.delete("Creative writing")
-    assert not (data / "presets.json").exists()
+    assert not (brisk_data_dir / "presets.json").exists()
 
 
-def test_a_damaged_presets_file_is_moved_aside_and_builtins_remain(data: Path) -> None:
-    (data / "presets.json").write_text("{broken")
+def test_a_damaged_presets_file_is_moved_aside_and_builtins_remain(brisk_data_dir: Path) -> None:
+    (brisk_data_dir / "presets.json").write_text("{broken")
     presets = PresetFile()
     assert [p.name for p in presets.presets()] == [p.name for p in BUILTIN_PRESETS]
-    assert (data / "presets.json.bad").read_text() == "{broken"
+    assert (brisk_data_dir / "presets.json.bad").read_text() == "{broken"
     # one bad entry costs only itself
     entries = [{"name": "Good", "system_prompt": "ok", "params": {"top_k": 3}}, {"name": 5}, "junk"]
-    (data / "presets.json").write_text(json.dumps({"version": 1, "presets": entries}))
+    (brisk_data_dir / "presets.json").write_text(json.dumps({"version": 1, "presets": entries}))
     assert [p.name for p in PresetFile().presets() if not p.builtin] == ["Good"]
 
 
-def test_two_windows_saving_at_once_lose_neither_preset(data: Path) -> None:
+def test_two_windows_saving_at_once_lose_neither_preset(brisk_data_dir: Path) -> None:
     errors: list[BaseException] = []
 
     def save(name: str) -> None:

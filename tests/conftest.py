@@ -1,19 +1,23 @@
 """Shared test set-up: offscreen Qt, a private data folder, the tiny and bundled models and engines on them.
 
-GUI fixtures (a data folder per test, the harness) live in ``tests/app/conftest.py``; helpers that tests
-import live in ``tests/support/``.
+``brisk_data_dir`` gives one test a data folder of its own; the GUI harness lives in ``tests/app/conftest.py``;
+helpers that tests import live in ``tests/support/``.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# One data folder per test session, so the bundled model is converted once per run.
+# One data folder per test session, so the bundled model is converted once per run; removed when the run ends
+# (it holds converted and quantized models: about 2 GB a run, which filled the disk after 200 runs).
 os.environ["BRISK_DATA_DIR"] = tempfile.mkdtemp(prefix="brisk-test-")
+atexit.register(shutil.rmtree, os.environ["BRISK_DATA_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 

@@ -63,19 +63,23 @@ def _colours(colours: Sequence[str], outline: bool = True) -> dict[str, object]:
     return {"brushes": [pg.mkBrush(c) for c in colours], "pens": pens}
 
 
+def _colour_plot(plot: pg.PlotItem, colour: str) -> None:
+    """A plot's title and its left and bottom axes (line and labels) in ``colour``."""
+    plot.titleLabel.setText(plot.titleLabel.text, color=colour, size="9pt")
+    for name in ("left", "bottom"):
+        plot.getAxis(name).setPen(colour)
+        plot.getAxis(name).setTextPen(colour)
+
+
 def _style(plot: pg.PlotWidget, title: str, height: int, grid: bool = False) -> None:
-    axis_colour = current().chart_axis
-    plot.setTitle(title, color=axis_colour, size="9pt")
+    plot.setTitle(title, size="9pt")
     plot.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # nothing to do with keys: Tab goes past it
     plot.setMenuEnabled(False)
     plot.setMouseEnabled(x=False, y=False)
     plot.hideButtons()
     plot.setMinimumHeight(height)
     plot.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-    for name in ("left", "bottom"):
-        axis = plot.getAxis(name)
-        axis.setPen(axis_colour)
-        axis.setTextPen(axis_colour)
+    _colour_plot(plot.getPlotItem(), current().chart_axis)
     if grid:  # grid lines are redrawn with the axes: left off the charts that move while a reply streams
         plot.showGrid(x=False, y=True, alpha=0.15)
 
@@ -149,7 +153,6 @@ class TokensChart(pg.PlotWidget):
 class HistoryChart(pg.GraphicsLayoutWidget):
     def __init__(self) -> None:
         super().__init__()
-        axis_colour = current().chart_axis
         self.setBackground(current().chart_bg)
         self.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.setMinimumHeight(200)
@@ -160,13 +163,10 @@ class HistoryChart(pg.GraphicsLayoutWidget):
             plot.setMenuEnabled(False)
             plot.setMouseEnabled(x=False, y=False)
             plot.hideButtons()
-            plot.titleLabel.setText(plot.titleLabel.text, color=axis_colour, size="9pt")
+            _colour_plot(plot, current().chart_axis)
             plot.showGrid(x=False, y=True, alpha=0.15)
-            for name in ("left", "bottom"):
-                plot.getAxis(name).setPen(axis_colour)
-                plot.getAxis(name).setTextPen(axis_colour)
         # the legend has a row of its own under the charts, so it never covers a point
-        self.legend = pg.LegendItem(colCount=1, labelTextColor=axis_colour, labelTextSize="8pt")
+        self.legend = pg.LegendItem(colCount=1, labelTextColor=current().chart_axis, labelTextSize="8pt")
         self.addItem(self.legend, row=2, col=0)
         self.series: dict[str, tuple[pg.ScatterPlotItem, pg.ScatterPlotItem]] = {}
         self.count = 0
@@ -231,9 +231,6 @@ def apply_theme(chart: pg.PlotWidget | HistoryChart) -> None:
     chart.setBackground(theme.chart_bg)
     plots = [chart.ttft, chart.speed] if isinstance(chart, HistoryChart) else [chart.getPlotItem()]
     for plot in plots:
-        plot.titleLabel.setText(plot.titleLabel.text, color=theme.chart_axis, size="9pt")
-        for name in ("left", "bottom"):
-            plot.getAxis(name).setPen(theme.chart_axis)
-            plot.getAxis(name).setTextPen(theme.chart_axis)
+        _colour_plot(plot, theme.chart_axis)
     if isinstance(chart, HistoryChart):
         chart.legend.setLabelTextColor(theme.chart_axis)

@@ -118,10 +118,8 @@ class ChatSession:
         self._require_idle()
         new = self.conversation_id is None
         if new:
-            system = self.settings.system_prompt if self.pending_system is None else self.pending_system
-            self.conversation_id = self.store.create_conversation(
-                make_title(text), system_prompt=system, params=self.pending_params
-            )
+            system, own = self.chat_params()  # what the parameters panel set for the next new chat
+            self.conversation_id = self.store.create_conversation(make_title(text), system_prompt=system, params=own)
             self.pending_system, self.pending_params = None, {}
         conversation_id = self._current()
         untitled = not new and self.store.get_conversation(conversation_id).title == DEFAULT_TITLE

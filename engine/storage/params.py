@@ -28,10 +28,9 @@ from typing import Any
 from engine.api import Sampling
 from engine.datafiles import LockTimeout, StateError, exclusive, load_state
 from engine.paths import atomic_write, data_dir
-from engine.storage.settings import SAMPLING_FIELDS, Settings
+from engine.storage.settings import SAMPLING_FIELDS, Settings, sampling_value
 
 PARAM_FIELDS = SAMPLING_FIELDS  # what a chat or a preset may set: temperature ... stop_repeats
-FLOAT_FIELDS = ("temperature", "top_p", "repetition_penalty")
 PRESETS_FILE = "presets.json"
 PRESETS_VERSION = 1
 NAME_CHARS = 60
@@ -54,11 +53,9 @@ def checked(raw: Mapping[str, Any] | object) -> tuple[dict[str, Any], list[str]]
         if name not in PARAM_FIELDS:
             problems.append(f"{name!r} is not a parameter Brisk knows; it is ignored")
             continue
-        if name in FLOAT_FIELDS and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        found = Sampling(**{name: value}).problems()
-        if found:
-            problems.append(f"{found[0]}; the default is used")
+        value, problem = sampling_value(name, value)
+        if problem:
+            problems.append(f"{problem}; the default is used")
         else:
             good[name] = value
     return good, problems

@@ -44,6 +44,7 @@ SAMPLING_FIELDS = (
     "max_tokens",
     "stop_repeats",
 )
+SAMPLING_FLOATS = ("temperature", "top_p", "repetition_penalty")
 
 
 @dataclass
@@ -122,10 +123,7 @@ class Settings:
             value = getattr(self, f.name)
             fallback = getattr(default, f.name)
             if f.name in SAMPLING_FIELDS:
-                value = float(value) if f.type == "float" and _number(value) else value
-                one: dict[str, Any] = {f.name: value}
-                found = Sampling(**one).problems()  # the one set of sampling rules
-                problem = found[0] if found else None
+                value, problem = sampling_value(f.name, value)
             else:
                 problem = _RULES[f.name](value)
             if problem is None:
@@ -155,6 +153,15 @@ class Settings:
 
     def save(self, path: Path | None = None) -> None:
         atomic_write(path or settings_path(), json.dumps(asdict(self), indent=2))
+
+
+def sampling_value(name: str, value: Any) -> tuple[Any, str | None]:
+    """``value`` for the sampling field ``name`` (a whole number becomes a float where one is asked for) and what
+    is wrong with it, or None, by ``Sampling.problems()``: the one set of sampling rules."""
+    if name in SAMPLING_FLOATS and _number(value):
+        value = float(value)
+    found = Sampling(**{name: value}).problems()
+    return value, found[0] if found else None
 
 
 def _number(value: object) -> bool:

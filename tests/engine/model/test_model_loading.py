@@ -87,6 +87,12 @@ def test_bundled_gguf_is_converted_once(bundled_engine) -> None:  # noqa: ANN001
     assert loaded.load_s > 0  # how fast is the foundation benchmark's business, not a test's
 
 
+def _parse(part: object, types: list[int]) -> object:
+    from transformers.integrations.ggml import _gguf_parse_value
+
+    return _gguf_parse_value(part, list(types))
+
+
 def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) -> None:  # noqa: ANN001
     """``gguf_read_once`` memoises the file's parse and the name maps: the weights must be those of a plain load."""
     import gguf
@@ -97,13 +103,34 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
 
     from engine.model.source import gguf_read_once
 
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    reader, name_map, dequantize = gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize
     gguf_path = bundled_model_path()
     with gguf_read_once():
-        assert gguf.GGUFReader(gguf_path) is gguf.GGUFReader(gguf_path), "parsed once"
-        data = gguf.GGUFReader(gguf_path).data
-        assert not isinstance(data, np.memmap) and data.nbytes == gguf_path.stat().st_size, "read into memory"
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map), "put back afterwards"
+        fast = gguf.GGUFReader(gguf_path)
+        assert fast is gguf.GGUFReader(gguf_path), "parsed once"
+        assert not isinstance(fast.data, np.memmap) and fast.data.nbytes == gguf_path.stat().st_size, "in memory"
+        theirs = reader(gguf_path)  # gguf's own reader: the fast one must give what it gives
+        assert list(fast.fields) == list(theirs.fields)
+        for name, field in theirs.fields.items():
+            mine = fast.fields[name]
+            assert [_parse(mine.parts[i], mine.types) for i in mine.data] == [
+                _parse(field.parts[i], field.types) for i in field.data
+            ], name
+        assert len(fast.tensors) == len(theirs.tensors)
+        for mine, their in zip(fast.tensors, theirs.tensors, strict=True):
+            assert (mine.name, mine.tensor_type, mine.n_bytes, mine.data_offset) == (
+                their.name,
+                their.tensor_type,
+                their.n_bytes,
+                their.data_offset,
+            )
+            assert list(mine.shape) == list(their.shape) and mine.data.dtype == their.data.dtype
+            assert np.array_equal(mine.data, their.data), mine.name
+            # transformers' torch kernels de-quantize to the same float32 values as gguf's numpy ones
+            assert np.array_equal(
+                gguf.dequantize(mine.data, mine.tensor_type), dequantize(their.data, their.tensor_type)
+            )
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize) == (reader, name_map, dequantize), "put back"
     assert reader_module.np is np and isinstance(gguf.GGUFReader(gguf_path).data, np.memmap)
 
     import transformers.integrations.gguf.reader as tf_reader

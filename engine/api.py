@@ -16,6 +16,7 @@ listed here once; the CLI, the settings and the GUI all read them.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
@@ -28,6 +29,34 @@ DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # "repetition": the reply's last tokens were one block said Sampling.stop_repeats times in a row (a loop)
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "context", "cancelled", "repetition")
+# Sampling.format: a reply that matches JSON (any object, or a schema), a regex, one of a list of texts,
+# or a Lark grammar (engine.runtime.grammar); "" is free text
+FORMAT_KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "choice", "lark")
+_FORMAT_FIELD = {"json_schema": "schema", "regex": "pattern", "choice": "choices", "lark": "grammar"}
+
+
+def reply_format(kind: str, value: Any = None) -> str:
+    """``Sampling.format`` for a reply of ``kind`` (one of ``FORMAT_KINDS``): ``value`` is the schema
+    (a dict), the regex, the list of choices or the grammar's text; ``json_object`` takes none.
+    One canonical JSON text per format, so the answer cache keys on it."""
+    if kind not in FORMAT_KINDS:
+        raise ValueError(f"Unknown reply format {kind!r}; choose one of {', '.join(FORMAT_KINDS)}.")
+    spec: dict[str, Any] = {"type": kind}
+    if kind in _FORMAT_FIELD:
+        spec[_FORMAT_FIELD[kind]] = value
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def format_kind(format_json: str) -> str:
+    """The kind of a ``Sampling.format`` ("text" for free text; "" when it is not a format at all)."""
+    if not format_json:
+        return "text"
+    try:
+        spec = json.loads(format_json)
+    except json.JSONDecodeError:
+        return ""
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    return kind if kind in FORMAT_KINDS else ""
 
 
 @dataclass(frozen=True)
@@ -44,6 +73,7 @@ class Sampling:
     # end the reply (finish "repetition") once its last tokens are one block of REPEAT_BLOCK tokens or more
     # said this many times in a row: a loop a small model would keep up to max_tokens.  0: off
     stop_repeats: int = 0
+    format: str = ""  # "" free text, else reply_format(...): the reply is decoded under that grammar
 
     def problems(self) -> list[str]:
         """What is wrong with these values, each said as what to change (empty: all good)."""
@@ -64,6 +94,8 @@ class Sampling:
             out.append(f"stop_repeats must be 0 (off) or a whole number of 2 or more, not {self.stop_repeats!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             out.append("stop strings must not be empty")
+        if not isinstance(self.format, str) or not format_kind(self.format):
+            out.append(f"format must be empty (free text) or made by reply_format(), not {self.format!r}")
         return out
 
 
@@ -201,6 +233,7 @@ class Metrics:
     acceptance: float | None = None
     accepted_per_step: float | None = None
     draft_sources: dict[str, DraftStats] = field(default_factory=dict)
+    forced: int = 0  # reply tokens the format forced (jump-forward: fed with the next step, not chosen by one)
     plain_step_s: float | None = None  # the controller's measured plain decode step
     speedup: float | None = None  # plain_step_s x tokens against the time the reply took
     cache_bytes: int | None = None  # the prefix cache's size after this reply
@@ -308,6 +341,7 @@ class Token(Event):
     text: str = ""
     ids: tuple[int, ...] = ()
     draft: bool = False  # True when the tokens were drafted and accepted
+    forced: bool = False  # True when the reply's format allowed only these tokens (no model step chose them)
 
 
 @dataclass(frozen=True)

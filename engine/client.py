@@ -127,6 +127,14 @@ class Client:
 # the window reaches the engine through engine.api, this module and engine.storage only (pyproject's contracts).
 
 
+def format_problems(format_json: str) -> list[str]:
+    """What is wrong with a reply format (``engine.api.reply_format``): an invalid schema, regex or grammar,
+    in the grammar library's words; empty when it can be used.  Needs no model (imports llguidance)."""
+    from engine.runtime.grammar import format_problems as problems
+
+    return problems(format_json)
+
+
 def machine_report() -> dict[str, Any]:
     """What this machine offers (``brisk doctor``'s facts; imports torch: call it off a GUI thread)."""
     from engine.doctor import report

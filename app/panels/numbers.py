@@ -42,6 +42,7 @@ ROWS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "prompt": ("Prompt tokens", ("prompt_tokens", "cached_tokens")),
     "prefill": ("Prefill", ("prefill_s",)),
     "drafts": ("Drafts (accepted/drafted)", ("drafted", "accepted")),
+    "forced": ("Forced by the reply format", ("forced",)),
     "answer_cache": ("Answer cache", None),
     "tools": ("Tools (wall · saved)", None),
     "cache_session": ("Answer cache, this session", None),
@@ -112,6 +113,11 @@ def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
         out["drafts"] = f"{int(accepted)}/{int(drafted)} ({100 * accepted / drafted:.0f} %)"
     elif _num(numbers, "draft_events"):
         out["drafts"] = f"{int(numbers['draft_events'])} drafted steps so far"
+    forced = _num(numbers, "forced")
+    if forced:
+        tokens_made = _num(numbers, "completion_tokens")
+        share = f" of {int(tokens_made)}" if tokens_made else ""
+        out["forced"] = f"{int(forced)}{share} tokens (no model step of their own)"
     hit = numbers.get("answer_cache")
     if isinstance(hit, str):
         similarity = _num(numbers, "similarity")

@@ -8,6 +8,11 @@ Settings.  Labels of values set for this chat are bold, and the line under the
 form says how many there are; "Use defaults" clears them.  The system prompt is
 sent 600 ms after typing stops, or when the box loses focus.
 
+The reply format (free text, any JSON object, or JSON matching a schema pasted
+or read from a file) is one more value of the chat: a schema that is not JSON,
+or that the grammar library refuses (``check_format``), is said under the box
+in the library's words and not kept.
+
 Presets (``engine.storage.params``): choosing one in the list emits
 ``preset_chosen(name)``; "Save as…" asks for a name and emits
 ``save_requested(name)``; "Delete" emits ``delete_requested(name)`` for a
@@ -18,6 +23,9 @@ window's :class:`~app.window.parameters.ParametersController` does.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
@@ -26,6 +34,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QInputDialog,
@@ -39,9 +48,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.api import format_kind, reply_format
 from engine.storage.params import Preset
 
 CUSTOM = "Custom"
+FORMATS = (("Free text", "text"), ("JSON (any object)", "json_object"), ("JSON matching a schema", "json_schema"))
 FIELD_MIN_WIDTH = 80
 SAVE_DELAY_MS = 600
 LOOP_STOP = 3  # stop_repeats when "End a reply that repeats itself" is on (Settings' default)
@@ -85,6 +96,9 @@ class ParametersPanel(QWidget):
         self.setObjectName("parametersPanel")
         self.defaults: dict[str, Any] = {}
         self.own: dict[str, Any] = {}
+        # what is wrong with a reply format (the window's controller gives the engine's check, which knows
+        # the grammar library's rules); by default only JSON is checked
+        self.check_format: Callable[[str], list[str]] = lambda _format: []
         self._presets: list[Preset] = []
         self._system = ""
         outer = QVBoxLayout(self)
@@ -184,6 +198,8 @@ class ParametersPanel(QWidget):
         seed.editingFinished.connect(self._edited)
         loops.toggled.connect(self._edited)
 
+        self._build_format(column)
+
         self.summary = QLabel()
         self.summary.setObjectName("hint")
         self.summary.setWordWrap(True)
@@ -197,6 +213,96 @@ class ParametersPanel(QWidget):
         column.addLayout(reset_row)
         column.addStretch(1)
 
+    def _build_format(self, column: QVBoxLayout) -> None:
+        """The reply format: free text, any JSON object, or JSON matching a schema pasted or read from a file."""
+        self.format_label = QLabel("Reply format")
+        column.addWidget(self.format_label)
+        self.format_box = QComboBox()
+        for text, kind in FORMATS:
+            self.format_box.addItem(text, kind)
+        self.format_box.setAccessibleName("Reply format")
+        self.format_box.setToolTip(
+            "Free text, or JSON by construction: every token the format does not allow is ruled out, "
+            "and what it allows alone is written without a model step"
+        )
+        self.format_label.setBuddy(self.format_box)
+        self.format_box.activated.connect(self._format_edited)
+        column.addWidget(self.format_box)
+        self.schema_edit = _PromptEdit()
+        self.schema_edit.setAccessibleName("JSON schema")
+        self.schema_edit.setPlaceholderText('Paste a JSON schema, e.g. {"type": "object", "properties": {...}}')
+        self.schema_edit.setMaximumHeight(120)
+        self.schema_edit.setTabChangesFocus(True)
+        self.schema_edit.left.connect(self._format_edited)
+        column.addWidget(self.schema_edit)
+        self.schema_file = QPushButton("Schema from file\u2026")
+        self.schema_file.setToolTip("Read a JSON schema from a .json file")
+        self.schema_file.clicked.connect(self._schema_from_file)
+        file_row = QHBoxLayout()
+        file_row.addWidget(self.schema_file)
+        file_row.addStretch(1)
+        column.addLayout(file_row)
+        self.format_problem = QLabel()
+        self.format_problem.setObjectName("replyError")
+        self.format_problem.setWordWrap(True)
+        self.format_problem.hide()
+        column.addWidget(self.format_problem)
+        self._format = ""  # the format in use (a valid one: what was typed and refused is not kept)
+
+    def _show_format(self, value: str) -> None:
+        self._format = value
+        kind = format_kind(value) or "text"
+        with QSignalBlocker(self.format_box):
+            self.format_box.setCurrentIndex(max(0, self.format_box.findData(kind)))
+        if kind == "json_schema":
+            with QSignalBlocker(self.schema_edit):
+                self.schema_edit.setPlainText(json.dumps(json.loads(value).get("schema"), indent=2))
+        self._format_shown(None)
+
+    def _format_shown(self, problem: str | None) -> None:
+        schema = self.format_box.currentData() == "json_schema"
+        self.schema_edit.setVisible(schema)
+        self.schema_file.setVisible(schema)
+        self.format_problem.setText(problem or "")
+        self.format_problem.setVisible(bool(problem))
+
+    def _format_edited(self, *_args: object) -> None:
+        kind = self.format_box.currentData()
+        value, problem = "", None
+        if kind == "json_object":
+            value = reply_format("json_object")
+        elif kind == "json_schema":
+            text = self.schema_edit.toPlainText().strip()
+            if not text:
+                self._format_shown(None)  # nothing to check yet: the format in use stays until a schema is given
+                return
+            try:
+                schema = json.loads(text)
+            except json.JSONDecodeError as exc:
+                schema, problem = None, f"Not JSON: {exc}"
+            if problem is None and not isinstance(schema, dict):
+                problem = 'A schema is a JSON object, such as {"type": "object", ...}.'
+            if problem is None:
+                value = reply_format("json_schema", schema)
+                found = self.check_format(value)
+                problem = found[0] if found else None
+        self._format_shown(problem)
+        if problem is None and value != self._format:
+            self._format = value
+            self._edited()
+
+    def _schema_from_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "JSON schema", "", "JSON schema (*.json);;All files (*)")
+        if not path:
+            return
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            self._format_shown(f"Cannot read {path}: {exc}")
+            return
+        self.schema_edit.setPlainText(text)
+        self._format_edited()
+
     # -- showing -----------------------------------------------------------------------
     def show_chat(
         self, system_prompt: str, own: dict[str, Any], defaults: dict[str, Any], presets: list[Preset], new: bool
@@ -209,6 +315,7 @@ class ParametersPanel(QWidget):
         with QSignalBlocker(self.system_edit):
             if self.system_edit.toPlainText() != system_prompt:
                 self.system_edit.setPlainText(system_prompt)
+        self._show_format(str(values.get("format") or ""))
         for name, widget in self.fields.items():
             with QSignalBlocker(widget):
                 value = values.get(name)
@@ -227,10 +334,10 @@ class ParametersPanel(QWidget):
             font = label.font()
             font.setBold(name in self.own)
             label.setFont(font)
-        loops = self.fields["stop_repeats"]
-        font = loops.font()
-        font.setBold("stop_repeats" in self.own)
-        loops.setFont(font)
+        for name, widget in (("stop_repeats", self.fields["stop_repeats"]), ("format", self.format_label)):
+            font = widget.font()
+            font.setBold(name in self.own)
+            widget.setFont(font)
         count = len(self.own)
         self.summary.setText(
             "Follows the defaults in Settings."
@@ -273,6 +380,7 @@ class ParametersPanel(QWidget):
                 out[name] = LOOP_STOP if widget.isChecked() else 0
         if out.get("stop_repeats") and self.defaults.get("stop_repeats"):
             out["stop_repeats"] = self.defaults["stop_repeats"]  # on keeps the defaults' count
+        out["format"] = self._format
         return out
 
     def _edited(self, *_args: object) -> None:

@@ -23,6 +23,8 @@ from app.state.config import ReplyConfig
 from app.state.tools import call_record
 from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token, ToolCall, prompt_counts
 
+FORCED = "forced"  # a segment's provenance for text the reply's format forced (True: drafted and accepted)
+
 SEP = " \u00b7 "  # " · "
 
 
@@ -31,7 +33,8 @@ class ReplyState:
     request_id: str
     message_id: int
     conversation_id: str
-    segments: list[tuple[str, bool]] = field(default_factory=list)  # (text, drafted)
+    # (text, provenance): False the model's own, True drafted and accepted, "forced" by the reply's format
+    segments: list[tuple[str, bool | str]] = field(default_factory=list)
     status: str = "streaming"
     finish_reason: str = ""
     truncated: bool = False
@@ -55,7 +58,7 @@ class ReplyState:
     def streaming(self) -> bool:
         return self.status == "streaming"
 
-    def append(self, text: str, draft: bool = False) -> None:
+    def append(self, text: str, draft: bool | str = False) -> None:
         if not text:
             return
         if self.segments and self.segments[-1][1] == draft:
@@ -81,7 +84,7 @@ class ReplyState:
                 self.tokens_at_first = count
             self.last_token_t = event.t
             self.tokens += count
-            self.append(event.text, event.draft)
+            self.append(event.text, FORCED if event.forced else event.draft)
         elif isinstance(event, ToolCall):
             self.tool_calls.append(call_record(event))
         elif isinstance(event, Done):

@@ -4,7 +4,8 @@
 segments, into HTML that ``QLabel``/``QTextDocument`` render well: fenced code
 in a monospace block with a background, inline code tinted, raw HTML from the
 model shown as text (never interpreted).  With ``colour_drafts`` the drafted
-segments get a subtle colour; the markers used for that never break Markdown
+segments get a subtle colour (and text the reply's format forced, ``FORCED``
+segments, a colour of its own); the markers used for that never break Markdown
 structure (fences, headings, list bullets); inside a fenced block the colours
 are the language's (Pygments, where the fence names one), not the drafts'.  An
 unclosed code fence is closed for display, so a half-written block already
@@ -25,11 +26,16 @@ from xml.etree.ElementTree import Element
 import markdown
 from markdown.treeprocessors import Treeprocessor
 
+from app.state.reply import FORCED
+
 DRAFT_COLOUR = "#2f7d6d"
 COPY_LINK = "brisk-copy:"  # + the block's number: a code block's "Copy code" (app.views.chat_delegate)
 COPY_COLOUR = "#4b5563"
 CODE_BG = "#f3f4f6"
 _S, _E = "\ue000", "\ue001"  # private-use markers around drafted text
+_FS, _FE = "\ue002", "\ue003"  # and around text the reply's format forced
+_MARKERS = _S + _E + _FS + _FE
+FORCED_COLOUR = "#7c3aed"
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _RULE = re.compile(r"^\s*(?:[-*_=]\s*){3,}$")
 _PREFIX = re.compile(r"^\s*(?:(?:#{1,6}|>|[*+-]|\d{1,9}[.)])(?:\s+|$))*")
@@ -82,10 +88,10 @@ def _converter(pygments_style: str) -> markdown.Markdown:
 _md = _converter("friendly")
 
 
-def use_colours(draft: str, link: str, code_bg: str, pygments_style: str) -> None:
+def use_colours(draft: str, link: str, code_bg: str, pygments_style: str, forced: str = FORCED_COLOUR) -> None:
     """The colours replies are rendered with from now on (the theme in use: ``app.views.style.apply``)."""
-    global DRAFT_COLOUR, COPY_COLOUR, CODE_BG, _md
-    DRAFT_COLOUR, COPY_COLOUR, CODE_BG = draft, link, code_bg
+    global DRAFT_COLOUR, COPY_COLOUR, CODE_BG, FORCED_COLOUR, _md
+    DRAFT_COLOUR, COPY_COLOUR, CODE_BG, FORCED_COLOUR = draft, link, code_bg, forced
     _md = _converter(pygments_style)
 
 
@@ -95,7 +101,7 @@ def render_user(text: str) -> str:
 
 
 def render_reply(
-    segments: Sequence[tuple[str, bool]] | str,
+    segments: Sequence[tuple[str, bool | str]] | str,
     *,
     colour_drafts: bool = False,
     streaming: bool = False,
@@ -117,7 +123,7 @@ def render_reply(
 def _unmark_code(source: str) -> str:
     """No draft markers inside fenced code: its colours are the language's (Pygments), and a marker would
     split the tokens it colours."""
-    if _S not in source:
+    if not any(marker in source for marker in (_S, _FS)):
         return source
     lines, inside = source.split("\n"), False
     for i, line in enumerate(lines):
@@ -130,18 +136,22 @@ def _unmark_code(source: str) -> str:
 
 
 def _clean(text: str) -> str:
-    return text.replace(_S, "").replace(_E, "")
+    return text.translate(_NO_MARKERS)
 
 
-def _mark(segments: Sequence[tuple[str, bool]]) -> str:
-    """Wrap drafted text in markers, line by line, then lift them off block syntax."""
+_NO_MARKERS = {ord(ch): None for ch in _MARKERS}
+
+
+def _mark(segments: Sequence[tuple[str, bool | str]]) -> str:
+    """Wrap drafted and forced text in their markers, line by line, then lift them off block syntax."""
     pieces: list[str] = []
-    for text, drafted in segments:
+    for text, kind in segments:
         text = _clean(text)
-        if not drafted:
+        if not kind:
             pieces.append(text)
             continue
-        pieces.append("\n".join(f"{_S}{line}{_E}" if line else "" for line in text.split("\n")))
+        start, end = (_FS, _FE) if kind == FORCED else (_S, _E)
+        pieces.append("\n".join(f"{start}{line}{end}" if line else "" for line in text.split("\n")))
     return "\n".join(_fix_line(line) for line in "".join(pieces).split("\n"))
 
 
@@ -153,23 +163,23 @@ def _fix_line(line: str) -> str:
         return clean
     keep = len(_PREFIX.match(clean).group(0))  # type: ignore[union-attr]
     out: list[str] = []
-    seen, inside, opened = 0, False, False
+    seen, inside, opened = 0, "", ""  # the start marker of the run a character is in, and of the one written
     for ch in line:
-        if ch == _S:
-            inside = True
-        elif ch == _E:
-            inside = False
+        if ch in (_S, _FS):
+            inside = ch
+        elif ch in (_E, _FE):
+            inside = ""
             if opened:
-                out.append(_E)
-                opened = False
+                out.append(_E if opened == _S else _FE)
+                opened = ""
         else:
             if seen >= keep and inside and not opened:
-                out.append(_S)
-                opened = True
+                out.append(inside)
+                opened = inside
             out.append(ch)
             seen += 1
     if opened:
-        out.append(_E)
+        out.append(_E if opened == _S else _FE)
     return "".join(out)
 
 
@@ -208,19 +218,21 @@ def _resolve_markers(body: str) -> str:
     """Turn markers into spans; markers inside a tag are dropped and spans stay balanced."""
     out: list[str] = []
     opened = False
+    colours = {_S: DRAFT_COLOUR, _FS: FORCED_COLOUR}
     for i, part in enumerate(_TAG_SPLIT.split(body)):
         if i % 2:  # a tag: a marker here would corrupt it
-            if opened and (_E in part or _BLOCK_END.match(part)):
+            if opened and (_E in part or _FE in part or _BLOCK_END.match(part)):
                 out.append("</span>")
                 opened = False
             out.append(_clean(part))
             continue
         for ch in part:
-            if ch == _S:
-                if not opened:
-                    out.append(f'<span style="color:{DRAFT_COLOUR};">')
-                    opened = True
-            elif ch == _E:
+            if ch in colours:
+                if opened:  # one kind's run right after the other's
+                    out.append("</span>")
+                out.append(f'<span style="color:{colours[ch]};">')
+                opened = True
+            elif ch in (_E, _FE):
                 if opened:
                     out.append("</span>")
                     opened = False

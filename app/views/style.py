@@ -51,6 +51,7 @@ class Theme:
     bubble_border: str
     code_bg: str
     draft: str  # drafted tokens in a reply
+    forced: str  # tokens of a reply that its format forced
     link: str  # a code block's "Copy code"
     badge: str  # the answer-cache badge
     tools_fg: str
@@ -92,6 +93,7 @@ LIGHT = Theme(
     bubble_border="#eceef1",
     code_bg="#f3f4f6",
     draft="#2f7d6d",
+    forced="#6d28d9",
     link="#4b5563",
     badge="#1b67cc",
     tools_fg="#4b5563",
@@ -129,6 +131,7 @@ DARK = Theme(
     bubble_border="#34373c",
     code_bg="#2b2d31",
     draft="#5eead4",
+    forced="#c4b5fd",
     link="#a1a1aa",
     badge="#7cb1ff",
     tools_fg="#b4b8bf",
@@ -265,7 +268,7 @@ def apply(theme: Theme, window: QWidget | None = None) -> None:
     """Make ``theme`` the one in use: the application's palette, and ``window``'s stylesheet."""
     global _current
     _current = theme
-    markdown_render.use_colours(theme.draft, theme.link, theme.code_bg, theme.pygments)
+    markdown_render.use_colours(theme.draft, theme.link, theme.code_bg, theme.pygments, theme.forced)
     app = QApplication.instance()
     if isinstance(app, QApplication):
         app.setPalette(palette(theme))

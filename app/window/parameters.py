@@ -18,6 +18,7 @@ from typing import Any
 from PySide6.QtCore import QObject
 
 from app.panels.parameters import ParametersPanel
+from engine import client
 from engine.storage import StoreError, params
 from engine.storage.params import PresetFile
 
@@ -30,6 +31,7 @@ class ParametersController(QObject):
         self.window = window
         self.presets = presets or PresetFile()
         self.panel = ParametersPanel()
+        self.panel.check_format = client.format_problems  # the grammar library's rules, before any reply
         self.dock = window.add_panel(TITLE, self.panel)
         self.panel.changed.connect(self._changed)
         self.panel.preset_chosen.connect(self.apply_preset)

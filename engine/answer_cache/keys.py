@@ -109,6 +109,8 @@ def sampling_dict(sampling: Sampling | Mapping[str, Any] | None) -> dict[str, An
     values = dict(asdict(sampling) if isinstance(sampling, Sampling) else dict(sampling or asdict(Sampling())))
     if not values.get("stop_repeats"):  # off: the keys answers were kept under before the field existed
         values.pop("stop_repeats", None)
+    if not values.get("format"):  # free text: likewise; a format keys the answer (a JSON reply is another reply)
+        values.pop("format", None)
     if "stop" in values:
         values["stop"] = list(values["stop"])
     if float(values.get("temperature", 0.0)) == 0.0:

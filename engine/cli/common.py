@@ -45,8 +45,10 @@ from engine.api import (
     ToolCall,
     Warning,
     prompt_counts,
+    reply_format,
 )
 from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems, is_remote
+from engine.client import format_problems
 from engine.paths import settings_path
 from engine.safe_read import NotRegularFile, read_regular
 from engine.storage import Settings
@@ -85,6 +87,12 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repetition-penalty", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    shape = parser.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", default=None, help="reply as JSON matching this schema: a FILE or the JSON")
+    shape.add_argument("--json-object", action="store_true", help="reply as one JSON object (any keys)")
+    shape.add_argument("--regex", default=None, help="reply with text matching this regular expression")
+    shape.add_argument("--choice", default=None, help="reply with exactly one of these comma-separated texts")
+    shape.add_argument("--grammar", default=None, help="reply in this Lark grammar: a FILE or the grammar's text")
     parser.add_argument("--no-prefix-cache", action="store_true", help="turn KV/prefix caching off")
     parser.add_argument(
         "--speculative",
@@ -183,7 +191,46 @@ def sampling_from(args: argparse.Namespace, settings: Settings) -> Sampling:
     flags = ("temperature", "top_p", "top_k", "repetition_penalty", "seed", "max_tokens")
     given = {name: value for name in flags if (value := getattr(args, name, None)) is not None}
     base = dataclasses.replace(settings.sampling(), temperature=0.0, seed=None)
-    return dataclasses.replace(base, **given, stop=tuple(getattr(args, "stop", None) or ()))
+    return dataclasses.replace(base, **given, stop=tuple(getattr(args, "stop", None) or ()), format=format_from(args))
+
+
+def format_from(args: argparse.Namespace) -> str:
+    """``Sampling.format`` from ``--json-schema``/``--json-object``/``--regex``/``--choice``/``--grammar``
+    ("" for free text); raises :class:`InputError` for a schema file or text that is not JSON."""
+    if getattr(args, "json_object", False):
+        return reply_format("json_object")
+    if getattr(args, "regex", None) is not None:
+        return reply_format("regex", args.regex)
+    if getattr(args, "choice", None) is not None:
+        return reply_format("choice", [c.strip() for c in args.choice.split(",") if c.strip()])
+    if getattr(args, "grammar", None) is not None:
+        return reply_format("lark", _file_or_text(args.grammar, "--grammar"))
+    if getattr(args, "json_schema", None) is None:
+        return ""
+    text = _file_or_text(args.json_schema, "--json-schema")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--json-schema: not a JSON schema ({exc}); give a file or the schema's JSON.") from None
+    if not isinstance(schema, dict):
+        raise InputError('--json-schema: a schema is a JSON object, such as {"type": "object", ...}.')
+    return reply_format("json_schema", schema)
+
+
+def _file_or_text(value: str, flag: str) -> str:
+    """The text of the file ``value`` names, or ``value`` itself (a schema must be JSON text or a file)."""
+    stripped = value.strip()
+    if stripped.startswith(("{", "[")) or "\n" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"{flag}: cannot read {path} ({exc}).") from None
+    if flag == "--json-schema":
+        raise InputError(f"{flag}: no such file: {path} (give a file or the schema's JSON).")
+    return value
 
 
 def flag_problems(sampling: Sampling) -> list[str]:
@@ -198,7 +245,13 @@ def flag_problems(sampling: Sampling) -> list[str]:
 
 def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
     """Everything wrong with the command line's values, each said as what to change (empty: all good)."""
-    problems = flag_problems(sampling_from(args, settings))
+    try:
+        sampling = sampling_from(args, settings)
+    except InputError as exc:
+        return [str(exc), *backend_problems(args)]
+    problems = flag_problems(sampling)
+    if sampling.format:
+        problems.extend(format_problems(sampling.format))
     for flag, choices in (("--quant", QUANT_CHOICES), ("--draft-quant", QUANT_MODES)):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None and value not in choices:

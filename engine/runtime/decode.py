@@ -25,13 +25,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, repeats
+from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, Warning, repeats
 from engine.model.kv import KVState
 from engine.runtime import sampling
 from engine.runtime.detokenize import StreamText
+from engine.runtime.grammar import compile_format
 from engine.runtime.reply_metrics import ReplyMeter
 from engine.runtime.speculative import Controller, Drafter
-from engine.runtime.steps import Prefilled, generate_steps
+from engine.runtime.steps import FORCED, Prefilled, generate_steps
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Decoder:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.controller = Controller()  # learns across requests: plain step time, draft lengths
+        config = getattr(model, "config", None)
+        self.vocab_size = int(getattr(config, "vocab_size", 0) or len(tokenizer))  # the logits' width
 
     def stream(
         self,
@@ -61,9 +64,13 @@ class Decoder:
         t0: float,
         drafters: Sequence[Drafter] = (),
         context: int | None = None,
-    ) -> Iterator[Event | DecodeResult]:
+    ) -> Iterator[Event | Warning | DecodeResult]:
         """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``."""
         cached = len(state)
+        # a format that cannot be used is refused here, before any model step (FormatError, a ValueError)
+        grammar = (
+            compile_format(params.format, self.tokenizer, self.vocab_size, self.eos_ids) if params.format else None
+        )
         text = StreamText(self.tokenizer, params.stop)
         meter = ReplyMeter(t0)
         steps = generate_steps(
@@ -75,6 +82,7 @@ class Decoder:
             controller=self.controller,
             drafters=drafters,
             context=context,
+            grammar=grammar,
         )
         generated: list[int] = []
         pending: list[int] = []  # ids whose text is not final yet
@@ -95,7 +103,8 @@ class Decoder:
                         meter.token()
                         delta = text.add([token])
                         if delta:
-                            yield Token(request_id, time.perf_counter() - t0, delta, tuple(pending), source is not None)
+                            drafted, forced = source not in (None, FORCED), source == FORCED
+                            yield Token(request_id, time.perf_counter() - t0, delta, tuple(pending), drafted, forced)
                             pending.clear()
                         if text.stopped or len(generated) >= params.max_tokens:
                             finish = "stop" if text.stopped else "length"
@@ -113,6 +122,12 @@ class Decoder:
         tail = text.flush()
         if tail or pending:
             yield Token(request_id, time.perf_counter() - t0, tail, tuple(pending))
+        if grammar is not None and finish in ("length", "context", "repetition") and not grammar.complete:
+            yield Warning(
+                "format",
+                f"The reply ended ({finish}) before its format was complete: the output is incomplete. "
+                "Raise max tokens, or ask for less.",
+            )
         metrics = meter.metrics(len(prompt), cached, self.controller, bool(drafters))
         # the steps run out only when the model's context is full
         yield DecodeResult(text.text, finish or "context", metrics, generated)
@@ -123,7 +138,7 @@ class Decoder:
         prompt: list[int],
         state: KVState,
         params: Sampling,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event | Warning], None],
         cancelled: Callable[[], bool],
         t0: float,
         drafters: Sequence[Drafter] = (),

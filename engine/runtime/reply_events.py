@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.api import Done, Error, Event, Started, Token
+from engine.api import Done, Error, Event, Started, Token, Warning
 
 
 class Race:
@@ -58,7 +58,7 @@ class ReplyEvents:
     def since(self) -> float:
         return time.perf_counter() - self.t0
 
-    def emit(self, event: Event) -> None:
+    def emit(self, event: Event | Warning) -> None:
         if self.ended:
             return
         if self.race is not None:
@@ -74,7 +74,7 @@ class ReplyEvents:
             return
         self._send(event)
 
-    def _send(self, event: Event) -> None:
+    def _send(self, event: Event | Warning) -> None:
         if isinstance(event, Token):
             self.text.append(event.text)
         self.ended = isinstance(event, Done | Error)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from engine.api import DraftStats, Metrics, Span
 from engine.runtime.speculative import Controller
-from engine.runtime.steps import Prefilled, Step
+from engine.runtime.steps import FORCED, Prefilled, Step
 
 
 @dataclass
@@ -32,6 +32,7 @@ class ReplyMeter:
     token_times: list[float] = field(default_factory=list)  # since t0, one per reply token
     step_tokens: list[list[float]] = field(default_factory=list)  # the token times, grouped by the step that made them
     sources: dict[str, DraftStats] = field(default_factory=dict)
+    forced: int = 0  # tokens the format forced and the model confirmed
 
     def prefilled(self, item: Prefilled) -> None:
         self.prefill_s = (self.prefill_s or 0.0) + item.seconds
@@ -47,7 +48,9 @@ class ReplyMeter:
         self.step_tokens.append([])
         if self.first_s is None:
             self.first_s = time.perf_counter() - self.t0
-        if step.source is not None:
+        if step.source == FORCED:
+            self.forced += step.accepted
+        elif step.source is not None:
             s = self.sources.get(step.source, DraftStats())
             self.sources[step.source] = DraftStats(s.drafted + step.drafted, s.accepted + step.accepted, s.steps + 1)
 
@@ -85,6 +88,7 @@ class ReplyMeter:
             acceptance=accepted / drafted if drafted else None,
             accepted_per_step=accepted / steps if steps else None,
             draft_sources=dict(self.sources),
+            forced=self.forced,
             plain_step_s=plain if speedup is not None else None,
             speedup=speedup,
         )

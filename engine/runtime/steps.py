@@ -31,10 +31,12 @@ import torch
 from engine.api import Sampling
 from engine.model.kv import KVState, forward
 from engine.runtime import sampling
+from engine.runtime.grammar import Grammar
 from engine.runtime.speculative import Controller, Drafter, verify
 from engine.runtime.threads import observe_step
 
 PREFILL_CHUNK = 256
+FORCED = "forced"  # a Step's source for tokens the reply's format allowed as the only continuation
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,14 @@ def generate_steps(
     controller: Controller,
     drafters: Sequence[Drafter] = (),
     context: int | None = None,
+    grammar: Grammar | None = None,
 ) -> Generator[Prefilled | Step, None, None]:
-    """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full."""
+    """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full.
+
+    With a ``grammar`` (``engine.runtime.grammar``) every row sampled from is masked to what it allows,
+    the tokens it forces are fed with the next step as drafts of source ``FORCED`` (a model step saved
+    each time all stand; checked like any draft, so the reply equals the one without them), and other
+    drafts are cut at the first token it rejects."""
     start = len(state)
     assert start < len(prompt) and state.tokens == prompt[:start], "state must hold a strict prefix of the prompt"
     limit = context or 1 << 62  # positions the model can hold
@@ -97,7 +105,9 @@ def generate_steps(
     generated: list[int] = []  # every token yielded so far; the consumer reads them in order
 
     t = time.perf_counter()
-    token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
+    token = sampling.pick(_row(logits[-1], grammar), params, _history(prompt, generated, params), generator)
+    if grammar is not None:
+        grammar.accept([token])
     generated.append(token)
     yield Step((token,), seconds=time.perf_counter() - t)
 
@@ -106,26 +116,60 @@ def generate_steps(
     while len(prompt) + len(generated) < limit:
         room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
         t_draft = time.perf_counter()  # a step's time includes making its drafts, or failing to
-        drafts, probs, source = _draft(drafters, controller, prompt + generated, room, params)
+        drafts, probs, source = _constrained_drafts(grammar, drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
         logits = forward(model, state, [token, *drafts], all_logits=bool(drafts), decode=True)
         if drafts:
             assert source is not None
+            if grammar is not None:
+                logits = grammar.masks_along(logits, drafts)
             accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
             seconds = time.perf_counter() - t_draft
-            controller.record(source, len(drafts), accepted, seconds)
+            if source != FORCED:  # forced tokens are the format's, not a drafter's to learn from
+                controller.record(source, len(drafts), accepted, seconds)
             ids = (*drafts[:accepted], token)
+            if grammar is not None:
+                grammar.accept(ids)
             generated.extend(ids)
             yield Step(ids, source, len(drafts), seconds)
         else:
-            token = sampling.pick(logits[-1], params, _history(prompt, generated, params), generator)
+            row = _row(logits[-1], grammar)
+            token = sampling.pick(row, params, _history(prompt, generated, params), generator)
             now = time.perf_counter()
             seconds = now - t
             controller.record_plain(seconds)  # the model's own step: what drafting is weighed against
             observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
+            if grammar is not None:
+                grammar.accept([token])
             generated.append(token)
             yield Step((token,), seconds=now - t_draft)
+
+
+def _row(logits: torch.Tensor, grammar: Grammar | None) -> torch.Tensor:
+    return logits if grammar is None else grammar.masked(logits)
+
+
+def _constrained_drafts(
+    grammar: Grammar | None,
+    drafters: Sequence[Drafter],
+    controller: Controller,
+    context: list[int],
+    room: int,
+    params: Sampling,
+) -> tuple[list[int], torch.Tensor | None, str | None]:
+    """What to feed with the next step: the format's forced tokens, else drafts cut to what it accepts."""
+    if grammar is not None and room > 0:
+        forced = grammar.forced()[:room]
+        if forced:
+            return forced, None, FORCED
+    drafts, probs, source = _draft(drafters, controller, context, room, params)
+    if grammar is None or not drafts:
+        return drafts, probs, source
+    keep = grammar.valid_prefix(drafts)
+    if not keep:
+        return [], None, None
+    return drafts[:keep], probs[:keep] if probs is not None else None, source
 
 
 def _draft(

@@ -30,7 +30,9 @@ from engine.datafiles import LockTimeout, StateError, exclusive, load_state
 from engine.paths import atomic_write, data_dir
 from engine.storage.settings import SAMPLING_FIELDS, Settings, sampling_value
 
-PARAM_FIELDS = SAMPLING_FIELDS  # what a chat or a preset may set: temperature ... stop_repeats
+# what a chat or a preset may set: temperature ... stop_repeats, and the reply's format (a chat's own, never a
+# setting: "" free text, else engine.api.reply_format's JSON text)
+PARAM_FIELDS = (*SAMPLING_FIELDS, "format")
 PRESETS_FILE = "presets.json"
 PRESETS_VERSION = 1
 NAME_CHARS = 60
@@ -40,7 +42,7 @@ PROMPT_CHARS = 20_000
 
 def defaults(settings: Settings) -> dict[str, Any]:
     """The sampling values a chat with none of its own uses: the settings'."""
-    return {name: getattr(settings, name) for name in PARAM_FIELDS}
+    return {name: getattr(settings, name) for name in SAMPLING_FIELDS} | {"format": ""}
 
 
 def checked(raw: Mapping[str, Any] | object) -> tuple[dict[str, Any], list[str]]:

@@ -176,6 +176,7 @@ def test_text_colours_are_readable_in_both_themes(theme: str) -> None:
             assert contrast(getattr(t, name), background) >= 4.5, (theme, name, background)
     assert contrast(t.stop_fg, t.stop_bg) >= 4.5 and contrast("#ffffff", t.accent) >= 4.5  # Send, Stop
     assert contrast(t.draft, t.window) >= 3.0  # drafted tokens: a tint on text, told apart, still readable
+    assert contrast(t.forced, t.window) >= 4.5  # tokens the reply's format forced: likewise, and readable as text
     sheet = stylesheet(t)
     assert ":focus" in sheet and "QPushButton:focus" in sheet and "{" in sheet and "t." not in sheet
 

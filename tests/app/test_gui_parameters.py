@@ -121,6 +121,45 @@ def test_presets_apply_save_and_delete(harness, qtbot, brisk_data_dir: Path) -> 
     assert panel.preset_box.currentText() == CUSTOM
 
 
+def test_a_chat_can_ask_for_json_replies_and_a_broken_schema_is_said_not_kept(harness, qtbot) -> None:  # noqa: ANN001
+    import json
+
+    from engine.api import format_kind, reply_format
+
+    window = harness.open(size=(1100, 740))
+    panel = window.parameters.panel
+    assert panel.format_box.currentText() == "Free text" and not panel.schema_edit.isVisible()
+    panel.format_box.setCurrentIndex(panel.format_box.findData("json_schema"))
+    panel.format_box.activated.emit(panel.format_box.currentIndex())
+    assert panel.schema_edit.isVisible() and panel.schema_file.isVisible()
+    panel.schema_edit.setPlainText('{"type": "object", "properties": {"city": {"type": "strin')  # cut short
+    panel.schema_edit.left.emit()
+    assert panel.format_problem.isVisible() and "Not JSON" in panel.format_problem.text()
+    assert "format" not in panel.own  # nothing unusable is kept
+    panel.schema_edit.setPlainText('{"type": "object", "properties": {"city": {"type": "strin"}}}')
+    panel.schema_edit.left.emit()  # JSON, but the grammar library refuses it: its words are shown
+    assert panel.format_problem.isVisible() and "strin" in panel.format_problem.text()
+    assert "format" not in panel.own
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    panel.schema_edit.setPlainText(json.dumps(schema))
+    panel.schema_edit.left.emit()
+    assert not panel.format_problem.isVisible()
+    assert panel.own["format"] == reply_format("json_schema", schema) and panel.format_label.font().bold()
+    conversation = chat(qtbot, window, "A city, please")
+    assert fake(window).requests[-1].sampling.format == reply_format("json_schema", schema)
+    assert window.store.get_conversation(conversation).params["format"] == reply_format("json_schema", schema)
+
+    window.new_chat()  # a new chat writes free text again; the JSON chat keeps its schema
+    assert panel.format_box.currentText() == "Free text" and "format" not in panel.own
+    chat(qtbot, window, "Just talk")
+    assert fake(window).requests[-1].sampling.format == ""
+    window.open_conversation(conversation)
+    assert format_kind(panel.own["format"]) == "json_schema" and json.loads(panel.schema_edit.toPlainText()) == schema
+    panel.format_box.setCurrentIndex(panel.format_box.findData("json_object"))
+    panel.format_box.activated.emit(panel.format_box.currentIndex())
+    assert not panel.schema_edit.isVisible() and panel.own["format"] == reply_format("json_object")
+
+
 def test_the_view_menu_brings_the_parameters_tab_forward_and_the_chat_keeps_its_share(harness, qtbot) -> None:  # noqa: ANN001
     window = harness.open(size=(1100, 740))
     window.reset_layout()

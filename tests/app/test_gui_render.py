@@ -88,6 +88,22 @@ def test_drafted_tokens_are_coloured_when_enabled(qtbot: QtBot, harness: Harness
     assert DRAFT_COLOUR not in last_bubble(window).content.text()
 
 
+def test_forced_tokens_have_their_own_colour(qtbot: QtBot, harness: Harness) -> None:
+    from app.views import markdown_render
+
+    window = harness.open()
+    fake(window).draft_every, fake(window).forced_every = 2, 3  # "Hello", " there"=draft, ","=forced, ...
+    chat(qtbot, window, "Hi")
+    shown = last_bubble(window).content.text()
+    assert markdown_render.FORCED_COLOUR in shown and markdown_render.DRAFT_COLOUR in shown
+    assert markdown_render.FORCED_COLOUR != markdown_render.DRAFT_COLOUR
+    # one run of each kind right after the other stays balanced, and block syntax keeps no marker
+    html = markdown_render.render_reply(
+        [("# Title ", False), ("here", "forced"), ("\n- item ", True), ("one", "forced")], colour_drafts=True
+    )
+    assert html.count("<span") == html.count("</span>") == 3 and "<h1>" in html and "<li>" in html
+
+
 def test_fast_streams_are_throttled(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
     engine = fake(window)

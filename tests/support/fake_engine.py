@@ -7,7 +7,7 @@ thread; ``load``/``submit``/``cancel`` return at once and the worker calls
 thread.  The script is plain attributes set by the test:
 
 * ``tokens``: the text deltas of every reply; ``draft_every``: mark every n-th
-  token as drafted (0: none);
+  token as drafted (0: none); ``forced_every``: likewise as forced by the reply's format;
 * ``hold_after``: after that many tokens the stream waits until
   :meth:`release` (or a cancel), so a test can look at a reply mid-way;
 * ``fail_with``: end each reply with ``Error(message)`` instead of ``Done``;
@@ -75,6 +75,7 @@ class FakeEngine:
         self.on_event = on_event
         self.tokens: list[str] = ["Hello", " there", ",", " friend", "."]
         self.draft_every = 0
+        self.forced_every = 0
         self.token_pause = 0.002
         self.hold_after: int | None = None
         self.fail_with: str | None = None
@@ -168,7 +169,8 @@ class FakeEngine:
             if self._cancelled(request.id):
                 break
             draft = bool(self.draft_every) and n % self.draft_every == 0
-            self.on_event(Token(request.id, since(), delta, (n,), draft))
+            forced = bool(self.forced_every) and n % self.forced_every == 0
+            self.on_event(Token(request.id, since(), delta, (n,), draft, forced))
             text += delta
             if self.hold_after is not None and n == self.hold_after:
                 self.held.set()

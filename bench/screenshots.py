@@ -8,7 +8,10 @@ mode, so it starts as a usual day's start does), with the default settings
 
 * ``screenshot.png``: the chat with the latency panel beside the second reply;
 * ``screenshot-dark.png``: the same window in the dark theme with the
-  parameters panel in front.
+  parameters panel in front;
+* ``screenshot-json-parameters.png`` and ``screenshot-json.png``: a new chat
+  whose reply format is a JSON schema (city and country), with the parameters
+  panel, then the latency panel (forced tokens) in front.
 
 Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
 """
@@ -16,6 +19,7 @@ Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -25,6 +29,13 @@ from pathlib import Path
 
 FIRST = "Give me three tips for a good night's sleep."
 SECOND = "Now write them again as a numbered list, then add one more tip."
+JSON_QUESTION = "Give me a city and its country"
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+    "additionalProperties": False,
+}
 
 
 def main(argv: list[str]) -> int:
@@ -82,7 +93,27 @@ def main(argv: list[str]) -> int:
         app.processEvents()
         time.sleep(0.01)
     window.grab().save(str(out / "screenshot-dark.png"))
-    print(f"wrote {out / 'screenshot.png'} and {out / 'screenshot-dark.png'}")
+
+    window.apply_settings(dataclasses.replace(window.settings, theme="light"))  # a chat that replies in JSON
+    window.new_chat()
+    panel = window.parameters.panel
+    panel.format_box.setCurrentIndex(panel.format_box.findData("json_schema"))
+    panel.format_box.activated.emit(panel.format_box.currentIndex())
+    panel.schema_edit.setPlainText(json.dumps(CITY_SCHEMA, indent=2))
+    panel.schema_edit.left.emit()
+    window.send(JSON_QUESTION)
+    wait_for(Done, 3)
+    for _ in range(50):
+        app.processEvents()
+        time.sleep(0.01)
+    window.grab().save(str(out / "screenshot-json-parameters.png"))
+    window.panel_action.trigger()
+    for _ in range(50):
+        app.processEvents()
+        time.sleep(0.01)
+    window.latency.panel.flush()
+    window.grab().save(str(out / "screenshot-json.png"))
+    print(f"wrote screenshot.png, screenshot-dark.png, screenshot-json.png and screenshot-json-parameters.png in {out}")
     window.close()
     window.bridge.shutdown()
     return 0

@@ -38,13 +38,14 @@ _FORMAT_FIELD = {"json_schema": "schema", "regex": "pattern", "choice": "choices
 def reply_format(kind: str, value: Any = None) -> str:
     """``Sampling.format`` for a reply of ``kind`` (one of ``FORMAT_KINDS``): ``value`` is the schema
     (a dict), the regex, the list of choices or the grammar's text; ``json_object`` takes none.
-    One canonical JSON text per format, so the answer cache keys on it."""
+    One JSON text per format, so the answer cache keys on it.  A schema's keys keep their order: the
+    order of ``properties`` is the order the reply writes them in."""
     if kind not in FORMAT_KINDS:
         raise ValueError(f"Unknown reply format {kind!r}; choose one of {', '.join(FORMAT_KINDS)}.")
     spec: dict[str, Any] = {"type": kind}
     if kind in _FORMAT_FIELD:
         spec[_FORMAT_FIELD[kind]] = value
-    return json.dumps(spec, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(spec, separators=(",", ":"), ensure_ascii=False)
 
 
 def format_kind(format_json: str) -> str:

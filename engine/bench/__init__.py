@@ -7,7 +7,8 @@ prefix cache: a long shared system prompt, and a 10-turn chat), ``speculative``
 mode's speed and agreement), ``answer-cache`` (hit and miss times, false
 hits), ``decode`` (each mode against the memory-bandwidth limit, threads under
 load), ``versus`` (Brisk as installed against ``--peer``: story and grounded
-decode, long-system-prompt TTFT), ``all``.  Variants are compared side by side in one run; we report
+decode, long-system-prompt TTFT), ``structured`` (JSON by construction against JSON by asking:
+valid rate, time, forced tokens), ``all``.  Variants are compared side by side in one run; we report
 medians.  Each scenario lives in a module of its own.
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
@@ -42,6 +43,7 @@ SCENARIOS: dict[str, str] = {
     "answer-cache": "engine.bench.answer_cache",
     "decode": "engine.bench.decode",
     "versus": "engine.bench.versus",
+    "structured": "engine.bench.structured",
 }
 
 

@@ -51,9 +51,9 @@ class Runner:
     Each ``ask`` names its speculative source, so a table says which decode it measured.
     """
 
-    def __init__(self, model: str | None, dtype: str | None = None, draft: str = "") -> None:
+    def __init__(self, model: str | None, dtype: str | None = None, draft: str = "", quant: str = "none") -> None:
         self.client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
-        self.loaded = self.client.load(ModelSpec(source=model or "", dtype=dtype or "auto", draft=draft))
+        self.loaded = self.client.load(ModelSpec(source=model or "", dtype=dtype or "auto", draft=draft, quant=quant))
         self.model = self.client.backend.loaded  # type: ignore[attr-defined]  # the engine's LoadedModel
         assert self.model is not None
 

@@ -29,7 +29,7 @@ from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, Warning
 from engine.model.kv import KVState
 from engine.runtime import sampling
 from engine.runtime.detokenize import StreamText
-from engine.runtime.grammar import compile_format
+from engine.runtime.grammar import FormatError, Grammar, ToolCalls, compile_format, compile_tool_calls
 from engine.runtime.reply_metrics import ReplyMeter
 from engine.runtime.speculative import Controller, Drafter
 from engine.runtime.steps import FORCED, Prefilled, generate_steps
@@ -64,13 +64,22 @@ class Decoder:
         t0: float,
         drafters: Sequence[Drafter] = (),
         context: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> Iterator[Event | Warning | DecodeResult]:
-        """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``."""
+        """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``.
+
+        ``tools`` (the enabled tools' schemas, when the reply has no format of its own): a tool call the
+        model opens is written under the tools' schemas (``engine.runtime.grammar.ToolCalls``)."""
         cached = len(state)
         # a format that cannot be used is refused here, before any model step (FormatError, a ValueError)
-        grammar = (
-            compile_format(params.format, self.tokenizer, self.vocab_size, self.eos_ids) if params.format else None
-        )
+        grammar: Grammar | ToolCalls | None = None
+        if params.format:
+            grammar = compile_format(params.format, self.tokenizer, self.vocab_size, self.eos_ids)
+        elif tools:
+            try:
+                grammar = compile_tool_calls(tools, self.tokenizer, self.vocab_size, self.eos_ids)
+            except FormatError as exc:  # the calls are parsed and checked afterwards, as without a grammar
+                yield Warning("tools", f"Tool calls are not held to their schemas in this reply: {exc}")
         text = StreamText(self.tokenizer, params.stop)
         meter = ReplyMeter(t0)
         steps = generate_steps(
@@ -122,7 +131,12 @@ class Decoder:
         tail = text.flush()
         if tail or pending:
             yield Token(request_id, time.perf_counter() - t0, tail, tuple(pending))
-        if grammar is not None and finish in ("length", "context", "repetition") and not grammar.complete:
+        if (
+            params.format
+            and grammar is not None
+            and finish in ("length", "context", "repetition")
+            and not grammar.complete
+        ):
             yield Warning(
                 "format",
                 f"The reply ended ({finish}) before its format was complete: the output is incomplete. "
@@ -143,9 +157,10 @@ class Decoder:
         t0: float,
         drafters: Sequence[Drafter] = (),
         context: int | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> DecodeResult:
         """:meth:`stream`, with its events sent to ``emit``; returns the result."""
-        for item in self.stream(request_id, prompt, state, params, cancelled, t0, drafters, context):
+        for item in self.stream(request_id, prompt, state, params, cancelled, t0, drafters, context, tools):
             if isinstance(item, DecodeResult):
                 return item
             emit(item)

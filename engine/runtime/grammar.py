@@ -30,6 +30,7 @@ import json
 import re
 import threading
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.api import FORMAT_KINDS
@@ -193,6 +194,10 @@ class Grammar:
         """How many of ``drafts``, from the first, the grammar accepts (nothing is consumed)."""
         return int(self._matcher.validate_tokens(drafts)) if drafts else 0
 
+    def copy(self) -> Grammar:
+        """An independent grammar in the same state (for looking ahead through drafts)."""
+        return Grammar(self._matcher.deep_copy(), self._vocab)
+
     def forced(self) -> list[int]:
         """The tokens the grammar allows as the only continuation now (empty when there is a choice)."""
         if not JUMP_FORWARD or self._matcher.is_stopped():
@@ -211,3 +216,110 @@ class Grammar:
     def complete(self) -> bool:
         """Whether the reply so far is a whole match of the format (it may end here)."""
         return bool(self._matcher.is_accepting() or self._matcher.is_stopped())
+
+
+OPEN_CALL, CLOSE_CALL = "<tool_call>", "</tool_call>"  # the Hermes/Qwen tool-call markers the prompt asks for
+_TAIL = 16  # reply tokens kept to spot the opening marker (it is five tokens in SmolLM2's vocabulary)
+
+
+def tool_call_grammar(schemas: list[dict[str, Any]]) -> str:
+    """The Lark grammar of one tool call after ``<tool_call>``: a JSON object naming one of the enabled tools
+    with arguments under that tool's schema, then ``</tool_call>``."""
+    calls = []
+    for schema in schemas:
+        function = schema.get("function", schema)
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": function["name"]},
+                    "arguments": function.get("parameters") or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    call: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    call = {**call, "x-guidance": JSON_DEFAULTS}
+    return f'start: "\\n"? call "\\n"? "{CLOSE_CALL}"\ncall: %json {json.dumps(call)}\n'
+
+
+def compile_tool_calls(
+    schemas: list[dict[str, Any]], tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]
+) -> ToolCalls:
+    """A :class:`ToolCalls` for a reply that may call these tools (raises :class:`FormatError` for a tool
+    schema the library cannot use)."""
+    import llguidance
+
+    lltok = ll_tokenizer(tokenizer, vocab_size, eos_ids)
+    grammar = str(llguidance.LLMatcher.grammar_from_lark(tool_call_grammar(schemas)))
+    problem = llguidance.LLMatcher.validate_grammar(grammar, lltok)
+    if problem:
+        raise FormatError(f"A tool's schema cannot be used for its calls: {problem}")
+    return ToolCalls(lambda: Grammar(llguidance.LLMatcher(lltok, grammar), vocab_size), tokenizer)
+
+
+class ToolCalls:
+    """Free text until the reply opens a tool call (``<tool_call>``); from there the call's JSON under the
+    enabled tools' schemas, through ``</tool_call>``; then free text again.  The interface of
+    :class:`Grammar`, so the decode loop masks, forces and cuts drafts the same way while a call is open,
+    and a call the model starts is never malformed (an unknown tool, a missing argument, broken JSON)."""
+
+    def __init__(self, make: Callable[[], Grammar], tokenizer: Any) -> None:
+        self._make = make
+        self._tokenizer = tokenizer
+        self._open: Grammar | None = None  # the call being written, if one is
+        self._tail: list[int] = []  # the last free-text tokens, to spot the opening marker
+
+    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self._open is None else self._open.masked(logits)
+
+    def masks_along(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        import torch
+
+        saved = self._save()
+        rows = [self.masked(logits[0])]
+        try:
+            for i, token in enumerate(drafts):
+                self.accept([token])
+                rows.append(self.masked(logits[i + 1]))
+        finally:
+            self._restore(saved)
+        return torch.stack(rows)
+
+    def valid_prefix(self, drafts: list[int]) -> int:
+        saved, taken = self._save(), 0
+        try:
+            for token in drafts:
+                if self._open is not None and not self._open.valid_prefix([token]):
+                    break
+                self.accept([token])
+                taken += 1
+        finally:
+            self._restore(saved)
+        return taken
+
+    def forced(self) -> list[int]:
+        return [] if self._open is None else self._open.forced()
+
+    def accept(self, tokens: list[int] | tuple[int, ...]) -> None:
+        for token in tokens:
+            if self._open is not None:
+                self._open.accept([token])
+                if self._open.complete:  # "</tool_call>" written: free text again
+                    self._open = None
+                continue
+            self._tail = [*self._tail[-(_TAIL - 1) :], token]
+            if self._tokenizer.decode(self._tail).endswith(OPEN_CALL):
+                self._open, self._tail = self._make(), []
+
+    @property
+    def complete(self) -> bool:
+        """No call is left open."""
+        return self._open is None
+
+    def _save(self) -> tuple[Grammar | None, list[int]]:
+        return (self._open.copy() if self._open is not None else None, list(self._tail))
+
+    def _restore(self, saved: tuple[Grammar | None, list[int]]) -> None:
+        self._open, self._tail = saved

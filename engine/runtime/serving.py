@@ -125,7 +125,7 @@ class Serving:
         first: Metrics | None = None
         model_turns, as_text = 0, False
         while True:  # each round may write up to max_tokens; at most max_rounds rounds of tool calls
-            result, lookup_at = self._decode(request, reply, prompt, request.sampling, drafters, started)
+            result, lookup_at = self._decode(request, reply, prompt, request.sampling, drafters, started, schemas)
             started = True
             rounds.decodes.append((result.metrics, lookup_at))
             if first is None:
@@ -210,6 +210,7 @@ class Serving:
         sampling: Sampling,
         drafters: list[Drafter],
         started: bool,
+        schemas: list[dict[str, Any]] | None = None,
     ) -> tuple[DecodeResult, float]:
         """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
         assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
@@ -228,6 +229,7 @@ class Serving:
             request.submitted_at,
             drafters,
             self.loaded.context_length,
+            schemas,
         ):
             if isinstance(item, DecodeResult):
                 result = item

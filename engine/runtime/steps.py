@@ -31,7 +31,7 @@ import torch
 from engine.api import Sampling
 from engine.model.kv import KVState, forward
 from engine.runtime import sampling
-from engine.runtime.grammar import Grammar
+from engine.runtime.grammar import Grammar, ToolCalls
 from engine.runtime.speculative import Controller, Drafter, verify
 from engine.runtime.threads import observe_step
 
@@ -84,7 +84,7 @@ def generate_steps(
     controller: Controller,
     drafters: Sequence[Drafter] = (),
     context: int | None = None,
-    grammar: Grammar | None = None,
+    grammar: Grammar | ToolCalls | None = None,
 ) -> Generator[Prefilled | Step, None, None]:
     """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full.
 
@@ -146,12 +146,12 @@ def generate_steps(
             yield Step((token,), seconds=now - t_draft)
 
 
-def _row(logits: torch.Tensor, grammar: Grammar | None) -> torch.Tensor:
+def _row(logits: torch.Tensor, grammar: Grammar | ToolCalls | None) -> torch.Tensor:
     return logits if grammar is None else grammar.masked(logits)
 
 
 def _constrained_drafts(
-    grammar: Grammar | None,
+    grammar: Grammar | ToolCalls | None,
     drafters: Sequence[Drafter],
     controller: Controller,
     context: list[int],

@@ -171,7 +171,20 @@ def test_the_answer_cache_keys_on_the_format() -> None:
     plain, shaped = Sampling(), Sampling(format=reply_format("json_object"))
     assert "format" not in sampling_dict(plain)  # free text keeps the keys answers were kept under
     assert sampling_dict(shaped)["format"] == reply_format("json_object")
-    assert reply_format("json_schema", {"b": 1, "a": 2}) == reply_format("json_schema", {"a": 2, "b": 1})
+    # the order of a schema's properties is the order the reply writes them in: another format
+    assert reply_format("json_schema", {"b": 1, "a": 2}) != reply_format("json_schema", {"a": 2, "b": 1})
+
+
+def test_a_schema_keeps_the_order_of_its_properties(tiny_engine: EngineRunner) -> None:
+    names = ["zeta", "alpha", "mid"]
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "boolean"} for name in names},
+        "required": names,
+        "additionalProperties": False,
+    }
+    text = done(ask(tiny_engine, reply_format("json_schema", schema))).text
+    assert list(json.loads(text)) == names
 
 
 def test_bundled_model_gives_a_city_and_its_country(bundled_engine: EngineRunner) -> None:
@@ -211,3 +224,96 @@ def test_bundled_model_tool_call_under_its_schema(bundled_engine: EngineRunner) 
     jsonschema.validate(call, schema)
     assert call["name"] == "get_weather"
     assert isinstance(end, Done)
+
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate arithmetic",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "maxLength": 12}},
+            "required": ["expression"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "clock",
+        "description": "The time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,  # else a random model may write extra keys to the limit
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_dir: Path):  # noqa: ANN201
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def test_tool_calls_are_free_text_until_a_call_opens_then_held_to_the_tools(tiny_model) -> None:  # noqa: ANN001
+    import torch
+
+    model, tok = tiny_model
+    calls = grammar.compile_tool_calls([CALC, CLOCK], tok, model.config.vocab_size, frozenset({tok.eos_token_id}))
+    logits = torch.randn(model.config.vocab_size)
+    assert torch.equal(calls.masked(logits), logits) and calls.forced() == []  # free text: nothing held
+    bad = tok.encode('<tool_call>{"name": "weather"', add_special_tokens=False)
+    opener = len(tok.encode("<tool_call>", add_special_tokens=False))
+    assert opener < calls.valid_prefix(bad) < len(bad)  # cut inside the name: no such tool
+    calls.accept(tok.encode("Sure. <tool_call>", add_special_tokens=False))
+    assert not calls.complete
+    assert torch.isinf(calls.masked(logits)).sum() > 0  # inside a call only what the schemas allow
+    good = tok.encode('{"name": "clock", "arguments": {"zone": "UTC"}}</tool_call>', add_special_tokens=False)
+    assert calls.valid_prefix(good) == len(good)
+    calls.accept(good)
+    assert calls.complete and torch.equal(calls.masked(logits), logits)  # free text again
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_call_the_model_opens_is_written_under_its_tools_schema(tiny_model, temperature: float) -> None:  # noqa: ANN001
+    """The random model, made to open a call, writes one the parser takes and whose arguments validate."""
+    import torch
+
+    from engine.model.kv import KVState
+    from engine.runtime.speculative import Controller, PromptLookup
+    from engine.runtime.steps import generate_steps
+    from engine.tools.parse import parse_model_output
+
+    model, tok = tiny_model
+    for seed in (1, 2, 3):
+        calls = grammar.compile_tool_calls([CALC, CLOCK], tok, model.config.vocab_size, frozenset({tok.eos_token_id}))
+        prompt = tok.encode("Question: what is 2+2?\nAnswer: <tool_call>", add_special_tokens=False)
+        calls.accept(tok.encode("<tool_call>", add_special_tokens=False))  # as if the reply had just opened it
+        ids: list[int] = []
+        for item in generate_steps(
+            model,
+            KVState(),
+            prompt,
+            Sampling(max_tokens=150, temperature=temperature, seed=seed),
+            generator=torch.Generator().manual_seed(seed),
+            controller=Controller(),
+            drafters=[PromptLookup()],
+            grammar=calls,
+        ):
+            ids.extend(getattr(item, "ids", ()))
+            if calls.complete or len(ids) >= 150:
+                break
+        assert calls.complete, tok.decode(ids)
+        parsed = parse_model_output("<tool_call>" + tok.decode(ids))
+        assert len(parsed.calls) == 1 and not parsed.calls[0].error, tok.decode(ids)
+        call = parsed.calls[0]
+        tool = {"calculator": CALC, "clock": CLOCK}[call.name]
+        jsonschema.validate(dict(call.arguments), tool["function"]["parameters"])

@@ -17,6 +17,7 @@ backend: they call the bridge, whose methods are everything the window needs:
   first shuts the old backend down (on the worker thread; a reply still
   streaming there ends with it) and builds the new one; :attr:`engine_key`
   is the key last asked for;
+* :meth:`hint`: the draft being typed, prefilled by a local engine while idle (``Engine.hint``);
 * :meth:`seed_answers`: hand earlier (question, answer) pairs to the engine's
   answer memory; :meth:`set_prefix_budget`: a new prefix-cache byte budget.
   Both answer how much was taken (0 / False when the backend cannot);
@@ -154,6 +155,16 @@ class EngineBridge(QObject):
             self.event.emit(Error(request.id, 0.0, "The engine is not running yet. Wait for the model to load."))
             return
         backend.submit(request)
+
+    def hint(self, request: Request) -> bool:
+        """The request Send would make now (the draft last), for the engine to prefill while the user types;
+        False when the backend cannot (a remote server, or none yet)."""
+        backend = self._backend
+        hint = getattr(backend, "hint", None)
+        if hint is None or self._closed:
+            return False
+        hint(request)
+        return True
 
     def cancel(self, request_id: str) -> None:
         backend = self._backend

@@ -23,6 +23,7 @@ from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
 from app.window.layout import LayoutFile
+from engine import client
 from engine.client import BackendFactory, local_backend
 from engine.storage import Settings, Store, StoreError, database_path
 
@@ -68,6 +69,15 @@ def app_icon() -> QIcon:
     return QIcon(str(ICON_PATH)) if ICON_PATH.exists() else QIcon.fromTheme("brisk")
 
 
+def prepare_model(settings: Settings, model: str | None = None) -> None:
+    """Work a first start can begin before Qt and the engine are up: hashing the model file to convert."""
+    from app.engines import LOCAL, engine_choice
+
+    choice = engine_choice(settings, model)
+    if choice.key == LOCAL:
+        client.prepare_model(choice.spec.source)
+
+
 def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     """Open the Brisk window; ``model`` overrides Settings.model for this run."""
     import qasync
@@ -75,6 +85,8 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     from app.bridge import EngineBridge
     from app.window import MainWindow
 
+    settings, problems = Settings.load_with_problems()
+    prepare_model(settings, model)
     app = QApplication.instance() or QApplication(sys.argv)
     assert isinstance(app, QApplication)
     app.setApplicationName("Brisk")
@@ -83,7 +95,6 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
 
-    settings, problems = Settings.load_with_problems()
     store, warning = open_store(db_path or database_path())
     bridge = EngineBridge(backend_factory_for(settings))
     window = MainWindow(store, bridge, settings, store_warning=warning, model_override=model, layout_file=LayoutFile())

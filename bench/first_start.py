@@ -39,14 +39,15 @@ def child(out: str, started: float) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.bridge import EngineBridge
-    from app.launch import backend_factory_for, open_store
+    from app.launch import backend_factory_for, open_store, prepare_model
     from app.window import MainWindow
     from engine.api import Done, Error, Tuning
     from engine.paths import database_path
     from engine.storage import Settings
 
-    app = QApplication(sys.argv)
     settings, _problems = Settings.load_with_problems()
+    prepare_model(settings)  # as run_gui does
+    app = QApplication(sys.argv)
     store, _warning = open_store(database_path())
     bridge = EngineBridge(backend_factory_for(settings))
     window = MainWindow(store, bridge, settings)

@@ -235,6 +235,7 @@ class Metrics:
     accepted_per_step: float | None = None
     draft_sources: dict[str, DraftStats] = field(default_factory=dict)
     forced: int = 0  # reply tokens the format forced (jump-forward: fed with the next step, not chosen by one)
+    typed_tokens: int = 0  # prompt tokens reused from the prefill done while the message was typed
     plain_step_s: float | None = None  # the controller's measured plain decode step
     speedup: float | None = None  # plain_step_s x tokens against the time the reply took
     cache_bytes: int | None = None  # the prefix cache's size after this reply
@@ -335,6 +336,15 @@ class Started(Event):
 class PrefillProgress(Event):
     done: int = 0
     total: int = 0
+
+
+@dataclass(frozen=True)
+class DraftPrefill:
+    """How much of the message being typed in ``conversation_id`` is prefilled (``Engine.hint``)."""
+
+    conversation_id: str
+    ready: int  # prompt tokens whose KV is computed
+    total: int  # prompt tokens of the draft that no further keystroke can change
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,14 @@ class Client:
 # the window reaches the engine through engine.api, this module and engine.storage only (pyproject's contracts).
 
 
+def prepare_model(source: str) -> None:
+    """What a local ``source`` (empty: the bundled model) will need can begin at launch: its file's hash,
+    on a background thread (``engine.model.source.hash_ahead``).  Cheap: no torch."""
+    from engine.model.source import hash_ahead
+
+    hash_ahead(source)
+
+
 def format_problems(format_json: str) -> list[str]:
     """What is wrong with a reply format (``engine.api.reply_format``): an invalid schema, regex or grammar,
     in the grammar library's words; empty when it can be used.  Needs no model (imports llguidance)."""

@@ -65,6 +65,7 @@ class LatencyController(QObject):
             speculative=config.speculative,
             quant=config.quant,
             answer_cache=config.answer_cache,
+            prefill_while_typing=config.prefill_typing,
         )
         if new != old:
             if new.quant != old.quant:

@@ -43,6 +43,7 @@ ROWS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "prefill": ("Prefill", ("prefill_s",)),
     "drafts": ("Drafts (accepted/drafted)", ("drafted", "accepted")),
     "forced": ("Forced by the reply format", ("forced",)),
+    "typed": ("Prefilled while typing", ("typed_tokens",)),
     "answer_cache": ("Answer cache", None),
     "tools": ("Tools (wall · saved)", None),
     "cache_session": ("Answer cache, this session", None),
@@ -113,6 +114,9 @@ def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
         out["drafts"] = f"{int(accepted)}/{int(drafted)} ({100 * accepted / drafted:.0f} %)"
     elif _num(numbers, "draft_events"):
         out["drafts"] = f"{int(numbers['draft_events'])} drafted steps so far"
+    typed = _num(numbers, "typed_tokens")
+    if typed:
+        out["typed"] = f"{int(typed):,} of {int(prompt or typed):,} prompt tokens"
     forced = _num(numbers, "forced")
     if forced:
         tokens_made = _num(numbers, "completion_tokens")

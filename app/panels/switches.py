@@ -1,7 +1,7 @@
 """The latency panel's switches: one click each, applied from the next request.
 
 :class:`SwitchesView` shows a :class:`~app.state.config.ReplyConfig` as check
-boxes (streaming, prefix cache, answer cache, parallel tools) and two lists
+boxes (streaming, prefix cache, answer cache, parallel tools, prefill while typing) and two lists
 (speculative source from ``engine.api.SOURCES``, quantization mode from
 ``engine.api.QUANT_CHOICES``).  Every change emits ``changed(ReplyConfig)``;
 :meth:`set_config` shows a config without emitting.  Which quantization modes
@@ -29,6 +29,7 @@ TIPS = {
     "prefix_cache": "Reuse the KV of prompt text computed before (history, system prompt)",
     "answer_cache": "Answer a question asked before from the cache",
     "parallel_tools": "Run independent tool calls at the same time",
+    "prefill_typing": "Prefill the message while you type it, so the reply starts sooner after Send",
     "speculative": "Where drafted tokens come from; greedy output stays the same",
     "quant": "Quantization of the weights; a change reloads the model",
 }
@@ -81,6 +82,7 @@ class SwitchesView(QWidget):
             "prefix_cache": "Prefix cache",
             "answer_cache": "Answer cache",
             "parallel_tools": "Parallel tools",
+            "prefill_typing": "Prefill while typing",
         }
         for n, (key, text) in enumerate(texts.items()):
             box = QCheckBox(text)
@@ -118,8 +120,9 @@ class SwitchesView(QWidget):
 
     def set_remote(self, endpoint: str) -> None:
         """Grey the switches that only the local model honours while a server (``endpoint``) answers ("" = local)."""
-        local_only = [self.checks["prefix_cache"], self.speculative, self.quant]
-        for widget, key in zip(local_only, ("prefix_cache", "speculative", "quant"), strict=True):
+        local_only = [self.checks["prefix_cache"], self.checks["prefill_typing"], self.speculative, self.quant]
+        keys = ("prefix_cache", "prefill_typing", "speculative", "quant")
+        for widget, key in zip(local_only, keys, strict=True):
             widget.setEnabled(not endpoint)
             widget.setToolTip(f"The server at {endpoint} decides this itself." if endpoint else TIPS[key])
 

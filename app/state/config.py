@@ -34,6 +34,7 @@ LABELS = {
     "quant": "Quantization",
     "answer_cache": "Answer cache",
     "parallel_tools": "Parallel tools",
+    "prefill_typing": "Prefill while typing",
 }
 
 
@@ -49,6 +50,7 @@ class ReplyConfig:
     quant: str = "auto"
     answer_cache: bool = True
     parallel_tools: bool = True
+    prefill_typing: bool = True  # the draft is prefilled while it is typed (Settings.prefill_while_typing)
 
     @classmethod
     def current(cls, settings: Settings, *, stream: bool = True, parallel_tools: bool = True) -> ReplyConfig:
@@ -59,6 +61,7 @@ class ReplyConfig:
             quant=settings.quant,
             answer_cache=settings.answer_cache,
             parallel_tools=parallel_tools,
+            prefill_typing=settings.prefill_while_typing,
         )
 
     def request(self, request: Request) -> Request:
@@ -84,6 +87,7 @@ class ReplyConfig:
             "quant": self.quant,
             "answer_cache": _onoff(self.answer_cache),
             "parallel_tools": _onoff(self.parallel_tools),
+            "prefill_typing": _onoff(self.prefill_typing),
         }
 
     @classmethod
@@ -106,6 +110,7 @@ class ReplyConfig:
             quant=quant if quant in QUANT_CHOICES else default.quant,
             answer_cache=flag("answer_cache"),
             parallel_tools=flag("parallel_tools"),
+            prefill_typing=flag("prefill_typing"),
         )
 
     def short(self) -> str:
@@ -119,6 +124,8 @@ class ReplyConfig:
             parts.append(f"spec={self.speculative}")
         if self.quant not in ("none", "auto"):
             parts.append(self.quant)
+        if not self.prefill_typing:
+            parts.append("no typing prefill")
         return ", ".join(parts) or "plain"
 
     def lines(self) -> list[str]:

@@ -78,6 +78,7 @@ class ChatSession:
         # what the parameters panel set before the chat exists (a new chat): written when it is created
         self.pending_system: str | None = None
         self.pending_params: dict[str, Any] = {}
+        self._draft_id = f"draft-{uuid.uuid4().hex}"  # the next new chat's id for prefill while typing
 
     # -- conversations ----------------------------------------------------------
     def open(self, conversation_id: str | None) -> list[Message]:
@@ -152,6 +153,38 @@ class ChatSession:
         turn.user_message_id = user_id
         return turn
 
+    def draft_request(self, text: str) -> Request:
+        """The request Send would make now with ``text`` as the new message, for the engine to prefill while
+        it is typed; nothing is stored.  A chat not created yet has a draft id of its own."""
+        if self.conversation_id is None:
+            system, own = self.chat_params()
+            conversation_id, history = self._draft_id, []
+        else:
+            conversation = self.store.get_conversation(self.conversation_id)
+            system, own, conversation_id = conversation.system_prompt, conversation.params, self.conversation_id
+            history = self.store.messages(self.conversation_id)
+        messages = [{"role": "system", "content": system}] if system.strip() else []
+        kept = [m for m in history if m.role in ("user", "assistant") and m.content]
+        messages += [{"role": m.role, "content": m.content} for m in kept]
+        messages.append({"role": "user", "content": text})
+        return self._request(tuple(messages), own, conversation_id)
+
+    def _request(
+        self, messages: tuple[dict[str, str], ...], own: dict[str, Any], conversation_id: str, fresh: bool = False
+    ) -> Request:
+        return Request(
+            id=uuid.uuid4().hex,
+            messages=messages,
+            sampling=params.sampling(self.settings, own),
+            conversation_id=conversation_id,
+            prefix_cache=self.settings.prefix_cache,
+            speculative=self.settings.speculative,
+            tools=enabled_tools(self.settings),
+            parallel_tools=self.settings.parallel_tools,
+            answer_cache=self.settings.answer_cache,
+            fresh=fresh,
+        )
+
     def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
         conversation = self.store.get_conversation(conversation_id)
         history = self.store.messages(conversation_id)
@@ -162,18 +195,7 @@ class ChatSession:
             if message.role in ("user", "assistant") and message.content:
                 messages.append({"role": message.role, "content": message.content})
         reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
-        request = Request(
-            id=uuid.uuid4().hex,
-            messages=tuple(messages),
-            sampling=params.sampling(self.settings, conversation.params),
-            conversation_id=conversation_id,
-            prefix_cache=self.settings.prefix_cache,
-            speculative=self.settings.speculative,
-            tools=enabled_tools(self.settings),
-            parallel_tools=self.settings.parallel_tools,
-            answer_cache=self.settings.answer_cache,
-            fresh=fresh,
-        )
+        request = self._request(tuple(messages), conversation.params, conversation_id, fresh)
         self.active = ReplyState(request.id, reply_id, conversation_id)
         self._saver = StreamSaver(self.store, reply_id)
         return Turn(request, self.active, None, False)

@@ -17,6 +17,8 @@ from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 HINT_MS = 4000
+DRAFT_PAUSE_MS = 150  # the draft goes to the engine this long after typing pauses (prefill while typing)
+PASTE_CHARS = 20  # a change that adds more characters than this at once is a paste: sent at once
 EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
 MAX_LINES = 8
@@ -54,6 +56,7 @@ class MessageEdit(QPlainTextEdit):
 class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
+    draft_changed = Signal(str)  # the draft, DRAFT_PAUSE_MS after typing pauses (at once after a paste)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -91,9 +94,20 @@ class Composer(QWidget):
         below.addStretch(0)
         below.addWidget(self.context, 0, Qt.AlignmentFlag.AlignRight)
         layout.addLayout(below)
+        self.prefilled = QLabel()  # how much of the draft the engine has prefilled (prefill while typing)
+        self.prefilled.setObjectName("hint")
+        self.prefilled.setToolTip("Tokens of this message already prefilled while you typed: the reply starts sooner")
+        self.prefilled.hide()
+        below.insertWidget(1, self.prefilled, 0, Qt.AlignmentFlag.AlignRight)
         self._hint_timer = QTimer(self)
         self._hint_timer.setSingleShot(True)
         self._hint_timer.timeout.connect(self.hint.hide)
+        self._draft_timer = QTimer(self)
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(DRAFT_PAUSE_MS)
+        self._draft_timer.timeout.connect(self._draft_paused)
+        self._draft_length = 0
+        self.editor.textChanged.connect(self._draft_edited)
         self._fit_height()
         self._update_button()
 
@@ -116,6 +130,29 @@ class Composer(QWidget):
     def clear(self) -> None:
         self.editor.clear()
         self.hint.hide()
+        self.show_prefilled(0, 0)
+
+    def show_prefilled(self, ready: int, total: int) -> None:
+        """The quiet indicator under the composer: ``ready`` of the draft's ``total`` prompt tokens prefilled."""
+        if total <= 0 or not self.text().strip():
+            self.prefilled.hide()
+            return
+        noun = "token" if total == 1 else "tokens"
+        self.prefilled.setText(f"{ready:,} of {total:,} {noun} ready" if ready < total else f"{total:,} {noun} ready")
+        self.prefilled.show()
+
+    def _draft_edited(self) -> None:
+        length = len(self.text())
+        pasted = length - self._draft_length > PASTE_CHARS  # a paste (or a big insert): hint at once
+        self._draft_length = length
+        if pasted:
+            self._draft_timer.stop()
+            self._draft_paused()
+        else:
+            self._draft_timer.start()
+
+    def _draft_paused(self) -> None:
+        self.draft_changed.emit(self.text())
 
     def show_hint(self, text: str) -> None:
         self.hint.setText(text)

@@ -76,7 +76,8 @@ from app.window.conversations import ConversationActions
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
-from engine.api import Loaded, LoadFailed, LoadProgress, Tuning, Warning
+from app.window.typing import TypingPrefill
+from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, Tuning, Warning
 from engine.storage import Settings, Store, StoreError
 from engine.storage.params import PresetFile
 
@@ -131,6 +132,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.chat_view.set_compare_available(True)
         self.chat_view.tooltip_provider = self._reply_tooltip  # the configuration each reply ran with
         self.parameters = ParametersController(self, presets)  # the open chat's values, in a tab beside it
+        self.typing = TypingPrefill(self)  # the draft is prefilled while it is typed
         self.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.North)
         self.tabifyDockWidget(self.latency.dock, self.parameters.dock)
         self.latency.dock.raise_()
@@ -395,6 +397,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             if self.about is not None:
                 self.about.set_loaded(event)
             self._seed_answers()
+        elif isinstance(event, DraftPrefill):
+            self.typing.on_event(event)
         elif isinstance(event, Tuning):
             self.status_area.tuning(event.message, event.done)
         elif isinstance(event, Warning) and event.kind == "draft":

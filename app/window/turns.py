@@ -48,6 +48,7 @@ class TurnActions:
     latency: Any
     parameters: Any
     cache_tally: Any
+    typing: Any
 
     def _on_reply_event(self, event: object) -> None:
         reply = self.session.apply(event)
@@ -66,6 +67,8 @@ class TurnActions:
             self.latency.panel.numbers.show_session(self.cache_tally.text())
         self._set_busy(self.session.active is not None)
         self._refresh_entry(reply.conversation_id)
+        if self.session.active is None:
+            self.typing.reply_ended()  # what was typed meanwhile is prefilled now
 
     # -- turns ---------------------------------------------------------------------------------
     def send(self, text: str) -> bool:

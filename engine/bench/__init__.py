@@ -8,8 +8,9 @@ mode's speed and agreement), ``answer-cache`` (hit and miss times, false
 hits), ``decode`` (each mode against the memory-bandwidth limit, threads under
 load), ``versus`` (Brisk as installed against ``--peer``: story and grounded
 decode, long-system-prompt TTFT), ``structured`` (JSON by construction against JSON by asking:
-valid rate, time, forced tokens), ``all``.  Variants are compared side by side in one run; we report
-medians.  Each scenario lives in a module of its own.
+valid rate, time, forced tokens), ``typing`` (prefill while typing: TTFT after Send on and off for
+messages typed and pasted at a person's pace; ``--text-file F``, ``--json``), ``all``.  Variants are
+compared side by side in one run; we report medians.  Each scenario lives in a module of its own.
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
 default the first it lists; ``--api-key`` or ``BRISK_API_KEY``) adds a table
@@ -44,6 +45,7 @@ SCENARIOS: dict[str, str] = {
     "decode": "engine.bench.decode",
     "versus": "engine.bench.versus",
     "structured": "engine.bench.structured",
+    "typing": "engine.bench.typing_prefill",
 }
 
 

@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -90,15 +91,50 @@ def _hash_index(value: Any) -> dict[str, str]:
     return string_map(value, lambda _key, digest: is_digest(digest, 64))
 
 
+_hash_locks: dict[str, threading.Lock] = {}
+_hash_locks_guard = threading.Lock()
+
+
+def hash_ahead(source: str) -> None:
+    """Begin hashing the file loading ``source`` would convert (empty: the bundled GGUF) on a daemon thread.
+
+    The window calls it at launch (``engine.client.prepare_model``): ``hashlib`` releases the GIL, so a
+    first start's 0.4 s of hashing the bundled file runs on the other core while the engine imports
+    torch, and :func:`file_sha256` there finds the digest ready (or waits for this thread).  Nothing
+    happens for a folder, a hub id or a file that is not there; a failure here only means the engine
+    hashes the file itself."""
+    try:
+        path = bundled_model_path() if not source else Path(source).expanduser()
+    except ModelLoadError:
+        return
+    if path.is_file():
+        threading.Thread(target=_hash_quietly, args=(path,), name="brisk-hash-ahead", daemon=True).start()
+
+
+def _hash_quietly(path: Path) -> None:
+    try:
+        file_sha256(path)
+    except Exception:  # noqa: BLE001 - the engine hashes it again and reports what is wrong
+        log.debug("hashing %s ahead failed", path, exc_info=True)
+
+
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file, remembered by (path, size, mtime) so big files are hashed once.
 
     The result is always a 64-character hex digest (safe as a folder name): a remembered
     value of any other shape moves ``hashes.json`` aside and the file is hashed again.
+    One file is hashed by one thread at a time (a second caller waits and reads the result).
     """
     stat = path.stat()
-    index_path = cache_dir() / HASHES
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    with _hash_locks_guard:
+        lock = _hash_locks.setdefault(key, threading.Lock())
+    with lock:
+        return _sha256(path, key)
+
+
+def _sha256(path: Path, key: str) -> str:
+    index_path = cache_dir() / HASHES
     index = load_state(index_path, _hash_index) or {}
     known = index.get(key)
     if is_digest(known, 64):

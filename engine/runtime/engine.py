@@ -44,21 +44,23 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.answer_cache import ModelIdentity
-from engine.api import Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Tuning, Warning
+from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Tuning, Warning
 from engine.model.loader import LoadedModel, ModelLoadError
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.decode import Decoder
+from engine.runtime.hints import Hints, stable_prefix
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
-from engine.runtime.serving import Serving, conversation_key
+from engine.runtime.serving import CONVERSATION, Serving, conversation_key
 from engine.runtime.speculative import DraftModel, HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
+from engine.tools import tool_schemas
 
 __all__ = [
     "KV_RESERVE_BYTES",
@@ -90,6 +92,7 @@ class Engine(Serving):
         self.tools = ToolBox(self.options.tools, on_event)
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self.measuring: Measuring | None = None  # a first start's mode measurement, run while idle
+        self.hints = Hints()  # the message being typed, prefilled while idle
         self._load_number = 0  # the load the current model came from
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -108,6 +111,11 @@ class Engine(Serving):
         if not request.submitted_at:
             object.__setattr__(request, "submitted_at", time.perf_counter())
         self.answer_gate.put_item("request", request)
+
+    def hint(self, request: Request) -> None:
+        """The request the window would send now (its draft as the last message): prefill its stable part
+        while the engine is idle (``engine.runtime.hints``); a draft with no text drops the hint."""
+        self.answer_gate.put_item("hint", request)
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -167,6 +175,10 @@ class Engine(Serving):
             try:
                 if kind == "rewarm":
                     self._rewarm_step()
+                elif kind == "hint":
+                    self._hint(item)
+                elif kind == "hint-step":
+                    self._hint_step()
                 elif kind == "measure":
                     self._measure_step()
                 elif kind == "load":
@@ -180,11 +192,11 @@ class Engine(Serving):
 
     def _next(self) -> tuple[str, Any]:
         """The next queued item; ``("rewarm", None)`` instead of waiting while a warm-up is pending."""
-        if self.rewarm.pending():
+        if self.rewarm.pending() or self.hints.pending():
             try:
                 return self._queue.get_nowait()
             except queue.Empty:
-                return "rewarm", None
+                return ("rewarm", None) if self.rewarm.pending() else ("hint-step", None)
         if self.measuring is not None:
             try:
                 if self.measuring.waiting():  # the native step compiles: look again shortly
@@ -277,9 +289,49 @@ class Engine(Serving):
             self.on_event(Tuning(message, done=True))
             self.on_event(Warning("engine", message))
 
+    def _hint(self, request: Request) -> None:
+        """A new draft: what of its prompt no keystroke can change becomes the hint job (or none)."""
+        if self.loaded is None or self.prefix_cache is None or self.prefix_cache.budget_bytes <= 0:
+            return
+        conversation = conversation_key(request.conversation_id or request.id)
+        text = str(request.messages[-1].get("content", "")) if request.messages else ""
+        if request_problems(request) or not text.strip() or not request.prefix_cache:
+            self.hints.drop(self.prefix_cache, conversation)  # nothing to prefill, or a Send that reuses nothing
+            return
+        try:
+            view = self.tools.view(request.tools)
+            schemas = (tool_schemas(view) or None) if view is not None else None
+            max_tokens = request.sampling.max_tokens
+            tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas), list(request.messages))
+            if not tokens:  # nothing stable yet, or a prompt that does not fit: nothing to prefill
+                self.hints.drop(self.prefix_cache, conversation)
+                return
+            self.hints.start(self.prefix_cache, conversation, tokens)
+        except Exception:  # a hint only saves time: the Send prefills as it would have
+            traceback.print_exc()
+            self.hints.drop(self.prefix_cache)
+            return
+        job = self.hints.job
+        if job is not None:
+            self.on_event(DraftPrefill(request.conversation_id or "", len(job.state), len(job.tokens)))
+
+    def _hint_step(self) -> None:
+        """One chunk of the draft's prefill (only while nothing else is queued)."""
+        assert self.loaded is not None and self.prefix_cache is not None
+        job = self.hints.job
+        assert job is not None
+        try:
+            _conversation, ready, total, _seconds = self.hints.step(self.loaded.model, self.prefix_cache)
+        except Exception:  # a hint only saves time
+            traceback.print_exc()
+            self.hints.drop(self.prefix_cache)
+            return
+        self.on_event(DraftPrefill(job.conversation.removeprefix(CONVERSATION), ready, total))
+
     def _rewarm_after_load(self, old_cache: PrefixCache | None, old_tokenizer: Any, warnings: list[Warning]) -> None:
         """Queue the old cache's last used system prompts for the new model (same vocabulary only)."""
         assert self.loaded is not None and self.prefix_cache is not None
+        self.hints.drop(None)  # what was prefilled belongs to the old model
         self.rewarm.clear()  # what was queued belongs to the old model
         try:
             prompts = hot_prompts(old_cache)

@@ -44,6 +44,7 @@ from engine.model.kv import KVState, Snapshot, common_prefix
 from engine.paths import atomic_write
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
+HINT = "hint:"  # a draft prefilled while it was typed (engine.runtime.hints): never saved, evicted first
 FILE_FORMAT = "2"  # 2: per-entry identity and checksum (files of format 1 are not trusted)
 Layout = tuple[int, int, int]  # (layers, KV heads, head dim) of a model's KV
 
@@ -61,6 +62,7 @@ class PrefixCache:
         self.budget_bytes = budget_bytes
         self.entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self.load_problems: list[str] = []  # why saved entries were dropped by the last ``load``
+        self.last_key: str | None = None  # the entry the last ``lookup`` reused (None: none)
 
     def lookup(self, prompt: list[int], prefer: str | None = None) -> KVState:
         """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens)."""
@@ -73,6 +75,7 @@ class PrefixCache:
             n = min(common_prefix(entry.tokens, prompt), len(prompt) - 1)
             if n > best_len:
                 best_key, best_len = key, n
+        self.last_key = best_key
         if best_key is None:
             return KVState()
         entry = self.entries[best_key]
@@ -105,6 +108,9 @@ class PrefixCache:
         return sum(seen.values())
 
     def evict(self) -> None:
+        hints = [key for key in self.entries if key.startswith(HINT)]
+        while hints and self.nbytes() > self.budget_bytes:  # a draft's prefill goes first
+            self.entries.pop(hints.pop(0))
         while len(self.entries) > 1 and self.nbytes() > self.budget_bytes:
             self.entries.popitem(last=False)
         if self.entries and self.nbytes() > self.budget_bytes:

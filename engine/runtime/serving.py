@@ -34,9 +34,10 @@ from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate, expected_failure
 from engine.runtime.decode import Decoder, DecodeResult
+from engine.runtime.hints import Hints
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
-from engine.runtime.prefix_cache import PERSISTED, PrefixCache
+from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache
 from engine.runtime.prompt import Prompt, build_prompt
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
@@ -44,10 +45,12 @@ from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, Histor
 from engine.runtime.tool_turns import Rounds, ToolBox
 from engine.tools import Parsed, tool_schemas
 
+CONVERSATION = "conv:"  # the key prefix of a conversation's own (live) prefix cache entry
+
 
 def conversation_key(conversation_id: str) -> str:
     """The prefix cache key of a conversation's own (live) entry."""
-    return f"conv:{conversation_id}"
+    return f"{CONVERSATION}{conversation_id}"
 
 
 def system_key(tokens: list[int]) -> str:
@@ -69,6 +72,7 @@ class Serving:
     history: HistoryIndex
     tools: ToolBox
     answer_gate: AnswerGate
+    hints: Hints
     _cancelled: set[str]
     _lock: threading.Lock
 
@@ -216,6 +220,8 @@ class Serving:
         assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
         conversation = conversation_key(request.conversation_id or request.id)
         state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+        typed = len(state) if request.prefix_cache and (self.prefix_cache.last_key or "").startswith(HINT) else 0
+        self.hints.sent(self.prefix_cache, prompt.ids)  # a draft this prompt holds is sent: its prefill is done with
         t_lookup = reply.since()
         if not started:
             reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
@@ -236,6 +242,8 @@ class Serving:
             else:
                 reply.emit(item)
         assert result is not None, "the decode stream ends with its result"
+        if typed:
+            result.metrics = dataclasses.replace(result.metrics, typed_tokens=typed)
         if request.prefix_cache:
             try:
                 self._remember(state, prompt.system_tokens, conversation)

@@ -70,6 +70,7 @@ class Settings:
     draft_quant: str = "none"  # one of engine.api.QUANT_MODES
     colour_draft_tokens: bool = True
     answer_cache: bool = True
+    prefill_while_typing: bool = True  # the composer's draft is prefilled before Send (engine.runtime.hints)
     answer_cache_threshold: float = 0.86  # cosine similarity a paraphrase needs (0.5 to 1)
     answer_cache_ttl_days: float = 30.0  # cached answers older than this are not used
     stream: bool = True  # show replies token by token (off: at once when complete)
@@ -248,6 +249,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "draft_quant": _choice("draft_quant", QUANT_MODES),
     "colour_draft_tokens": _flag("colour_draft_tokens"),
     "answer_cache": _flag("answer_cache"),
+    "prefill_while_typing": _flag("prefill_while_typing"),
     "answer_cache_threshold": _ranged("answer_cache_threshold", 0.5, 1.0, "a similarity"),
     "answer_cache_ttl_days": _ranged("answer_cache_ttl_days", 0.0, 36500.0, "a number of days"),
     "stream": _flag("stream"),

@@ -227,3 +227,31 @@ def test_the_meter_counts_the_last_reply_the_model_computed() -> None:
     assert context_text(None, 2048) == "Context: empty" and context_text(None, 0) == ""
     assert context_text(1536, 2048) == "Context: 1,536 of 2,048 tokens (75 %)"
     assert context_text(1536, 0) == "Context: 1,536 tokens", "a remote server's context length is not known"
+
+
+def test_the_draft_goes_to_the_engine_as_it_is_typed_and_the_switch_stops_it(qtbot, harness) -> None:  # noqa: ANN001
+    """Prefill while typing (issue 26): 150 ms after typing pauses (at once on a paste) the window hands the
+    engine the request Send would make; the composer says what is ready; the panel's switch turns it off."""
+    window = harness.open()
+    engine = fake(window)
+    qtbot.keyClicks(window.composer.editor, "Hello")
+    assert not engine.hints  # still typing
+    qtbot.waitUntil(lambda: len(engine.hints) == 1, timeout=2_000)
+    request = engine.hints[-1]
+    assert request.messages[-1] == {"role": "user", "content": "Hello"}
+    assert request.sampling == window.session.draft_request("x").sampling
+    qtbot.waitUntil(lambda: window.composer.prefilled.isVisible())
+    assert window.composer.prefilled.text() == "1 token ready"
+    window.composer.editor.insertPlainText(" there, a pasted paragraph of some length")  # a paste: at once
+    assert len(engine.hints) == 2 and engine.hints[-1].messages[-1]["content"].endswith("some length")
+    chat(qtbot, window, "Hello again")
+    assert engine.requests[-1].conversation_id == window.session.conversation_id
+    assert not window.composer.prefilled.isVisible()
+
+    switches = window.latency.panel.switches
+    switches.checks["prefill_typing"].setChecked(False)
+    assert window.settings.prefill_while_typing is False
+    sent = len(engine.hints)
+    qtbot.keyClicks(window.composer.editor, "Not sent")
+    qtbot.wait(400)
+    assert len(engine.hints) == sent

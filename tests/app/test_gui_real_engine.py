@@ -88,3 +88,48 @@ def test_an_earlier_answer_is_served_from_the_cache_or_drafted_and_coloured(
     assert "reused 0 of " in stats
     assert DRAFT_COLOUR in bubble.content.text()
     close(second)
+
+
+def test_a_message_typed_edited_and_pasted_is_prefilled_and_answered_as_without(
+    qtbot: QtBot, brisk_data_dir: Path, tiny_dir: Path
+) -> None:
+    """Prefill while typing (issue 26) on the real composer and engine: type, pause, edit in the middle, paste,
+    send; the reply equals the one with the switch off, token for token, and the panel says what was reused."""
+    settings = Settings(
+        model=str(tiny_dir), device="cpu", dtype="float32", quant="none", max_tokens=24, answer_cache=False
+    )
+    message = "Tell me about the lighthouse keeper who wrote the weather in the log every evening."
+    off = open_window(qtbot, brisk_data_dir / "off.db", dataclasses.replace(settings, prefill_while_typing=False))
+    ask(qtbot, off, message)
+    expected = off.session.messages()[-1].content
+    assert off.typing.sent == 0  # the switch off: nothing was sent before Send
+    close(off)
+
+    window = open_window(qtbot, brisk_data_dir / "on.db", settings)
+    window.new_chat()
+    editor = window.composer.editor
+    qtbot.keyClicks(editor, "Tell me about the keeper who wrote")
+    qtbot.waitUntil(lambda: window.typing.sent >= 1, timeout=5_000)  # the pause after typing sends the draft
+    cursor = editor.textCursor()
+    cursor.setPosition(len("Tell me about the "))
+    editor.setTextCursor(cursor)
+    qtbot.keyClicks(editor, "lighthouse ")  # an edit in the middle
+    cursor.movePosition(cursor.MoveOperation.End)
+    editor.setTextCursor(cursor)
+    editor.insertPlainText(" the weather in the log every evening.")  # a paste: sent at once
+    assert editor.toPlainText() == message
+    prefilled = window.composer.prefilled
+    # the user takes a breath: the whole stable part is ready ("N tokens ready", no longer "n of N")
+    qtbot.waitUntil(
+        lambda: prefilled.isVisible() and re.fullmatch(r"[\d,]+ tokens ready", prefilled.text()), timeout=10_000
+    )
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=60_000) as done:
+        qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: window.session.active is None)
+    assert window.session.messages()[-1].content == expected
+    metrics = done.args[0].metrics
+    assert metrics.typed_tokens > 0
+    numbers = window.latency.panel.numbers
+    qtbot.waitUntil(lambda: numbers.text("typed").startswith(f"{metrics.typed_tokens:,} of "), timeout=5_000)
+    assert not window.composer.prefilled.isVisible()  # the composer is empty again
+    close(window)

@@ -41,6 +41,7 @@ from typing import Any
 
 from engine.api import (
     Done,
+    DraftPrefill,
     Error,
     Loaded,
     LoadFailed,
@@ -76,6 +77,7 @@ class FakeEngine:
         self.tokens: list[str] = ["Hello", " there", ",", " friend", "."]
         self.draft_every = 0
         self.forced_every = 0
+        self.hints: list[Request] = []  # the drafts the window sent to be prefilled while typed
         self.token_pause = 0.002
         self.hold_after: int | None = None
         self.fail_with: str | None = None
@@ -108,6 +110,14 @@ class FakeEngine:
     def submit(self, request: Request) -> None:
         self.requests.append(request)
         self._jobs.put(("request", (request, time.perf_counter())))
+
+    def hint(self, request: Request) -> None:
+        """Prefill while typing: records the draft's request and says, as the engine does, that it is ready."""
+        self.hints.append(request)
+        text = str(request.messages[-1].get("content", "")) if request.messages else ""
+        if text.strip():
+            n = len(text.split())
+            self.on_event(DraftPrefill(request.conversation_id or "", n, n))
 
     def cancel(self, request_id: str) -> None:
         with self._lock:

@@ -1,0 +1,120 @@
+"""Prefill while typing: the message being written is prefilled before Send, while the engine is idle.
+
+The window sends a hint (``Engine.hint(request)``: the request it would send now, the draft as the last
+user message) about 150 ms after typing pauses, and at once on a paste.  :func:`stable_prefix` renders
+that request's prompt the way the real one will be rendered and keeps only the tokens a further
+keystroke cannot change: the draft's last tokens (which a next character could merge with) and the
+end-of-turn markers after it are held back.  :class:`Hints` keeps one job, the latest hint: it starts
+from the longest prefix the prefix cache holds (the conversation so far is usually there already) and
+prefills the rest ``HINT_CHUNK`` tokens at a time, only while the engine's queue is empty; after each
+chunk the part done is an entry of the prefix cache under ``HINT + conversation``, so a Send that comes
+first reuses it, and a Send never waits for more than one chunk.  A new hint for the same conversation
+keeps what it shares with the job's state (an edit in the middle drops only the stale part); a hint
+for another conversation or a hint whose draft is empty replaces or drops the job, and a request whose
+prompt holds the draft (its Send) ends it (:meth:`Hints.sent`); a Send in another chat leaves it be.  Hint
+entries are never saved to disk and are the first the prefix cache evicts.
+
+The KV a hint computes is the KV the request's own prefill would compute for the same tokens, so the
+reply is the same with the switch on or off (``tests/engine/runtime/test_hints.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.model.kv import KVState, common_prefix, forward
+from engine.runtime.prefix_cache import HINT, PrefixCache
+from engine.runtime.prompt import Prompt
+
+HINT_CHUNK = 32  # tokens per step: a Send waits for one step at most (about 30 ms on 2 cores, measured)
+HOLD_BACK = 1  # tokens kept back besides those a next character changes, for tokenizers that merge late
+PROBES = (" a", "a", ".", "\n")  # what a next keystroke might add: the tokens all of them leave are stable
+
+
+def stable_prefix(render: Callable[[list[dict[str, Any]]], Prompt], messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt tokens of ``messages`` (the draft last) that no further keystroke can change; none when
+    the prompt does not fit the context (older turns would be dropped at Send, so nothing is stable)."""
+    prompt = render(messages)
+    if prompt.truncated:
+        return []
+    ids, draft = prompt.ids, messages[-1]
+    stable = len(ids)
+    for probe in PROBES:
+        longer = render([*messages[:-1], {**draft, "content": str(draft.get("content", "")) + probe}])
+        if longer.truncated:
+            return []
+        stable = min(stable, common_prefix(ids, longer.ids))
+    return ids[: max(0, stable - HOLD_BACK)]
+
+
+@dataclass
+class Job:
+    conversation: str  # the prefix cache key of the conversation the draft belongs to
+    tokens: list[int]  # the stable prefix to prefill
+    state: KVState
+
+
+class Hints:
+    """The latest hint's prefill, for one model and its prefix cache."""
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.ready: dict[str, int] = {}  # conversation key -> tokens of its draft's prompt prefilled so far
+
+    def start(self, cache: PrefixCache, conversation: str, tokens: list[int]) -> None:
+        """Prefill ``tokens`` for ``conversation`` from here on, keeping what the current job shares."""
+        job = self.job
+        if job is not None and job.conversation == conversation:
+            shared = common_prefix(job.state.tokens, tokens)
+            if shared < len(job.state):
+                job.state.crop(shared)  # an edit before the end: only the stale part goes
+            job.tokens = tokens
+        else:
+            self.drop(cache)
+            state = cache.lookup([*tokens, -1]) if tokens else KVState()  # a branch: nobody's live state
+            job = self.job = Job(conversation, tokens, state)
+        entry = cache.entries.get(HINT + conversation)
+        if entry is not None and common_prefix(entry.tokens, tokens) < len(entry.tokens):
+            cache.entries.pop(HINT + conversation)  # it holds text the draft no longer has
+        self.ready[conversation] = min(len(job.state), len(tokens))
+
+    def pending(self) -> bool:
+        return self.job is not None and len(self.job.state) < len(self.job.tokens)
+
+    def step(self, model: Any, cache: PrefixCache) -> tuple[str, int, int, float]:
+        """Prefill one chunk; (conversation, tokens ready, tokens wanted, seconds) for the window."""
+        job = self.job
+        assert job is not None
+        began = time.perf_counter()
+        done = len(job.state)
+        forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
+        cache.insert(HINT + job.conversation, job.state)  # a Send that comes now starts from here
+        self.ready[job.conversation] = len(job.state)
+        return job.conversation, len(job.state), len(job.tokens), time.perf_counter() - began
+
+    def sent(self, cache: PrefixCache, prompt: list[int]) -> None:
+        """A request with ``prompt`` is served: the hints whose text it holds whole are done with (their job
+        and entry go); a draft in another chat keeps its prefill."""
+        job = self.job
+        if job is not None and common_prefix(job.tokens, prompt) == len(job.tokens):
+            self.drop(cache)
+        for key in [k for k, e in cache.entries.items() if k.startswith(HINT)]:
+            if common_prefix(cache.entries[key].tokens, prompt) == len(cache.entries[key].tokens):
+                cache.entries.pop(key)
+                self.ready.pop(key.removeprefix(HINT), None)
+
+    def drop(self, cache: PrefixCache | None, conversation: str | None = None) -> None:
+        """Forget the job (only if it is ``conversation``'s, when given) and its entry in the cache."""
+        job = self.job
+        if job is None or (conversation is not None and job.conversation != conversation):
+            if conversation is not None and cache is not None:
+                cache.entries.pop(HINT + conversation, None)
+                self.ready.pop(conversation, None)
+            return
+        self.job = None
+        self.ready.pop(job.conversation, None)
+        if cache is not None:
+            cache.entries.pop(HINT + job.conversation, None)

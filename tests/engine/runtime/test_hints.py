@@ -1,0 +1,137 @@
+"""Prefill while typing (issue 26): a draft hinted before Send is prefilled while the engine is idle, the
+Send reuses it, and the reply is the same token for token."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from engine.api import DraftPrefill, Request, Sampling
+from engine.runtime.hints import HINT_CHUNK, stable_prefix
+from engine.runtime.prefix_cache import HINT
+from tests.support.engine_runner import EngineRunner, done, token_ids
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 2}
+# about 300 tokens for the tiny model's byte-level tokenizer: the prompt fits its 512-token context
+LONG = " ".join(f"Line {i}: the shipment of {i * 3} crates left the dock at {i % 12 + 1} o'clock." for i in range(5))
+
+
+@pytest.fixture
+def runner(tiny_dir: Path):  # noqa: ANN201
+    engine = EngineRunner(str(tiny_dir))
+    yield engine
+    engine.close()
+
+
+def hint(runner: EngineRunner, conversation: str, messages: list[dict[str, str]]) -> None:
+    request = Request(uuid.uuid4().hex, tuple(messages), Sampling(max_tokens=24), conversation_id=conversation)
+    runner.engine.hint(request)  # type: ignore[attr-defined]
+
+
+def settle(runner: EngineRunner, limit_s: float = 60.0) -> None:
+    """Wait until the engine has taken the hints queued and prefilled all they ask."""
+    engine = runner.engine
+
+    def turn() -> None:  # an item queued after the hints: run once they are taken
+        reached = threading.Event()
+        engine.call(lambda _engine: reached.set())  # type: ignore[attr-defined]
+        assert reached.wait(limit_s), "the engine did not get to the end of its queue"
+
+    turn()
+    began = time.monotonic()
+    while engine.hints.pending():  # type: ignore[attr-defined]
+        assert time.monotonic() - began < limit_s, "the hint did not finish"
+        time.sleep(0.01)
+    turn()  # the last chunk's step has returned (its entry is in the cache)
+
+
+def send(runner: EngineRunner, conversation: str, messages: list[dict[str, str]]) -> list[object]:
+    return runner.run(messages, sampling=Sampling(max_tokens=24), conversation_id=conversation, answer_cache=False)
+
+
+def test_a_hinted_draft_is_reused_and_the_reply_is_the_same(runner: EngineRunner) -> None:
+    messages = [SYSTEM, {"role": "user", "content": LONG}]
+    plain = send(runner, "plain", messages)  # the switch off: no hint for this conversation
+    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]  # so what the Send reuses is the hint's
+    seen: list[object] = []
+    runner.client.events.queue.clear()
+    # typing: a first part, then the whole text (an edit that only adds)
+    hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG[:200]}])
+    hint(runner, "typed", messages)
+    settle(runner)
+    while not runner.client.events.empty():
+        seen.append(runner.client.events.get_nowait())
+    progress = [e for e in seen if isinstance(e, DraftPrefill)]
+    assert progress and progress[-1].conversation_id == "typed" and progress[-1].ready == progress[-1].total
+    hinted = send(runner, "typed", messages)
+    assert token_ids(hinted) == token_ids(plain)
+    m = done(hinted).metrics
+    assert m.typed_tokens >= progress[-1].total - HINT_CHUNK and m.typed_tokens > 0
+    assert m.computed_tokens <= m.prompt_tokens - m.typed_tokens
+    assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
+
+
+def test_an_edit_in_the_middle_keeps_only_what_is_still_true(runner: EngineRunner) -> None:
+    first = [SYSTEM, {"role": "user", "content": LONG}]
+    edited_text = LONG[:150] + " (changed here) " + LONG[150:]
+    edited = [SYSTEM, {"role": "user", "content": edited_text}]
+    plain = send(runner, "plain", edited)
+    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
+    hint(runner, "typed", first)
+    settle(runner)
+    hint(runner, "typed", edited)  # the stale part after the edit is dropped, the rest prefilled again
+    settle(runner)
+    entry = runner.engine.prefix_cache.entries[HINT + "conv:typed"]  # type: ignore[attr-defined]
+    tokenizer = runner.engine.loaded.tokenizer  # type: ignore[attr-defined]
+    assert edited_text[:40] in tokenizer.decode(entry.tokens) and "(changed here)" in tokenizer.decode(entry.tokens)
+    hinted = send(runner, "typed", edited)
+    assert token_ids(hinted) == token_ids(plain) and done(hinted).metrics.typed_tokens > 0
+
+
+def test_a_send_during_a_hint_is_served_first_and_the_same(runner: EngineRunner) -> None:
+    long = [SYSTEM, {"role": "user", "content": LONG}]
+    short = [{"role": "user", "content": "Hello there"}]
+    plain = send(runner, "other", short)
+    hint(runner, "typed", long)
+    time.sleep(0.05)  # the hint has begun
+    began = time.monotonic()
+    events = send(runner, "other-2", short)  # another chat's Send while the hint runs
+    assert token_ids(events) == token_ids(plain)
+    assert time.monotonic() - began < 30
+    assert done(events).metrics.queue_s < 1.0  # it waited for one chunk of the hint at most
+    settle(runner)  # the draft in the other chat keeps its prefill and finishes it afterwards
+    assert HINT + "conv:typed" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
+
+
+def test_emptying_the_draft_drops_its_prefill(runner: EngineRunner) -> None:
+    hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG}])
+    settle(runner)
+    assert HINT + "conv:typed" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
+    hint(runner, "typed", [SYSTEM, {"role": "user", "content": ""}])
+    settle(runner)
+    assert HINT + "conv:typed" not in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
+
+
+def test_the_stable_prefix_holds_back_what_a_keystroke_changes(tiny_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.runtime.prompt import Prompt, build_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+
+    def render(messages: list[dict[str, str]]) -> Prompt:
+        return build_prompt(tokenizer, messages, 4096, 64)
+
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    stable = stable_prefix(render, messages)
+    full = render(messages).ids
+    assert 0 < len(stable) < len(full)
+    for more in (" jumps", "es", "!", "\n\nNew paragraph"):
+        longer = render([{"role": "user", "content": "The quick brown fox" + more}]).ids
+        assert longer[: len(stable)] == stable, more  # whatever is typed next, the prefilled part stays true
+    too_long = [{"role": "user", "content": "word " * 2000}]  # older text would be dropped at Send
+    assert stable_prefix(render, too_long) == []

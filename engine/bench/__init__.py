@@ -120,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 except RequestError as exc:
                     print(f"error: the peer failed: {exc}", file=sys.stderr)
                     return 3
-            elif peer is not None and name != "versus":  # versus measures the peer its own way
+            elif peer is not None and name not in ("versus", "typing"):  # they measure the peer their own way
                 print(f"\n--peer is not used by the {name} scenario (it measures what only the local engine has)")
             out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)

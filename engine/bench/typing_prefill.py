@@ -7,10 +7,12 @@ makes (one hint per pause, a pause being longer than the composer's 150 ms): its
 second, then 1 s before Send.  Typing is replayed for at most ``TYPED_CHARS`` characters at each end (a
 longer first or last paragraph is pasted up to there), so a run takes seconds, not minutes.  Sizes: short,
 medium and long (about 20, 300 and 1,500 tokens of the bundled model) and the file given.  With the switch
-off the same message is sent with no hint.  Per size: TTFT from Send on and off, the prompt tokens
+off the same message is sent with no hint.  The prefix cache is emptied before each replay, so neither
+variant reuses the other's prompt.  Per size: TTFT from Send on and off, the prompt tokens
 prefilled before Send (``Metrics.typed_tokens``), the longest a one-line request in another chat waited in
 the queue while the long message's hint ran (``max_interference_s``), and whether the greedy reply is the
-same.  ``ttft_short_s``: a one-line message, switch on.
+same.  ``ttft_short_s``: a one-line message, switch on.  ``--peer URL``: an OpenAI-compatible server's
+TTFT for the same messages sent at once (what every other app does), as a last column.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def _request(messages: list[dict[str, str]], conversation: str, max_tokens: int)
 def replay(runner: Runner, parts: list[str], hinted: bool, max_tokens: int, probe: bool = False) -> dict[str, Any]:
     """Type and send one message; TTFT from Send, tokens prefilled before it, and a probe's queue wait."""
     engine = runner.client.backend
+    engine.clear_prefix_cache()  # type: ignore[attr-defined]  # a message never seen: neither run reuses the other's
     conversation = uuid.uuid4().hex
     system = {"role": "system", "content": SYSTEM}
     waited: list[float] = []
@@ -126,6 +129,34 @@ def replay(runner: Runner, parts: list[str], hinted: bool, max_tokens: int, prob
         "text": done.text,
         "waited": waited,
     }
+
+
+def peer_ttft(url: str, model: str | None, api_key: str | None, parts: list[str], runs: int) -> float:
+    """A server's TTFT for the message sent at once (a new nonce first in the system prompt: nothing reused)."""
+    from openai import OpenAI
+
+    client: Any = OpenAI(base_url=url, api_key=api_key or "none")  # plain dicts and chunks, read loosely
+    model = model or client.models.list().data[0].id
+    times = []
+    for _ in range(runs):
+        messages = [
+            {"role": "system", "content": f"[{uuid.uuid4().hex[:8]}] {SYSTEM}"},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+        began = time.perf_counter()
+        stream = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,  # type: ignore[arg-type]
+        )
+        first = None
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - began
+        times.append(first or float("nan"))
+    return median(times)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -165,6 +196,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "identical": "yes" if all(r["same"]) else "NO",
             }
         )
+    peer = getattr(args, "peer", None)
+    if peer:
+        key = getattr(args, "api_key", None)
+        for row in rows:
+            parts = sizes[str(row["message"])]
+            ttft = peer_ttft(peer, getattr(args, "peer_model", None), key, parts, max(2, rounds))
+            row["peer TTFT s"] = ttft
     print(table(f"Prefill while typing ({runner.loaded.info.quant}), median of {rounds} rounds", rows))
     chosen = Path(text_file).name if text_file else "long"
     r = results[chosen]

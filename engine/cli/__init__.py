@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--peer",
         default=None,
         metavar="URL",
-        help="also measure this OpenAI-compatible server (foundation, prefix, versus)",
+        help="also measure this OpenAI-compatible server (foundation, prefix, versus, typing)",
     )
     bench.add_argument(
         "--max-tokens", type=int, default=200, help="versus: new tokens per reply, at most (default 200)"

@@ -79,6 +79,8 @@ class Hints:
         entry = cache.entries.get(HINT + conversation)
         if entry is not None and common_prefix(entry.tokens, tokens) < len(entry.tokens):
             cache.entries.pop(HINT + conversation)  # it holds text the draft no longer has
+            if len(job.state):
+                cache.insert(HINT + conversation, job.state)  # what is still true stays reusable
         self.ready[conversation] = min(len(job.state), len(tokens))
 
     def pending(self) -> bool:

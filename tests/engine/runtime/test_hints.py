@@ -135,3 +135,18 @@ def test_the_stable_prefix_holds_back_what_a_keystroke_changes(tiny_dir: Path) -
         assert longer[: len(stable)] == stable, more  # whatever is typed next, the prefilled part stays true
     too_long = [{"role": "user", "content": "word " * 2000}]  # older text would be dropped at Send
     assert stable_prefix(render, too_long) == []
+
+
+def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runner: EngineRunner) -> None:
+    """Typing on can make the stable part end one token earlier (a next character merges with the last one);
+    what is still true stays in the cache although nothing is left to prefill."""
+    text = LONG + " And then"
+    hint(runner, "typed", [SYSTEM, {"role": "user", "content": text}])
+    settle(runner)
+    full = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
+    runner.engine.hints.start(  # type: ignore[attr-defined]
+        runner.engine.prefix_cache, "conv:typed", full[:-2]  # type: ignore[attr-defined]
+    )
+    entry = runner.engine.prefix_cache.entries.get(HINT + "conv:typed")  # type: ignore[attr-defined]
+    assert entry is not None and entry.tokens == full[:-2]
+    assert not runner.engine.hints.pending()  # type: ignore[attr-defined]

@@ -15,7 +15,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.api import Backend, Done, Error, Event, Loaded, LoadFailed, ModelSpec, OnEvent, Request, Sampling, Warning
+from engine.api import (
+    Backend,
+    Done,
+    DraftPrefill,
+    Error,
+    Event,
+    Loaded,
+    LoadFailed,
+    ModelSpec,
+    OnEvent,
+    Request,
+    Sampling,
+    Warning,
+)
 
 BackendFactory = Callable[[OnEvent], Backend]
 
@@ -94,6 +107,24 @@ class Client:
                     return
                 if cancel_after is not None and seen == cancel_after:
                     self.backend.cancel(request.id)
+
+    def prefill_draft(self, request: Request, timeout: float = 600.0) -> bool:
+        """Hand ``request`` to the engine as a draft being typed (``Engine.hint``) and wait until its stable
+        part is prefilled; False when the backend cannot (a remote server).  For one caller at a time."""
+        hint = getattr(self.backend, "hint", None)
+        if hint is None:
+            return False
+        hint(request)
+        conversation = request.conversation_id or ""
+        while True:
+            try:
+                event = self.events.get(timeout=timeout)
+            except queue.Empty:
+                return False
+            if isinstance(event, Warning):
+                self.warnings.append(event)
+            if isinstance(event, DraftPrefill) and event.conversation_id == conversation and event.ready >= event.total:
+                return True
 
     def ask(
         self,

@@ -2,7 +2,9 @@
 
 A :class:`Config` is what a user can switch for a request: the prefix cache
 (on/off), the speculative source (``SOURCES``), the quantization mode
-(``QUANT_MODES``; a change reloads the model) and streaming (on/off).
+(``QUANT_MODES``; a change reloads the model), streaming (on/off) and prefill while typing (on: before
+each measured run the message is handed to the engine as a draft and prefilled, as if it had been typed;
+it shows in a cold comparison, where nothing else holds the prompt).
 ``parse_config("quant=fp16-cpu,stream=off", base)`` reads the command line's
 form and raises :class:`ConfigError` naming the choices.
 
@@ -42,6 +44,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "speculative": SOURCES,
     "quant": QUANT_MODES,
     "stream": ("on", "off"),
+    "typing": ("on", "off"),
 }
 
 
@@ -55,6 +58,7 @@ class Config:
     speculative: str = "off"
     quant: str = "none"
     stream: bool = True
+    typing: bool = False  # prefill while typing: the message is prefilled before each run is sent (as typed)
 
     def to_dict(self) -> dict[str, str]:
         return {
@@ -62,6 +66,7 @@ class Config:
             "speculative": self.speculative,
             "quant": self.quant,
             "stream": "on" if self.stream else "off",
+            "typing": "on" if self.typing else "off",
         }
 
     def label(self) -> str:
@@ -85,6 +90,7 @@ def parse_config(text: str, base: Config) -> Config:
         speculative=values["speculative"],
         quant=values["quant"],
         stream=values["stream"] == "on",
+        typing=values["typing"] == "on",
     )
 
 
@@ -215,6 +221,8 @@ def compare(
             if cold:
                 clear_prefix_cache(client)
                 conversation = uuid.uuid4().hex
+            if config.typing:  # as if the message had been typed: prefilled before Send (a local engine only)
+                client.prefill_draft(request(conversation))
             measured.append(replay(client, request(conversation), config.stream))
         results.append(summarise(config, measured, results[0].text if results else None))
     return results

@@ -51,7 +51,7 @@ from engine.client import Client, LoadError
 from engine.compare import HEADER, SWITCHES, Config, Result, compare, rows
 from engine.storage import Store
 
-COLUMNS = ("prefix_cache", "speculative", "quant", "stream")
+COLUMNS = ("prefix_cache", "speculative", "quant", "stream", "typing")
 TIMEOUT_S = 600.0
 
 
@@ -116,7 +116,9 @@ class CompareDialog(QDialog):
         layout.addWidget(prompt)
 
         self.configs = QTableWidget(0, len(COLUMNS))
-        self.configs.setHorizontalHeaderLabels(["Prefix cache", "Speculative", "Quantization", "Streaming"])
+        self.configs.setHorizontalHeaderLabels(
+            ["Prefix cache", "Speculative", "Quantization", "Streaming", "Prefill while typing"]
+        )
         self.configs.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.configs.setMaximumHeight(150)
         layout.addWidget(self.configs)
@@ -202,6 +204,7 @@ class CompareDialog(QDialog):
             speculative=values["speculative"],
             quant=values["quant"],
             stream=values["stream"] == "on",
+            typing=values["typing"] == "on",
         )
 
     def set_config(self, row: int, config: Config) -> None:

@@ -76,7 +76,11 @@ class ReplyConfig:
 
     def compare_config(self) -> CompareConfig:
         return CompareConfig(
-            prefix_cache=self.prefix_cache, speculative=self.speculative, quant=self.quant, stream=self.stream
+            prefix_cache=self.prefix_cache,
+            speculative=self.speculative,
+            quant=self.quant,
+            stream=self.stream,
+            typing=self.prefill_typing,
         )
 
     def to_dict(self) -> dict[str, str]:

@@ -290,30 +290,33 @@ class Engine(Serving):
             self.on_event(Warning("engine", message))
 
     def _hint(self, request: Request) -> None:
-        """A new draft: what of its prompt no keystroke can change becomes the hint job (or none)."""
+        """A new draft: what of its prompt no keystroke can change becomes the hint job.  Whatever happens,
+        a ``DraftPrefill`` says how much is ready (0 of 0: nothing will be prefilled)."""
+        ready, total = 0, 0
+        try:
+            ready, total = self._start_hint(request)
+        except Exception:  # a hint only saves time: the Send prefills as it would have
+            traceback.print_exc()
+            self.hints.drop(self.prefix_cache)
+        self.on_event(DraftPrefill(request.conversation_id or "", ready, total))
+
+    def _start_hint(self, request: Request) -> tuple[int, int]:
         if self.loaded is None or self.prefix_cache is None or self.prefix_cache.budget_bytes <= 0:
-            return
+            return 0, 0
         conversation = conversation_key(request.conversation_id or request.id)
         text = str(request.messages[-1].get("content", "")) if request.messages else ""
-        if request_problems(request) or not text.strip() or not request.prefix_cache:
-            self.hints.drop(self.prefix_cache, conversation)  # nothing to prefill, or a Send that reuses nothing
-            return
-        try:
+        tokens: list[int] = []
+        if text.strip() and request.prefix_cache and not request_problems(request):
             view = self.tools.view(request.tools)
             schemas = (tool_schemas(view) or None) if view is not None else None
             max_tokens = request.sampling.max_tokens
             tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas), list(request.messages))
-            if not tokens:  # nothing stable yet, or a prompt that does not fit: nothing to prefill
-                self.hints.drop(self.prefix_cache, conversation)
-                return
-            self.hints.start(self.prefix_cache, conversation, tokens)
-        except Exception:  # a hint only saves time: the Send prefills as it would have
-            traceback.print_exc()
-            self.hints.drop(self.prefix_cache)
-            return
+        if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
+            self.hints.drop(self.prefix_cache, conversation)
+            return 0, 0
+        self.hints.start(self.prefix_cache, conversation, tokens)
         job = self.hints.job
-        if job is not None:
-            self.on_event(DraftPrefill(request.conversation_id or "", len(job.state), len(job.tokens)))
+        return (len(job.state), len(job.tokens)) if job is not None else (0, 0)
 
     def _hint_step(self) -> None:
         """One chunk of the draft's prefill (only while nothing else is queued)."""

@@ -48,7 +48,8 @@ def test_compare_from_the_panel_button(qtbot: QtBot, harness: Harness, tmp_path:
         "Hello there, friend.",
         "Second question",
     ]
-    assert dialog.chosen() == [Config(speculative="off"), Config(speculative="lookup")]
+    # the configuration in use (prefill while typing is on by default), and speculation on beside it
+    assert dialog.chosen() == [Config(speculative="off", typing=True), Config(speculative="lookup", typing=True)]
     before = len(engine.requests)
     results = run(qtbot, dialog)
     assert isinstance(results, list) and len(results) == 2

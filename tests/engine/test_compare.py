@@ -54,7 +54,9 @@ def test_compare_configurations_give_identical_greedy_text(tiny_dir: Path, tmp_p
         assert row["total_s"] > 0 and row["ttft_s"] > 0
     assert len({row["text"] for row in rows}) == 1 and rows[0]["text"]
     cached, uncached, lookup = rows
-    assert cached["config"] == {"prefix_cache": "on", "speculative": "off", "quant": "none", "stream": "on"}
+    assert cached["config"] == {
+        "prefix_cache": "on", "speculative": "off", "quant": "none", "stream": "on", "typing": "off"
+    }  # fmt: skip
     assert cached["cached_tokens"] > 10, "warm: the replayed prompt is reused"
     assert uncached["cached_tokens"] == 0
     assert uncached["ttft_s"] == uncached["total_s"], "without streaming the text arrives at the end"
@@ -93,3 +95,19 @@ def test_bad_configurations_fail_cleanly(args: list[str], expected: str, tmp_pat
     run = brisk("compare", "hi", "--model", str(tmp_path / "no-model.gguf"), *args)
     assert run.returncode == EXIT_REQUEST, run.stderr
     assert expected in run.stderr and "Traceback" not in run.stderr
+
+
+def test_cold_compare_shows_what_prefill_while_typing_saves(tiny_dir: Path, tmp_path: Path) -> None:
+    """The message prefilled as if typed (typing=on) against sent at once, cold: same text, prompt reused."""
+    long = "Please read this carefully. " * 12
+    run = brisk(
+        "compare", long, "--model", str(tiny_dir), "--cold", "--runs", "1", "--max-tokens", "4", "--json",
+        "--config", "typing=off", "--config", "typing=on",
+        data_dir=str(tmp_path),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    off, on = events(run.stdout)
+    assert (off["config"]["typing"], on["config"]["typing"]) == ("off", "on")
+    assert on["identical"] is True
+    assert off["cached_tokens"] < 10  # cold: nothing but the template's start
+    assert on["cached_tokens"] > 100  # the typed message was prefilled before it was sent

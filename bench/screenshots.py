@@ -11,7 +11,9 @@ mode, so it starts as a usual day's start does), with the default settings
   parameters panel in front;
 * ``screenshot-json-parameters.png`` and ``screenshot-json.png``: a new chat
   whose reply format is a JSON schema (city and country), with the parameters
-  panel, then the latency panel (forced tokens) in front.
+  panel, then the latency panel (forced tokens) in front;
+* ``screenshot-typing.png``: a long message pasted into the composer of a new
+  chat, prefilled before Send ("N tokens ready" under it).
 
 Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
 """
@@ -30,6 +32,12 @@ from pathlib import Path
 FIRST = "Give me three tips for a good night's sleep."
 SECOND = "Now write them again as a numbered list, then add one more tip."
 JSON_QUESTION = "Give me a city and its country"
+TYPED = (
+    "Here is the release checklist our team follows. Read it and tell me which step we usually forget.\n\n"
+    + "\n".join(
+        f"{n}. Step {n}: check the build, tag the commit, update the notes and tell support." for n in range(1, 25)
+    )
+)
 CITY_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
@@ -113,7 +121,17 @@ def main(argv: list[str]) -> int:
         time.sleep(0.01)
     window.latency.panel.flush()
     window.grab().save(str(out / "screenshot-json.png"))
-    print(f"wrote screenshot.png, screenshot-dark.png, screenshot-json.png and screenshot-json-parameters.png in {out}")
+
+    window.new_chat()  # a long message pasted into the composer: prefilled while it waits to be sent
+    window.composer.editor.insertPlainText(TYPED)
+    began = time.monotonic()
+    while "ready" not in window.composer.prefilled.text() or " of " in window.composer.prefilled.text():
+        app.processEvents()
+        time.sleep(0.01)
+        if time.monotonic() - began > 120:
+            break
+    window.grab().save(str(out / "screenshot-typing.png"))
+    print(f"wrote screenshot.png, -dark, -json, -json-parameters and -typing .png in {out}")
     window.close()
     window.bridge.shutdown()
     return 0

@@ -34,6 +34,7 @@ class ConversationActions:
     show_banner: Any
     stop: Any
     parameters: Any  # app.window.parameters.ParametersController
+    typing: Any  # app.window.typing.TypingPrefill
     statusBar: Any  # noqa: N815 (QMainWindow's)
     setWindowTitle: Any  # noqa: N815
 
@@ -62,6 +63,7 @@ class ConversationActions:
         self.show_context([])
         self.parameters.show_chat()
         self.composer.editor.setFocus()
+        self.typing.chat_changed()  # the draft in the composer now belongs to this chat
 
     def show_context(self, messages: list[Any] | None = None) -> None:
         """The context meter for the open chat (``messages``: its stored messages, read if not given)."""
@@ -85,6 +87,7 @@ class ConversationActions:
         self._show_title()
         self.show_context(messages)
         self.parameters.show_chat()
+        self.typing.chat_changed()
 
     def _open_hit(self, conversation_id: str, message_id: int | None) -> None:
         self.open_conversation(conversation_id)

@@ -41,6 +41,12 @@ class TypingPrefill(QObject):
         if not text.strip():
             window.composer.show_prefilled(0, 0)
 
+    def chat_changed(self) -> None:
+        """Another chat is open: the composer's draft (kept across the switch) is prefilled for it instead, and
+        what was prefilled for the chat before is dropped (an empty draft drops it too)."""
+        if self.conversation is not None or self.window.composer.text().strip():
+            self.draft_changed(self.window.composer.text())
+
     def reply_ended(self) -> None:
         """A reply ended: the draft typed meanwhile goes to the engine now."""
         text = self.window.composer.text()

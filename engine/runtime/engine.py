@@ -312,6 +312,7 @@ class Engine(Serving):
             max_tokens = request.sampling.max_tokens
             tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas), list(request.messages))
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
+            self.hints.drop(self.prefix_cache)  # one composer, one draft: whatever was prefilled before is stale
             self.hints.drop(self.prefix_cache, conversation)
             return 0, 0
         self.hints.start(self.prefix_cache, conversation, tokens)

@@ -248,6 +248,14 @@ def test_the_draft_goes_to_the_engine_as_it_is_typed_and_the_switch_stops_it(qtb
     assert engine.requests[-1].conversation_id == window.session.conversation_id
     assert not window.composer.prefilled.isVisible()
 
+    qtbot.keyClicks(window.composer.editor, "Draft in this chat")
+    qtbot.waitUntil(lambda: engine.hints[-1].messages[-1]["content"] == "Draft in this chat", timeout=2_000)
+    first = engine.hints[-1].conversation_id
+    window.new_chat()  # the draft stays in the composer: it is prefilled for the chat now open instead
+    assert engine.hints[-1].conversation_id != first
+    assert engine.hints[-1].messages[-1]["content"] == "Draft in this chat"
+    window.composer.clear()
+
     switches = window.latency.panel.switches
     switches.checks["prefill_typing"].setChecked(False)
     assert window.settings.prefill_while_typing is False

@@ -145,8 +145,24 @@ def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runne
     settle(runner)
     full = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
     runner.engine.hints.start(  # type: ignore[attr-defined]
-        runner.engine.prefix_cache, "conv:typed", full[:-2]  # type: ignore[attr-defined]
+        runner.engine.prefix_cache,
+        "conv:typed",
+        full[:-2],  # type: ignore[attr-defined]
     )
     entry = runner.engine.prefix_cache.entries.get(HINT + "conv:typed")  # type: ignore[attr-defined]
     assert entry is not None and entry.tokens == full[:-2]
     assert not runner.engine.hints.pending()  # type: ignore[attr-defined]
+
+
+def test_a_draft_moved_to_another_chat_leaves_nothing_stale(runner: EngineRunner) -> None:
+    hint(runner, "first", [SYSTEM, {"role": "user", "content": LONG}])
+    settle(runner)
+    assert HINT + "conv:first" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
+    hint(runner, "second", [SYSTEM, {"role": "user", "content": LONG + " More."}])  # the draft, in another chat
+    settle(runner)
+    entries = runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
+    assert HINT + "conv:first" not in entries and HINT + "conv:second" in entries
+    hint(runner, "third", [{"role": "user", "content": ""}])  # a chat opened with the composer emptied
+    settle(runner)
+    assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
+    assert runner.engine.hints.job is None  # type: ignore[attr-defined]

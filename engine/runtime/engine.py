@@ -75,6 +75,7 @@ __all__ = [
 
 
 MEASURE_POLL_S = 0.25  # while the native step compiles, the idle engine looks at it this often
+TYPING_HOLD_S = 2.0  # the background measurement waits while hints came this recently (a message is being typed)
 
 
 class Engine(Serving):
@@ -93,6 +94,7 @@ class Engine(Serving):
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self.measuring: Measuring | None = None  # a first start's mode measurement, run while idle
         self.hints = Hints()  # the message being typed, prefilled while idle
+        self._last_hint = -1e9  # time.monotonic() of the last hint
         self._load_number = 0  # the load the current model came from
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -198,12 +200,13 @@ class Engine(Serving):
             except queue.Empty:
                 return ("rewarm", None) if self.rewarm.pending() else ("hint-step", None)
         if self.measuring is not None:
+            # the native step compiles, or the user is typing a message (hints came in the last
+            # TYPING_HOLD_S): no measuring step, whose build could hold the Send that follows
+            hold = self.measuring.waiting() or time.monotonic() - self._last_hint < TYPING_HOLD_S
             try:
-                if self.measuring.waiting():  # the native step compiles: look again shortly
-                    return self._queue.get(timeout=MEASURE_POLL_S)
-                return self._queue.get_nowait()
+                return self._queue.get(timeout=MEASURE_POLL_S) if hold else self._queue.get_nowait()
             except queue.Empty:
-                return "measure", None
+                return ("idle", None) if hold and not self.measuring.waiting() else ("measure", None)
         return self._queue.get()
 
     def _call(self, fn: Callable[[Engine], Any]) -> None:
@@ -293,6 +296,7 @@ class Engine(Serving):
         """A new draft: what of its prompt no keystroke can change becomes the hint job.  Whatever happens,
         a ``DraftPrefill`` says how much is ready (0 of 0: nothing will be prefilled)."""
         ready, total = 0, 0
+        self._last_hint = time.monotonic()
         try:
             ready, total = self._start_hint(request)
         except Exception:  # a hint only saves time: the Send prefills as it would have

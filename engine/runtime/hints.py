@@ -14,6 +14,9 @@ for another conversation or a hint whose draft is empty replaces or drops the jo
 prompt holds the draft (its Send) ends it (:meth:`Hints.sent`); a Send in another chat leaves it be.  Hint
 entries are never saved to disk and are the first the prefix cache evicts.
 
+Hints also say a Send is coming: while they come in (``engine.runtime.engine.TYPING_HOLD_S``), a first
+start's background measurement of the weight modes starts no step, so no build holds the Send.
+
 The KV a hint computes is the KV the request's own prefill would compute for the same tokens, so the
 reply is the same with the switch on or off (``tests/engine/runtime/test_hints.py``).
 """

@@ -129,3 +129,35 @@ def test_a_request_waits_for_at_most_one_measuring_step(
         assert isinstance(end, Tuning) and end.message.startswith("Switched to")
     finally:
         engine.shutdown()
+
+
+def test_the_measurement_waits_while_a_message_is_being_typed(
+    tiny_dir: Path, fresh_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hints (prefill while typing) say a Send is coming: no measuring step starts meanwhile, so none holds it."""
+    fake(monkeypatch, STEADY, AGREE)
+    steps: list[float] = []
+    step = Engine._measure_step
+
+    def measure_step(self: Engine) -> None:
+        steps.append(time.monotonic())
+        step(self)
+
+    monkeypatch.setattr(Engine, "_measure_step", measure_step)
+    recorder = Recorder()
+    engine = start(tiny_dir, recorder)
+    try:
+        recorder.wait_for(lambda e: isinstance(e, Tuning) and not e.done and "background:" in e.message)
+        typing_began = time.monotonic()
+        for n in range(12):  # a person typing for about 2.4 s
+            draft = ({"role": "user", "content": "Tell me about the harbour"[: 10 + n]},)
+            engine.hint(Request(uuid.uuid4().hex, draft, Sampling(max_tokens=6), conversation_id="c"))
+            time.sleep(0.2)
+        typing_ended = time.monotonic()
+        during = [t for t in steps if typing_began + 0.3 < t < typing_ended]  # one step may be under way
+        assert during == [], "no measuring step starts while hints come in"
+        end = recorder.wait_for(lambda e: isinstance(e, Tuning) and e.done)  # and it goes on afterwards
+        assert isinstance(end, Tuning) and end.message.startswith("Switched to")
+        assert any(t > typing_ended for t in steps)
+    finally:
+        engine.shutdown()

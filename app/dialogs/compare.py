@@ -46,6 +46,7 @@ from app.background import in_background
 from app.bridge import EngineBridge
 from app.panels.charts import BarsChart
 from app.state.config import ReplyConfig
+from app.state.session import chat_messages
 from engine.api import ModelSpec
 from engine.client import Client, LoadError
 from engine.compare import HEADER, SWITCHES, Config, Result, compare, rows
@@ -58,17 +59,13 @@ TIMEOUT_S = 600.0
 def replay_messages(store: Store, conversation_id: str, message_id: int) -> list[dict[str, str]]:
     """The messages the request for user message ``message_id`` carried (system prompt first)."""
     conversation = store.get_conversation(conversation_id)
-    out: list[dict[str, str]] = []
-    if conversation.system_prompt.strip():
-        out.append({"role": "system", "content": conversation.system_prompt})
-    for message in store.messages(conversation_id):
-        if message.role in ("user", "assistant") and message.content:
-            out.append({"role": message.role, "content": message.content})
-        if message.id == message_id:
-            if message.role != "user":
-                raise ValueError("Only your own messages can be compared.")
-            return out
-    raise ValueError(f"Message {message_id} is not in this conversation.")
+    history = store.messages(conversation_id)
+    found = next((i for i, message in enumerate(history) if message.id == message_id), None)
+    if found is None:
+        raise ValueError(f"Message {message_id} is not in this conversation.")
+    if history[found].role != "user":
+        raise ValueError("Only your own messages can be compared.")
+    return chat_messages(conversation.system_prompt, history[: found + 1])
 
 
 def bridge_client(bridge: EngineBridge) -> tuple[Client, object]:

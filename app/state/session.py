@@ -20,7 +20,7 @@ and the reply carries on on screen.  One reply streams at a time.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +64,14 @@ class Turn:
     reply: ReplyState
     user_message_id: int | None
     new_conversation: bool
+
+
+def chat_messages(system_prompt: str, history: Sequence[Message]) -> list[dict[str, str]]:
+    """What a request of a chat carries before its new turn: the system prompt (if any), then the stored
+    user and assistant messages that have text (a reply still streaming or failed empty is left out)."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+    kept = [m for m in history if m.role in ("user", "assistant") and m.content]
+    return messages + [{"role": m.role, "content": m.content} for m in kept]
 
 
 class ChatSession:
@@ -163,10 +171,7 @@ class ChatSession:
             conversation = self.store.get_conversation(self.conversation_id)
             system, own, conversation_id = conversation.system_prompt, conversation.params, self.conversation_id
             history = self.store.messages(self.conversation_id)
-        messages = [{"role": "system", "content": system}] if system.strip() else []
-        kept = [m for m in history if m.role in ("user", "assistant") and m.content]
-        messages += [{"role": m.role, "content": m.content} for m in kept]
-        messages.append({"role": "user", "content": text})
+        messages = [*chat_messages(system, history), {"role": "user", "content": text}]
         return self._request(tuple(messages), own, conversation_id)
 
     def _request(
@@ -187,13 +192,7 @@ class ChatSession:
 
     def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
         conversation = self.store.get_conversation(conversation_id)
-        history = self.store.messages(conversation_id)
-        messages: list[dict[str, str]] = []
-        if conversation.system_prompt.strip():
-            messages.append({"role": "system", "content": conversation.system_prompt})
-        for message in history:
-            if message.role in ("user", "assistant") and message.content:
-                messages.append({"role": message.role, "content": message.content})
+        messages = chat_messages(conversation.system_prompt, self.store.messages(conversation_id))
         reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
         request = self._request(tuple(messages), conversation.params, conversation_id, fresh)
         self.active = ReplyState(request.id, reply_id, conversation_id)

@@ -60,7 +60,6 @@ from engine.runtime.serving import CONVERSATION, Serving, conversation_key
 from engine.runtime.speculative import DraftModel, HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
-from engine.tools import tool_schemas
 
 __all__ = [
     "KV_RESERVE_BYTES",
@@ -297,27 +296,25 @@ class Engine(Serving):
         a ``DraftPrefill`` says how much is ready (0 of 0: nothing will be prefilled)."""
         ready, total = 0, 0
         self._last_hint = time.monotonic()
+        conversation = conversation_key(request.conversation_id or request.id)
         try:
-            ready, total = self._start_hint(request)
+            ready, total = self._start_hint(request, conversation)
         except Exception:  # a hint only saves time: the Send prefills as it would have
             traceback.print_exc()
             self.hints.drop(self.prefix_cache)
-        self.on_event(DraftPrefill(request.conversation_id or "", ready, total))
+        self.on_event(DraftPrefill(conversation.removeprefix(CONVERSATION), ready, total))
 
-    def _start_hint(self, request: Request) -> tuple[int, int]:
+    def _start_hint(self, request: Request, conversation: str) -> tuple[int, int]:
         if self.loaded is None or self.prefix_cache is None or self.prefix_cache.budget_bytes <= 0:
             return 0, 0
-        conversation = conversation_key(request.conversation_id or request.id)
         text = str(request.messages[-1].get("content", "")) if request.messages else ""
         tokens: list[int] = []
         if text.strip() and request.prefix_cache and not request_problems(request):
-            view = self.tools.view(request.tools)
-            schemas = (tool_schemas(view) or None) if view is not None else None
+            _view, schemas = self._tool_view(request)
             max_tokens = request.sampling.max_tokens
             tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas), list(request.messages))
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
             self.hints.drop(self.prefix_cache)  # one composer, one draft: whatever was prefilled before is stale
-            self.hints.drop(self.prefix_cache, conversation)
             return 0, 0
         self.hints.start(self.prefix_cache, conversation, tokens)
         job = self.hints.job
@@ -329,12 +326,12 @@ class Engine(Serving):
         job = self.hints.job
         assert job is not None
         try:
-            _conversation, ready, total, _seconds = self.hints.step(self.loaded.model, self.prefix_cache)
+            self.hints.step(self.loaded.model, self.prefix_cache)
         except Exception:  # a hint only saves time
             traceback.print_exc()
             self.hints.drop(self.prefix_cache)
             return
-        self.on_event(DraftPrefill(job.conversation.removeprefix(CONVERSATION), ready, total))
+        self.on_event(DraftPrefill(job.conversation.removeprefix(CONVERSATION), len(job.state), len(job.tokens)))
 
     def _rewarm_after_load(self, old_cache: PrefixCache | None, old_tokenizer: Any, warnings: list[Warning]) -> None:
         """Queue the old cache's last used system prompts for the new model (same vocabulary only)."""

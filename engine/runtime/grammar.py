@@ -176,6 +176,8 @@ class Grammar:
 
     def masks_along(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
         """``logits`` (``[len(drafts) + 1, vocab]``) with row i masked by the state after ``drafts[:i]``."""
+        import torch
+
         rows = [self.masked(logits[0])]
         taken = 0
         for token in drafts:
@@ -186,8 +188,6 @@ class Grammar:
         if taken:
             self._matcher.rollback(taken)
         assert taken == len(drafts), "drafts are cut to the grammar before they are verified"
-        import torch
-
         return torch.stack(rows)
 
     def valid_prefix(self, drafts: list[int]) -> int:

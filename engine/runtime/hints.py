@@ -23,7 +23,6 @@ reply is the same with the switch on or off (``tests/engine/runtime/test_hints.p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +64,6 @@ class Hints:
 
     def __init__(self) -> None:
         self.job: Job | None = None
-        self.ready: dict[str, int] = {}  # conversation key -> tokens of its draft's prompt prefilled so far
 
     def start(self, cache: PrefixCache, conversation: str, tokens: list[int]) -> None:
         """Prefill ``tokens`` for ``conversation`` from here on, keeping what the current job shares."""
@@ -84,42 +82,31 @@ class Hints:
             cache.entries.pop(HINT + conversation)  # it holds text the draft no longer has
             if len(job.state):
                 cache.insert(HINT + conversation, job.state)  # what is still true stays reusable
-        self.ready[conversation] = min(len(job.state), len(tokens))
 
     def pending(self) -> bool:
         return self.job is not None and len(self.job.state) < len(self.job.tokens)
 
-    def step(self, model: Any, cache: PrefixCache) -> tuple[str, int, int, float]:
-        """Prefill one chunk; (conversation, tokens ready, tokens wanted, seconds) for the window."""
+    def step(self, model: Any, cache: PrefixCache) -> None:
+        """Prefill one chunk of the job's tokens."""
         job = self.job
         assert job is not None
-        began = time.perf_counter()
         done = len(job.state)
         forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
         cache.insert(HINT + job.conversation, job.state)  # a Send that comes now starts from here
-        self.ready[job.conversation] = len(job.state)
-        return job.conversation, len(job.state), len(job.tokens), time.perf_counter() - began
 
     def sent(self, cache: PrefixCache, prompt: list[int]) -> None:
         """A request with ``prompt`` is served: the hints whose text it holds whole are done with (their job
         and entry go); a draft in another chat keeps its prefill."""
-        job = self.job
-        if job is not None and common_prefix(job.tokens, prompt) == len(job.tokens):
-            self.drop(cache)
-        for key in [k for k, e in cache.entries.items() if k.startswith(HINT)]:
-            if common_prefix(cache.entries[key].tokens, prompt) == len(cache.entries[key].tokens):
+        if self.job is not None and common_prefix(self.job.tokens, prompt) == len(self.job.tokens):
+            self.job = None
+        for key, entry in list(cache.entries.items()):
+            if key.startswith(HINT) and common_prefix(entry.tokens, prompt) == len(entry.tokens):
                 cache.entries.pop(key)
-                self.ready.pop(key.removeprefix(HINT), None)
 
-    def drop(self, cache: PrefixCache | None, conversation: str | None = None) -> None:
-        """Forget the job (only if it is ``conversation``'s, when given) and its entry in the cache."""
-        job = self.job
-        if job is None or (conversation is not None and job.conversation != conversation):
-            if conversation is not None and cache is not None:
-                cache.entries.pop(HINT + conversation, None)
-                self.ready.pop(conversation, None)
-            return
+    def drop(self, cache: PrefixCache | None) -> None:
+        """Forget the job and every draft's prefill in ``cache``: there is one composer, so one draft, and
+        whatever was prefilled for another is stale."""
         self.job = None
-        self.ready.pop(job.conversation, None)
         if cache is not None:
-            cache.entries.pop(HINT + job.conversation, None)
+            for key in [k for k in cache.entries if k.startswith(HINT)]:
+                cache.entries.pop(key)

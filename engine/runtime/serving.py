@@ -106,8 +106,7 @@ class Serving:
         if problems:
             reply.fail("Cannot send this request: " + "; ".join(problems) + ".")
             return
-        view = self.tools.view(request.tools)
-        schemas = (tool_schemas(view) or None) if view is not None else None
+        view, schemas = self._tool_view(request)
         messages: list[dict[str, Any]] = list(request.messages)
         try:
             prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
@@ -161,6 +160,12 @@ class Serving:
         with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
             reply.emit(Done(request.id, reply.since(), text, finish, metrics))
             self._keep_answer(request, result, finish, rounds, metrics)
+
+    def _tool_view(self, request: Request) -> tuple[Any, list[dict[str, Any]] | None]:
+        """The tools ``request`` may call, and their schemas for the chat template (None: no tools).  A reply
+        and the draft prefilled before it (``Engine.hint``) render their prompts from the same schemas."""
+        view = self.tools.view(request.tools)
+        return view, (tool_schemas(view) or None) if view is not None else None
 
     def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
         assert self.loaded is not None

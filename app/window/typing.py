@@ -54,5 +54,5 @@ class TypingPrefill(QObject):
             self.draft_changed(text)
 
     def on_event(self, event: DraftPrefill) -> None:
-        if event.conversation_id == self.conversation and self.window.composer.text().strip():
+        if event.conversation_id == self.conversation:  # show_prefilled hides it for an empty composer
             self.window.composer.show_prefilled(event.ready, event.total)

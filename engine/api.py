@@ -175,6 +175,10 @@ class Request:
     answer_cache: bool = True  # may be answered from the answer cache (deterministic sampling only)
     fresh: bool = False  # "regenerate fresh": never answer from the answer cache (a new answer replaces the old)
     submitted_at: float = 0.0  # perf_counter() at submission; set by the engine if 0
+    # tools a client of the server defined (OpenAI's "tools" entries): shown to the model like Brisk's own,
+    # a call it writes is decoded under their schemas and handed back in Done.text, never run here
+    client_tools: tuple[Mapping[str, Any], ...] = ()
+    raw: bool = False  # the one message's content is the whole prompt, no chat template (/v1/completions)
 
 
 # -- metrics -------------------------------------------------------------------------------------

@@ -364,6 +364,13 @@ class Embedder:
         self._jobs.put((list(texts), future))
         return future
 
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """The tokens the model reads of ``texts`` (cut to its length as ``embed`` cuts them); 0 while not ready."""
+        model = self._model
+        if model is None:
+            return 0
+        return sum(sum(e.attention_mask) for e in model.tokenizer.encode_batch(list(texts)))
+
     def forget(self) -> None:
         """Drop the remembered vectors (benchmarks time the embedding itself)."""
         with self._lock:

@@ -9,6 +9,7 @@ a bad value raises ``ValueError`` when the options are made.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.api import SOURCES, AnswerCacheSettings, Request, Sampling, ToolSettings
@@ -54,4 +55,8 @@ def request_problems(request: Request) -> list[str]:
         for m in request.messages
     ):
         problems.append("every message needs a text role and content")
+    if not all(isinstance(t, Mapping) and isinstance(t.get("function"), Mapping) for t in request.client_tools):
+        problems.append('client tools must be {"type": "function", "function": {...}} objects')
+    if request.raw and (len(request.messages) != 1 or request.client_tools):
+        problems.append("a raw prompt is one message and takes no tools")
     return problems

@@ -163,3 +163,14 @@ def build_prompt(
             cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
             ids = render(tokenizer, system + turns[:-1] + [cut], tools=tools)
     return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids))
+
+
+def raw_prompt(tokenizer: Any, text: str, context: int, max_tokens: int) -> Prompt:
+    """``text`` as the whole prompt, no chat template (an OpenAI ``/v1/completions`` prompt): its tokens, the
+    tokenizer's own start token included, kept to its end when it does not fit ``context``."""
+    if not text:
+        raise ValueError("The prompt is empty.")
+    ids = list(tokenizer(text)["input_ids"])
+    budget = context - min(max_tokens, context // 2)
+    truncated = len(ids) > budget
+    return Prompt(ids[-budget:] if truncated else ids, truncated, 0)

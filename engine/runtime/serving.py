@@ -38,7 +38,7 @@ from engine.runtime.hints import Hints
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
 from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache
-from engine.runtime.prompt import Prompt, build_prompt
+from engine.runtime.prompt import Prompt, build_prompt, raw_prompt
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, HistoryDrafts, HistoryIndex, PromptLookup
@@ -109,7 +109,10 @@ class Serving:
         view, schemas = self._tool_view(request)
         messages: list[dict[str, Any]] = list(request.messages)
         try:
-            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+            if request.raw:
+                prompt = raw_prompt(self.loaded.tokenizer, messages[0]["content"], *self._budget(request))
+            else:
+                prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             reply.fail(str(exc))
@@ -164,12 +167,18 @@ class Serving:
     def _tool_view(self, request: Request) -> tuple[Any, list[dict[str, Any]] | None]:
         """The tools ``request`` may call, and their schemas for the chat template (None: no tools).  A reply
         and the draft prefilled before it (``Engine.hint``) render their prompts from the same schemas."""
+        if request.client_tools:  # a server client's own tools: in the prompt, calls handed back, never run
+            return None, [dict(tool) for tool in request.client_tools]
         view = self.tools.view(request.tools)
         return view, (tool_schemas(view) or None) if view is not None else None
 
     def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
         assert self.loaded is not None
         return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+
+    def _budget(self, request: Request) -> tuple[int, int]:
+        assert self.loaded is not None
+        return self.loaded.context_length, request.sampling.max_tokens
 
     def _fit(self) -> tuple[Any, int]:
         """What tool results are measured and cut against: the tokenizer and the context length."""
@@ -281,7 +290,9 @@ class Serving:
         """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
         if finish != "cancelled" and not rounds.tools_ran:
             self.history.add(result.ids)  # drafts for any later question
-        if finish not in ("stop", "length", "repetition") or rounds.tools_ran or self.identity is None:
+        # a raw prompt or a client's tools are not what the answer cache keys on: not kept there
+        kept_elsewhere = request.raw or bool(request.client_tools)
+        if finish not in ("stop", "length", "repetition") or rounds.tools_ran or kept_elsewhere or not self.identity:
             if finish != "cancelled" and not rounds.tools_ran:
                 self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
             return

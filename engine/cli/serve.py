@@ -1,0 +1,128 @@
+"""``brisk serve``: the loaded model as an OpenAI-compatible server (``engine.server``).
+
+Listens on ``--host`` (127.0.0.1) and ``--port`` (8765) at once, saying
+"loading" on ``/health`` (503) until the model is in, then prints the base URL
+and one line per finished request until Ctrl-C.  ``--api-key KEY`` (or
+``BRISK_SERVER_KEY``) is required for any host but loopback.  Model flags and
+every setting left out come from the user's settings, as for ``brisk ask``; a
+request's sampling fields left out take the settings' values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from engine.api import SOURCES
+from engine.cli.backend import add_cache_args, backend_factory
+from engine.cli.common import (
+    EXIT_MODEL,
+    EXIT_REQUEST,
+    add_model_args,
+    apply_settings,
+    fail,
+    fail_problems,
+    load_settings,
+    model_spec,
+    print_warnings,
+    speculative_source,
+)
+from engine.client import Client, LoadError
+
+KEY_ENV = "BRISK_SERVER_KEY"
+
+
+def add_serve_parser(sub: Any) -> None:
+    from engine.server.run import DEFAULT_HOST, DEFAULT_PORT
+
+    serve = sub.add_parser("serve", help="serve the model to other programs (OpenAI-compatible API)")
+    add_model_args(serve)
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    serve.add_argument("--api-key", default=None, help=f"clients must send this key (or set {KEY_ENV})")
+    serve.add_argument(
+        "--speculative", default=None, choices=SOURCES, help="speculative decoding source for every request"
+    )
+    add_cache_args(serve)
+    serve.add_argument("--quiet", action="store_true", help="no line per request")
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from engine.answer_cache.embed import shared_embedder
+    from engine.server import Hub, ServeError, ServerThread, Service, model_id, serve_problems
+
+    settings = load_settings(False)
+    apply_settings(args, settings, False)
+    key = args.api_key or os.environ.get(KEY_ENV) or None
+    problems = serve_problems(args.host, args.port, key)
+    if problems:
+        return fail_problems(problems, False)
+    client: Client | None = None
+    hub = Hub(lambda r: _backend(client).submit(r), lambda i: _backend(client).cancel(i))
+    factory = backend_factory(args, settings)
+    service = Service(
+        hub=hub,
+        defaults=settings.sampling(),
+        speculative=speculative_source(args, settings),
+        api_key=key,
+        embedder=shared_embedder,
+    )
+    server = ServerThread(service, args.host, args.port)
+    try:
+        url = server.start()
+    except ServeError as exc:
+        return fail(str(exc), False, EXIT_REQUEST)
+    print(f"Listening on {url} (loading the model; /health says when it is ready)", flush=True)
+    if not args.quiet:
+        hub.log.listeners.append(_print_entry)
+    try:
+        client = Client(lambda sink: factory(_routed(hub, sink)))
+        loaded = client.load(model_spec(args))
+    except (LoadError, ValueError) as exc:
+        server.stop()
+        if client is not None:
+            client.close()
+        return fail(str(exc), False, EXIT_MODEL)
+    print_warnings(client.warnings, False)
+    service.context = loaded.info.context_length
+    service.aliases = (loaded.model_name,)
+    service.model = model_id(loaded.model_name)
+    print(f"Serving {service.model} at {url} (Ctrl-C stops)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5) and server.running():
+            pass
+    finally:
+        server.stop()
+        client.close()
+    return 0
+
+
+def _routed(hub: Any, sink: Any) -> Any:
+    """The engine's event sink: the server's requests to the hub, everything else (the load) to ``sink``."""
+
+    def on_event(event: object) -> None:
+        if not hub.dispatch(event):
+            sink(event)
+
+    return on_event
+
+
+def _backend(client: Client | None) -> Any:
+    if client is None:
+        raise RuntimeError("the engine is not started yet")
+    return client.backend
+
+
+def _print_entry(entry: Any, metrics: Any) -> None:
+    ttft = f"TTFT {entry.ttft_s:.3f} s" if entry.ttft_s is not None else ""
+    tokens = f"{entry.prompt_tokens}+{entry.completion_tokens} tokens ({entry.cached_tokens} cached)"
+    detail = entry.message or f"{entry.finish} {tokens} {ttft}".strip()
+    print(f"{entry.endpoint} {entry.client}: {entry.status} {detail}", file=sys.stderr, flush=True)

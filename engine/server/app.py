@@ -1,0 +1,449 @@
+"""The OpenAI-compatible HTTP API: a Starlette app, streamed with sse-starlette, served by uvicorn.
+
+Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
+``POST /v1/chat/completions`` (streamed or not), ``POST /v1/completions``,
+``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships).
+Every error is OpenAI's shape ``{"error": {"message", "type", "param",
+"code"}}`` with its status: 400 for a body Brisk cannot honour (named field),
+401 without the right key, 404 for an unknown model or path, 405, 413 for a
+body over ``max_body`` bytes, 503 while no model is loaded, 500 when the reply
+itself failed.  A request whose client disconnects is cancelled at once
+(streamed: sse-starlette ends the generator; not streamed: a watcher sees the
+``http.disconnect``).
+
+A streamed reply's status comes from its first event: the response starts
+only once the engine has taken the request (``Started``), so a request the
+engine refuses is a plain 4xx/5xx, never a 200 with an error inside.  After
+that a failure is one last ``data: {"error": ...}`` event (as OpenAI sends).
+With client tools, text from a ``<tool_call>`` marker on is held back and sent
+as ``tool_calls`` deltas once the call is whole (Brisk's own parser).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.api import Done, Error, Request, Sampling, Started, Token
+from engine.server import shapes
+from engine.server.hub import Entry, Hub
+from engine.server.shapes import ApiError, Reply
+
+MAX_BODY = 8 << 20  # bytes of one request body
+EMBED_WAIT_S = 60.0  # the embedding model's load, at most, before a 503
+EMBED_MAX_INPUTS = 2048
+TOOL_OPEN = "<tool_call>"
+
+
+@dataclass
+class Service:
+    """What the handlers share: the hub, the loaded model as clients name it, the defaults, the key."""
+
+    hub: Hub
+    defaults: Sampling = field(default_factory=Sampling)
+    speculative: str = "auto"
+    api_key: str | None = None
+    model: str | None = None  # the loaded model's id (model_id); None while loading
+    aliases: tuple[str, ...] = ()  # other names a request may give it (the name the window shows)
+    context: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+    loading: str = "loading the model"  # what /health says while model is None
+    max_body: int = MAX_BODY
+    embedder: Callable[[], Any] | None = None  # the process's embedder (engine.answer_cache.shared_embedder)
+
+    def model_ids(self) -> list[str]:
+        ids = [self.model] if self.model else []
+        if self.embedder is not None:
+            ids.append(EMBED_MODEL)
+        return ids
+
+
+EMBED_MODEL = "all-MiniLM-L6-v2"
+
+
+def model_id(name: str) -> str:
+    """The id clients send for a loaded model: its name without notes in brackets, spaces as dashes
+    ("SmolLM2-135M-Instruct (bundled)" is "SmolLM2-135M-Instruct")."""
+    return re.sub(r"\s+", "-", re.sub(r"\s*\([^)]*\)", "", name).strip()) or "brisk"
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, refused past ``limit`` bytes (counted as it arrives, not just announced)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"The request body is over {limit >> 20} MiB.", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"The request body is over {limit >> 20} MiB.", code="body_too_large")
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks) or b"null")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise shapes.bad(f"The body is not valid JSON ({exc}).", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise shapes.bad("The body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def client_name(request: HttpRequest) -> str:
+    host = request.client.host if request.client else "?"
+    agent = request.headers.get("user-agent", "").split(" ")[0].split("/")[0]
+    return f"{agent} ({host})" if agent else host
+
+
+def engine_error(message: str) -> ApiError:
+    """An engine ``Error`` that came before the reply started, as an HTTP error."""
+    if message.startswith("No model"):
+        return ApiError(503, message, code="model_not_loaded")
+    if message.startswith("The reply failed"):
+        return ApiError(500, message, code="engine_error")
+    return shapes.bad(message, code="invalid_request")
+
+
+class Handlers:
+    def __init__(self, service: Service) -> None:
+        self.s = service
+
+    # -- checks ---------------------------------------------------------------------------
+    def check_key(self, request: HttpRequest) -> None:
+        if not self.s.api_key:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.s.api_key):
+            raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY'.", code="invalid_api_key")
+
+    def chat_model(self, body: Mapping[str, Any]) -> str:
+        if self.s.model is None:
+            raise ApiError(
+                503, f"No model is loaded yet ({self.s.loading}); try again shortly.", code="model_not_loaded"
+            )
+        asked = body.get("model")
+        if asked in (None, "", self.s.model, *self.s.aliases):
+            return self.s.model
+        if not isinstance(asked, str):
+            raise shapes.bad("'model' must be a text.", "model", "invalid_type")
+        raise ApiError(
+            404,
+            f"The model {asked!r} is not loaded here; this server has {self.s.model!r} (GET /v1/models).",
+            "model",
+            "model_not_found",
+        )
+
+    # -- endpoints ------------------------------------------------------------------------
+    async def health(self, request: HttpRequest) -> Response:
+        if self.s.model is None:
+            return JSONResponse({"status": "loading", "message": self.s.loading}, status_code=503)
+        running, _, served = self.s.hub.log.snapshot()
+        return JSONResponse({"status": "ok", "model": self.s.model, "in_flight": len(running), "served": served})
+
+    async def models(self, request: HttpRequest) -> Response:
+        self.check_key(request)
+        data = [
+            {"id": m, "object": "model", "created": self.s.created, "owned_by": "brisk"} for m in self.s.model_ids()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: HttpRequest) -> Response:
+        self.check_key(request)
+        name = request.path_params["name"]
+        if name not in self.s.model_ids():
+            raise ApiError(404, f"No model {name!r} here (GET /v1/models lists them).", "model", "model_not_found")
+        return JSONResponse({"id": name, "object": "model", "created": self.s.created, "owned_by": "brisk"})
+
+    async def chat(self, request: HttpRequest) -> Response:
+        self.check_key(request)
+        body = await read_json(request, self.s.max_body)
+        model = self.chat_model(body)
+        req, reply = shapes.chat_request(
+            body, model, self.s.defaults, self.s.context, self.s.speculative, client_name(request)
+        )
+        return await self.answer(request, req, reply, "/v1/chat/completions", chat=True)
+
+    async def completions(self, request: HttpRequest) -> Response:
+        self.check_key(request)
+        body = await read_json(request, self.s.max_body)
+        model = self.chat_model(body)
+        req, reply = shapes.completion_request(body, model, self.s.defaults, self.s.context, self.s.speculative)
+        return await self.answer(request, req, reply, "/v1/completions", chat=False)
+
+    async def embeddings(self, request: HttpRequest) -> Response:
+        self.check_key(request)
+        body = await read_json(request, self.s.max_body)
+        if self.s.embedder is None:
+            raise ApiError(404, "This server has no embedding model.", "model", "model_not_found")
+        if body.get("model") not in (None, "", EMBED_MODEL):
+            raise ApiError(
+                404,
+                f"The embedding model here is {EMBED_MODEL!r}, not {body.get('model')!r}.",
+                "model",
+                "model_not_found",
+            )
+        texts = body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise shapes.bad(
+                "'input' must be a text or a non-empty list of texts (token lists are not taken).", "input"
+            )
+        if len(texts) > EMBED_MAX_INPUTS:
+            raise shapes.bad(f"'input' takes at most {EMBED_MAX_INPUTS} texts, not {len(texts)}.", "input")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise shapes.bad("'encoding_format' must be float or base64.", "encoding_format", "unsupported_value")
+        if body.get("dimensions") not in (None, 384):
+            raise shapes.bad("'dimensions' must be 384 for this model.", "dimensions", "unsupported_value")
+        embedder = self.s.embedder()
+        ready = await asyncio.to_thread(embedder.wait, EMBED_WAIT_S)
+        future = embedder.submit(texts) if ready else None
+        if future is None:
+            raise ApiError(503, f"The embedding model is not available ({embedder.error or 'still loading'}).")
+        vectors = await asyncio.wrap_future(future)
+        tokens = embedder.count_tokens(texts)
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, encoding)} for i, v in enumerate(vectors)]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": EMBED_MODEL,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    # -- replies --------------------------------------------------------------------------
+    async def answer(self, http: HttpRequest, req: Request, reply: Reply, endpoint: str, chat: bool) -> Response:
+        entry = Entry(req.id, client_name(http), endpoint, time.time())
+        events = self.s.hub.open(req, entry)
+        watch = Watch(http)
+        try:
+            first = await self._first(watch, events)
+        except BaseException:
+            watch.stop()
+            self.s.hub.close(req.id)
+            raise
+        if first is None:  # the client left before the reply started
+            watch.stop()
+            self.s.hub.close(req.id)
+            return Response(status_code=499)
+        if isinstance(first, Error):
+            watch.stop()
+            raise engine_error(first.message)
+        if reply.stream:
+            watch.stop()
+            stream = self._chat_stream if chat else self._completion_stream
+            return EventSourceResponse(self._guarded(req.id, stream(req, reply, events)), ping=15, send_timeout=None)
+        try:
+            done = await self._wait_done(watch, events)
+        finally:
+            watch.stop()
+            self.s.hub.close(req.id)
+        if done is None:
+            return Response(status_code=499)
+        if isinstance(done, Error):
+            raise ApiError(500, done.message, code="engine_error")
+        reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        if not chat:
+            text = (req.messages[0]["content"] if reply.echo else "") + done.text
+            finish = shapes.finish_reason(done.finish_reason)
+            return JSONResponse(shapes.completion_response(reply_id, reply, text, finish, done.metrics))
+        text, calls = split_calls(done.text) if reply.tools else (done.text, [])
+        return JSONResponse(shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics))
+
+    async def _first(self, watch: Watch, events: asyncio.Queue[Any]) -> Any:
+        """The request's first event (``Started`` or ``Error``); None when the client disconnected first."""
+        while True:
+            event = await watch.next(events)
+            if event is None or isinstance(event, Started | Error | Done):
+                if isinstance(event, Done):  # an answer-cache hit still sends Started first; kept for safety
+                    events.put_nowait(event)
+                return event
+
+    async def _wait_done(self, watch: Watch, events: asyncio.Queue[Any]) -> Done | Error | None:
+        while True:
+            event = await watch.next(events)
+            if event is None or isinstance(event, Done | Error):
+                return event
+
+    async def _guarded(self, request_id: str, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        """The stream's events, then ``[DONE]``; the request is cancelled when the client stops reading."""
+        try:
+            async for chunk in chunks:
+                yield {"data": json.dumps(chunk, ensure_ascii=False)}
+            yield {"data": "[DONE]"}
+        finally:
+            self.s.hub.close(request_id)
+
+    async def _chat_stream(
+        self, req: Request, reply: Reply, events: asyncio.Queue[Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        reply_id = shapes.new_id("chatcmpl")
+        yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""})
+        held = ""  # text that may open a tool call, not sent yet
+        while True:
+            event = await events.get()
+            if isinstance(event, Token) and event.text:
+                if not reply.tools:
+                    yield shapes.chat_chunk(reply_id, reply, {"content": event.text})
+                    continue
+                held += event.text
+                send, held = sendable(held)
+                if send:
+                    yield shapes.chat_chunk(reply_id, reply, {"content": send})
+            elif isinstance(event, Done):
+                calls: list[dict[str, Any]] = []
+                if reply.tools and held:
+                    prose, calls = split_calls(held)
+                    if prose:
+                        yield shapes.chat_chunk(reply_id, reply, {"content": prose})
+                for i, call in enumerate(calls):
+                    yield shapes.chat_chunk(reply_id, reply, {"tool_calls": [{"index": i, **call}]})
+                finish = "tool_calls" if calls else shapes.finish_reason(event.finish_reason)
+                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics)
+                if reply.include_usage:
+                    yield shapes.chat_chunk(reply_id, reply, None, None, event.metrics)
+                return
+            elif isinstance(event, Error):
+                yield ApiError(500, event.message, code="engine_error").body()
+                return
+
+    async def _completion_stream(
+        self, req: Request, reply: Reply, events: asyncio.Queue[Any]
+    ) -> AsyncIterator[dict[str, Any]]:
+        reply_id = shapes.new_id("cmpl")
+        if reply.echo:
+            yield shapes.completion_response(reply_id, reply, req.messages[0]["content"], None, None, chunk=True)
+        while True:
+            event = await events.get()
+            if isinstance(event, Token) and event.text:
+                yield shapes.completion_response(reply_id, reply, event.text, None, None, chunk=True)
+            elif isinstance(event, Done):
+                finish = shapes.finish_reason(event.finish_reason)
+                yield shapes.completion_response(reply_id, reply, "", finish, event.metrics, chunk=True)
+                if reply.include_usage:
+                    yield {
+                        "id": reply_id,
+                        "object": "text_completion",
+                        "created": int(time.time()),
+                        "model": reply.model,
+                        "choices": [],
+                        "usage": shapes.usage(event.metrics),
+                    }
+                return
+            elif isinstance(event, Error):
+                yield ApiError(500, event.message, code="engine_error").body()
+                return
+
+
+class Watch:
+    """Notices the client's ``http.disconnect`` while a handler waits for events (the body is read by then, so
+    every message ``receive`` still gives is the disconnect).  Stopped before a streamed response starts:
+    sse-starlette listens for it from there."""
+
+    def __init__(self, http: HttpRequest) -> None:
+        self._task = asyncio.ensure_future(self._listen(http))
+
+    @staticmethod
+    async def _listen(http: HttpRequest) -> None:
+        while (await http.receive())["type"] != "http.disconnect":
+            pass
+
+    async def next(self, events: asyncio.Queue[Any]) -> Any:
+        """The next event, or None as soon as the client disconnects."""
+        getter = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            return getter.result() if getter.done() else None
+        finally:
+            if not getter.done():
+                getter.cancel()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+def _encoded(vector: Any, encoding: str) -> Any:
+    """One embedding as a list of floats, or (``base64``, the SDK's default) its little-endian float32 bytes."""
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+def sendable(held: str) -> tuple[str, str]:
+    """Split streamed text into what can go out now and what must wait: from a tool-call marker (or the
+    start of one at the very end) on, the text is held until the reply ends."""
+    at = held.find(TOOL_OPEN)
+    if at >= 0:
+        return held[:at], held[at:]
+    for size in range(min(len(TOOL_OPEN) - 1, len(held)), 0, -1):
+        if TOOL_OPEN.startswith(held[-size:]):
+            return held[:-size], held[-size:]
+    return held, ""
+
+
+def split_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """A reply's prose and its tool calls in OpenAI's shape (Brisk's parser, ``engine.tools``)."""
+    from engine.tools.parse import parse_model_output
+
+    parsed = parse_model_output(text)
+    calls = shapes.tool_calls(parsed.calls)
+    return (parsed.text.strip() if calls else text), calls
+
+
+def build_app(service: Service) -> Starlette:
+    handlers = Handlers(service)
+
+    async def api_error(request: HttpRequest, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc)
+
+    async def http_error(request: HttpRequest, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = {
+            404: f"No endpoint {request.url.path} (this server has /v1/chat/completions, /v1/completions, "
+            "/v1/embeddings, /v1/models, /health).",
+            405: f"{request.method} is not allowed on {request.url.path}.",
+        }.get(exc.status_code, str(exc.detail))
+        return error_response(ApiError(exc.status_code, message, code=code))
+
+    async def server_error(request: HttpRequest, exc: Exception) -> Response:
+        import traceback
+
+        traceback.print_exception(exc)
+        return error_response(ApiError(500, f"The server failed ({type(exc).__name__}: {exc}).", code="server_error"))
+
+    routes = [
+        Route("/health", handlers.health, methods=["GET"]),
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
+        Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
+        Route("/v1/completions", handlers.completions, methods=["POST"]),
+        Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
+    ]
+    middleware: list[Middleware] = []
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
+    )

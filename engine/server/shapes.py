@@ -1,0 +1,461 @@
+"""OpenAI's request and response shapes, read into Brisk's and written back: no I/O, no torch.
+
+:func:`chat_request` / :func:`completion_request` read a parsed JSON body into an
+:class:`~engine.api.Request` and the :class:`Reply` options the server needs to
+answer (stream, usage in the stream, n); anything Brisk cannot honour is an
+:class:`ApiError` (a 400 with the field named in ``param``), never silently
+ignored.  A field left out takes the window's value (``Settings``: greedy,
+repetition penalty 1.1, stop on a repeated block), so a client and the window
+get the same replies.  :func:`chat_response`, :func:`chat_chunk`,
+:func:`completion_response` and :func:`usage` build the answers from a ``Done``'s
+fields; :func:`brisk_figures` is Brisk's own timings in the one extra field
+``brisk``.  The field names follow the ``openai`` SDK's types
+(``openai.types.chat.ChatCompletion``, ``ChatCompletionChunk``,
+``openai.types.Completion``, ``CreateEmbeddingResponse``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from engine.api import Metrics, Request, Sampling, reply_format
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# finish reasons Brisk gives, as OpenAI's clients know them
+FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", "repetition": "stop"}
+MAX_STOP = 4  # OpenAI's own limit on stop sequences
+MAX_N = 1  # choices per request: one (several would be the same greedy reply, or a batch the client can send)
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    @property
+    def kind(self) -> str:
+        return {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            413: "invalid_request_error",
+            429: "rate_limit_error",
+            503: "server_error",
+        }.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
+    return ApiError(400, message, param, code)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """How to answer one request, beside the engine's ``Request``."""
+
+    model: str
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with usage and no choices
+    tools: bool = False  # the client sent tools: tool calls come back as ``tool_calls``
+    echo: bool = False  # /v1/completions: the prompt before the completion
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+# -- reading requests --------------------------------------------------------------------------------------
+
+
+def _number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad(f"'{name}' must be a number, not {value!r}.", name, "invalid_type")
+    if not low <= value <= high:
+        raise bad(f"'{name}' must be from {low:g} to {high:g}, not {value!r}.", name)
+    return float(value)
+
+
+def _whole(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"'{name}' must be a whole number, not {value!r}.", name, "invalid_type")
+    if not low <= value <= high:
+        raise bad(f"'{name}' must be from {low} to {high}, not {value!r}.", name)
+    return value
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad("'stop' must be a text or a list of non-empty texts.", "stop", "invalid_type")
+    if len(stops) > MAX_STOP:
+        raise bad(f"'stop' takes at most {MAX_STOP} sequences, not {len(stops)}.", "stop")
+    return tuple(stops)
+
+
+def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> Sampling:
+    """The request's sampling; a field left out keeps ``defaults`` (the window's settings)."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = _number(body, name, -2.0, 2.0, 0.0)
+        if value:
+            raise bad(
+                f"'{name}' is not supported: Brisk's penalty is multiplicative; send 'repetition_penalty' "
+                "(1 = off, 1.1 = mild) instead, or leave it out.",
+                name,
+                "unsupported_value",
+            )
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise bad("'logprobs' is not supported by this server.", "logprobs", "unsupported_value")
+    if body.get("logit_bias"):
+        raise bad("'logit_bias' is not supported by this server.", "logit_bias", "unsupported_value")
+    n = _whole(body, "n", 1, 128)
+    if n is not None and n > MAX_N:
+        raise bad(f"'n' must be 1 here; send {n} requests instead (they are served together).", "n")
+    limit = _whole(body, "max_completion_tokens", 1, 1 << 30)
+    if limit is None:
+        limit = _whole(body, "max_tokens", 1, 1 << 30)
+    if limit is not None and context and limit > context:
+        raise bad(f"'max_tokens' {limit} is more than the model's context of {context} tokens.", "max_tokens")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad(f"'seed' must be a whole number, not {seed!r}.", "seed", "invalid_type")
+    return replace(
+        defaults,
+        temperature=_number(body, "temperature", 0.0, 2.0, defaults.temperature),
+        top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p) or defaults.top_p,
+        top_k=int(_whole(body, "top_k", 0, 1 << 20) or defaults.top_k),
+        repetition_penalty=_number(body, "repetition_penalty", 0.01, 10.0, defaults.repetition_penalty),
+        seed=None if seed is None else seed % 2**63,
+        max_tokens=limit if limit is not None else defaults.max_tokens,
+        stop=_stop(body),
+        format=_format(body.get("response_format")),
+    )
+
+
+def _format(value: Any) -> str:
+    """OpenAI's ``response_format`` as a ``Sampling.format``."""
+    if value is None:
+        return ""
+    if not isinstance(value, Mapping) or not isinstance(value.get("type"), str):
+        raise bad("'response_format' must be an object with a 'type'.", "response_format", "invalid_type")
+    kind = value["type"]
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return reply_format("json_object")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if not isinstance(schema, Mapping):
+            raise bad("'response_format.json_schema.schema' must be a JSON schema object.", "response_format")
+        return reply_format("json_schema", dict(schema))
+    raise bad(f"'response_format.type' must be text, json_object or json_schema, not {kind!r}.", "response_format")
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of text parts (joined); other parts are refused."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise bad(f"{where}: only text parts are supported, not {kind!r}.", where, "unsupported_content")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad(f"{where}.content must be a text or a list of text parts.", where, "invalid_type")
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's ``tool_calls`` (arguments as JSON text) in the chat template's shape (a dict)."""
+    if not isinstance(calls, list):
+        raise bad(f"{where}.tool_calls must be a list.", where, "invalid_type")
+    out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise bad(f"{where}.tool_calls: each call needs a function with a name.", where)
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError as exc:
+                raise bad(f"{where}.tool_calls: arguments are not JSON ({exc.msg}).", where) from None
+        out.append({"type": "function", "function": {"name": function["name"], "arguments": arguments}})
+    return out
+
+
+def messages_from(value: Any) -> tuple[dict[str, Any], ...]:
+    """OpenAI chat messages as Brisk's (text content; ``developer`` is a system turn; tool turns kept)."""
+    if not isinstance(value, list) or not value:
+        raise bad("'messages' must be a non-empty list.", "messages", "invalid_type")
+    names: dict[str, str] = {}  # tool_call_id -> function name, for the tool turns that answer them
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise bad(f"{where} must be an object.", where, "invalid_type")
+        role = message.get("role")
+        if role not in ROLES:
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}, not {role!r}.", where)
+        turn: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        turn["content"] = _text(message.get("content"), where)
+        if role == "assistant" and message.get("tool_calls"):
+            turn["tool_calls"] = _tool_calls(message["tool_calls"], where)
+            for call, raw in zip(turn["tool_calls"], message["tool_calls"], strict=True):
+                if isinstance(raw.get("id"), str):
+                    names[raw["id"]] = call["function"]["name"]
+        if role == "tool":
+            name = message.get("name") or names.get(str(message.get("tool_call_id")), "")
+            if name:
+                turn["name"] = name
+        out.append(turn)
+    if not out[-1]["content"].strip():
+        raise bad("The last message is empty.", f"messages[{len(out) - 1}]")
+    return tuple(out)
+
+
+def tools_from(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], str]:
+    """The client's tools, and the reply format ``tool_choice`` asks for ("" free; a call forced otherwise)."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise bad("'tools' must be a list.", "tools", "invalid_type")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(function, Mapping):
+            raise bad(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}.", f"tools[{i}]")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad(f"tools[{i}].function.name must be a non-empty text.", f"tools[{i}]")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, Mapping):
+            raise bad(f"tools[{i}].function.parameters must be a JSON schema object.", f"tools[{i}]")
+        entry: dict[str, Any] = {
+            "name": name,
+            "description": str(function.get("description") or ""),
+            "parameters": dict(parameters),
+        }
+        out.append({"type": "function", "function": entry})
+    choice = body.get("tool_choice", "auto" if out else "none")
+    if choice == "none":
+        return (), ""
+    if not out:
+        raise bad("'tool_choice' needs 'tools'.", "tool_choice")
+    if choice == "auto":
+        return tuple(out), ""
+    names = [t["function"]["name"] for t in out]
+    if choice == "required":
+        forced = names
+    elif isinstance(choice, Mapping) and isinstance(choice.get("function"), Mapping):
+        wanted = choice["function"].get("name")
+        if wanted not in names:
+            raise bad(f"'tool_choice' names {wanted!r}, which is not in 'tools' ({', '.join(names)}).", "tool_choice")
+        forced = [wanted]
+    else:
+        raise bad("'tool_choice' must be none, auto, required or {'type': 'function', ...}.", "tool_choice")
+    return tuple(out), forced_call_format([t for t in out if t["function"]["name"] in forced])
+
+
+def forced_call_format(tools: list[dict[str, Any]]) -> str:
+    """A ``Sampling.format`` whose only replies are one Hermes tool call of one of ``tools``: the reply
+    opens ``<tool_call>``, writes ``{"name": ..., "arguments": ...}`` under that tool's schema (the grammar
+    a call the model opens by itself is decoded under), and closes it."""
+    from engine.runtime.grammar import OPEN_CALL, tool_call_grammar
+
+    grammar = tool_call_grammar(tools)
+    assert grammar.startswith("start: ")
+    return reply_format("lark", f'start: "{OPEN_CALL}" ' + grammar.removeprefix("start: "))
+
+
+def chat_request(
+    body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str, client: str
+) -> tuple[Request, Reply]:
+    """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
+    messages = messages_from(body.get("messages"))
+    tools, forced = tools_from(body)
+    sampling = sampling_from(body, defaults, context)
+    if forced:
+        if sampling.format:
+            raise bad("'tool_choice' that forces a call cannot go with 'response_format'.", "tool_choice")
+        sampling = replace(sampling, format=forced)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+    request = Request(
+        new_id("srv"),
+        messages,
+        sampling,
+        speculative=speculative,
+        client_tools=tools,
+        parallel_tools=bool(body.get("parallel_tool_calls", True)),
+    )
+    include_usage = bool(stream and options and options.get("include_usage"))
+    return request, Reply(model, stream, include_usage, bool(tools))
+
+
+def completion_request(
+    body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str
+) -> tuple[Request, Reply]:
+    """A ``/v1/completions`` body: the prompt as it is, no chat template."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("'prompt' must be one text (token lists and batches are not supported).", "prompt")
+    if not prompt:
+        raise bad("'prompt' is empty.", "prompt")
+    if body.get("suffix"):
+        raise bad("'suffix' is not supported by this server.", "suffix", "unsupported_value")
+    if body.get("best_of") not in (None, 1):
+        raise bad("'best_of' must be 1 here.", "best_of")
+    sampling = sampling_from({k: v for k, v in body.items() if k != "response_format"}, defaults, context)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    include_usage = bool(stream and isinstance(options, Mapping) and options.get("include_usage"))
+    request = Request(
+        new_id("srv"), ({"role": "user", "content": prompt},), sampling, speculative=speculative, raw=True
+    )
+    return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"))
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"'{name}' must be true or false, not {value!r}.", name, "invalid_type")
+    return bool(value)
+
+
+# -- writing answers ----------------------------------------------------------------------------------------
+
+
+def usage(metrics: Metrics) -> dict[str, Any]:
+    return {
+        "prompt_tokens": metrics.prompt_tokens,
+        "completion_tokens": metrics.completion_tokens,
+        "total_tokens": metrics.prompt_tokens + metrics.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
+    }
+
+
+def brisk_figures(metrics: Metrics) -> dict[str, Any]:
+    """Brisk's own timings of one reply, in the answer's extra ``brisk`` field."""
+    return {
+        "ttft_s": metrics.ttft_s,
+        "tpot_s": metrics.tpot_s,
+        "tokens_per_s": metrics.tokens_per_s,
+        "queue_s": metrics.queue_s,
+        "prefill_s": metrics.prefill_s,
+        "total_s": metrics.total_s,
+        "cached_tokens": metrics.cached_tokens,
+        "drafted": metrics.drafted,
+        "accepted": metrics.accepted,
+        "forced": metrics.forced,
+        "answer_cache": metrics.answer_cache,
+    }
+
+
+def tool_calls(calls: Any) -> list[dict[str, Any]]:
+    """Parsed calls (``engine.tools.Call``) as OpenAI's ``tool_calls``, arguments as JSON text."""
+    return [
+        {
+            "id": new_id("call"),
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)},
+        }
+        for c in calls
+        if not c.error
+    ]
+
+
+def chat_response(
+    reply_id: str, reply: Reply, text: str, calls: list[dict[str, Any]], finish: str, metrics: Metrics
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "id": reply_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": reply.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else FINISH.get(finish, "stop"),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(metrics),
+        "brisk": brisk_figures(metrics),
+    }
+
+
+def chat_chunk(
+    reply_id: str,
+    reply: Reply,
+    delta: dict[str, Any] | None,
+    finish: str | None = None,
+    metrics: Metrics | None = None,
+) -> dict[str, Any]:
+    """One streamed chunk: a delta, a last delta with ``finish_reason``, or (``delta`` None) the usage chunk."""
+    chunk: dict[str, Any] = {
+        "id": reply_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": reply.model,
+        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+    }
+    if metrics is not None:
+        chunk["brisk"] = brisk_figures(metrics)
+        if delta is None:
+            chunk["usage"] = usage(metrics)
+    return chunk
+
+
+def completion_response(
+    reply_id: str, reply: Reply, text: str, finish: str | None, metrics: Metrics | None, chunk: bool = False
+) -> dict[str, Any]:
+    """A ``text_completion`` answer, or one streamed piece of it (``chunk``; ``finish`` None until the last)."""
+    out: dict[str, Any] = {
+        "id": reply_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": reply.model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+    }
+    if metrics is not None:
+        out["brisk"] = brisk_figures(metrics)
+        if not chunk:
+            out["usage"] = usage(metrics)
+    return out
+
+
+def finish_reason(finish: str) -> str:
+    return FINISH.get(finish, "stop")

@@ -84,13 +84,18 @@ class EngineBridge(QObject):
         self._queue_lock = threading.Lock()  # guards _pending and _woken
         self._woken = False  # a wake-up (or a drain) is on its way
         self._wake.connect(self._drain)  # queued: emitted from other threads
+        self.server: Any = None  # the OpenAI-compatible server over this bridge's engine (serve), once made
 
     @property
     def backend(self) -> Backend | None:
         return self._backend
 
     def _on_backend_event(self, event: object) -> None:
-        """Called on the backend's thread: queue the event and wake the GUI thread once per batch."""
+        """Called on the backend's thread: queue the event and wake the GUI thread once per batch (the events
+        of the server's requests go to the server, never to the window)."""
+        server = self.server
+        if server is not None and server.dispatch(event):
+            return
         with self._queue_lock:
             self._pending.append(event)
             if self._woken:
@@ -178,10 +183,30 @@ class EngineBridge(QObject):
             self._closed = True
             backend = self._backend
         self._worker.shutdown(wait=False, cancel_futures=True)
+        if self.server is not None:
+            self.server.stop()
         if backend is not None:
             backend.shutdown()
 
     # -- what the window needs beyond the protocol --------------------------------------------
+    def serve(self, port: int, defaults: Any, speculative: str, host: str = "127.0.0.1", api_key: str = "") -> str:
+        """Serve the engine to other programs (OpenAI-compatible, ``engine.server``); returns the base URL.
+        Raises the server's ``ServeError`` (its message says why) when the address cannot be used.  Each
+        finished server request comes back as an ``engine.api.ServedReply`` on :attr:`event`."""
+        if self.server is None:
+            self.server = client.local_server(self._server_submit, self.cancel, self._on_backend_event)
+        return str(self.server.start(host, port, api_key or None, defaults, speculative))
+
+    def stop_serving(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def _server_submit(self, request: Request) -> None:
+        backend = self._backend
+        if backend is None or self._closed:
+            raise RuntimeError("The engine is not running yet. Wait for the model to load.")
+        backend.submit(request)
+
     def seed_answers(self, pairs: Sequence[tuple[str, str]]) -> int:
         """Give the engine's answer memory these (question, answer) pairs; how many it took.
 

@@ -13,7 +13,9 @@ mode, so it starts as a usual day's start does), with the default settings
   whose reply format is a JSON schema (city and country), with the parameters
   panel, then the latency panel (forced tokens) in front;
 * ``screenshot-typing.png``: a long message pasted into the composer of a new
-  chat, prefilled before Send ("N tokens ready" under it).
+  chat, prefilled before Send ("N tokens ready" under it);
+* ``screenshot-server.png``: the Server dialog (Tools > Server) switched on,
+  after two requests of another program through the ``openai`` SDK.
 
 Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
 """
@@ -24,8 +26,10 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +48,17 @@ CITY_SCHEMA = {
     "required": ["city", "country"],
     "additionalProperties": False,
 }
+
+
+def _ask_twice(url: str) -> None:
+    """Two requests of another program through the openai SDK: one streamed, one not."""
+    import openai
+
+    api = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    question = [{"role": "user", "content": "Give me three names for a sailing boat."}]
+    api.chat.completions.create(model="", messages=question, max_tokens=60)
+    for _ in api.chat.completions.create(model="", messages=question, max_tokens=60, stream=True):
+        pass
 
 
 def main(argv: list[str]) -> int:
@@ -131,7 +146,24 @@ def main(argv: list[str]) -> int:
         if time.monotonic() - began > 120:
             break
     window.grab().save(str(out / "screenshot-typing.png"))
-    print(f"wrote screenshot.png, -dark, -json, -json-parameters and -typing .png in {out}")
+
+    dialog = window.server_switch.open()  # Tools > Server: two requests of other programs, served beside the chat
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dialog.port.setValue(probe.getsockname()[1])
+    dialog.switch.setChecked(True)
+    asked = threading.Thread(target=_ask_twice, args=(window.server_switch.url,), daemon=True)
+    asked.start()
+    while asked.is_alive():
+        app.processEvents()
+        time.sleep(0.01)
+    dialog.refresh()
+    dialog.resize(820, 440)
+    for _ in range(20):
+        app.processEvents()
+        time.sleep(0.01)
+    dialog.grab().save(str(out / "screenshot-server.png"))
+    print(f"wrote screenshot.png, -dark, -json, -json-parameters, -typing and -server .png in {out}")
     window.close()
     window.bridge.shutdown()
     return 0

@@ -445,6 +445,19 @@ class Warning:  # noqa: A001 - the event's name; the builtin is not used here
     message: str
 
 
+@dataclass(frozen=True)
+class ServedReply:
+    """A request of another program, answered by the server (``engine.server``), as the window's history
+    lists it: who asked, where, how it ended, its metrics (None when it never started).  Not tied to one
+    of the window's requests."""
+
+    client: str
+    endpoint: str
+    status: str  # done | cancelled | error
+    metrics: Metrics | None = None
+    message: str = ""  # an error's text
+
+
 _TYPE_NAMES = {
     Started: "started",
     PrefillProgress: "prefill",

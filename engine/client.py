@@ -188,6 +188,14 @@ def server_backend(on_event: OnEvent, base_url: str, model: str | None, api_key:
     return RemoteBackend(on_event, base_url, model, api_key)
 
 
+def local_server(submit: Callable[[Request], None], cancel: Callable[[str], None], on_served: OnEvent) -> Any:
+    """The OpenAI-compatible server over a backend's ``submit``/``cancel`` (``engine.server.control.LocalServer``):
+    the window's Server switch.  Not listening until its ``start``."""
+    from engine.server.control import LocalServer
+
+    return LocalServer(submit, cancel, on_served)
+
+
 def server_key(base_url: str) -> str:
     """The API key kept for ``base_url`` ("" when none, or when the URL is not valid)."""
     from engine.remote import RemoteError, keys

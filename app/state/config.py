@@ -51,6 +51,7 @@ class ReplyConfig:
     answer_cache: bool = True
     parallel_tools: bool = True
     prefill_typing: bool = True  # the draft is prefilled while it is typed (Settings.prefill_while_typing)
+    client: str = ""  # a reply the server gave another program: that program's name (its own chart series)
 
     @classmethod
     def current(cls, settings: Settings, *, stream: bool = True, parallel_tools: bool = True) -> ReplyConfig:
@@ -130,6 +131,8 @@ class ReplyConfig:
             parts.append(self.quant)
         if not self.prefill_typing:
             parts.append("no typing prefill")
+        if self.client:
+            parts.insert(0, f"server: {self.client}")
         return ", ".join(parts) or "plain"
 
     def lines(self) -> list[str]:

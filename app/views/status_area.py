@@ -44,11 +44,20 @@ class StatusArea(QWidget):
         layout.addWidget(self.progress)
         self.message_label = QLabel()
         layout.addWidget(self.message_label, 1)
+        self.server_label = QLabel()  # "Serving at URL" while the server switch is on
+        self.server_label.hide()
+        layout.addWidget(self.server_label)
         self._step = ""
         self._step_started = 0.0
         self._ticker = QTimer(self)
         self._ticker.setInterval(TICK_MS)
         self._ticker.timeout.connect(self._show_step)
+
+    def serving(self, url: str) -> None:
+        """The server listens at ``url`` ("" when it is off)."""
+        self.server_label.setText(f"Serving at {url}" if url else "")
+        self.server_label.setToolTip("Other programs use the model here through the OpenAI API (Tools > Server)")
+        self.server_label.setVisible(bool(url))
 
     def loading(self, fraction: float, message: str) -> None:
         percent = int(round(max(0.0, min(1.0, fraction)) * 100))

@@ -75,9 +75,10 @@ from app.views.status_area import StatusArea
 from app.window.conversations import ConversationActions
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
+from app.window.serving import ServerSwitch
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
 from app.window.typing import TypingPrefill
-from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, Tuning, Warning
+from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ServedReply, Tuning, Warning
 from engine.storage import Settings, Store, StoreError
 from engine.storage.params import PresetFile
 
@@ -133,6 +134,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.chat_view.tooltip_provider = self._reply_tooltip  # the configuration each reply ran with
         self.parameters = ParametersController(self, presets)  # the open chat's values, in a tab beside it
         self.typing = TypingPrefill(self)  # the draft is prefilled while it is typed
+        self.server_switch = ServerSwitch(self)  # Tools > Server: the model served to other programs
         self.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.North)
         self.tabifyDockWidget(self.latency.dock, self.parameters.dock)
         self.latency.dock.raise_()
@@ -147,6 +149,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.parameters.show_chat()  # the next new chat's, until a saved one is opened
         self._load_history()
         self.composer.editor.setFocus()
+        self.server_switch.start_saved()
 
     # -- layout --------------------------------------------------------------------------
     def _build(self) -> None:
@@ -211,6 +214,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
         self._action("Tools", QKeySequence("Ctrl+T"), self.open_tools)
         self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
+        self._action("Server\u2026", QKeySequence("Ctrl+Shift+E"), lambda: self.server_switch.open())
 
     def _build_menus(self) -> None:
         """Chat, View, Tools and Help menus over the actions (their shortcuts work with the menu bar hidden)."""
@@ -234,7 +238,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.reset_layout_action = view.addAction("Reset layout")
         self.reset_layout_action.triggered.connect(self.reset_layout)
         tools = bar.addMenu("&Tools")
-        for name in ("Settings", "Tools"):
+        for name in ("Settings", "Tools", "Server\u2026"):
             tools.addAction(named[name])
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(named["About this machine"])
@@ -378,10 +382,14 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.hide_banner("load")
         self.hide_banner("draft")
         choice = engine_choice(self.settings, self._model_override)  # the local model or a saved server
+        self.server_switch.loading()
         self.bridge.use_engine(choice.key, choice.factory)
         self.bridge.load(choice.spec)
 
     def _on_event(self, event: object) -> None:
+        if isinstance(event, ServedReply):  # another program's request, answered by the server
+            self.server_switch.on_event(event)
+            return
         self.latency.on_event(event)
         if isinstance(event, LoadProgress):
             self.status_area.loading(event.fraction, event.message)
@@ -396,6 +404,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             self.hide_banner("load")
             if self.about is not None:
                 self.about.set_loaded(event)
+            self.server_switch.on_event(event)
             self._seed_answers()
         elif isinstance(event, DraftPrefill):
             self.typing.on_event(event)
@@ -418,6 +427,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             self.loaded = None
             if self.about is not None:
                 self.about.set_loaded(None)
+            self.server_switch.on_event(event)
             self.status_area.failed(event.message)
             self.composer.set_ready(False, FAILED_TIP)
             self.show_banner(
@@ -510,6 +520,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         if new.prefix_cache_mb != old.prefix_cache_mb:
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
         self.latency.settings_changed()
+        self.server_switch.settings_changed()
         engine_changed = engine_choice(new).key != self.bridge.engine_key  # another engine, server or key
         if engine_changed:
             self.stop()  # the old engine goes: a reply streaming there keeps its text

@@ -81,6 +81,8 @@ class Settings:
     mcp_servers: list[str] = dataclasses.field(default_factory=list)  # command lines (stdio) or http(s) URLs
     engine: str = LOCAL  # "local" (the model on this machine) or the name of one of ``servers``
     servers: list[dict[str, str]] = dataclasses.field(default_factory=list)  # {name, base_url, model}; no keys
+    serve: bool = False  # the window serves its model to other programs (engine.server) while it runs
+    serve_port: int = 8765  # on 127.0.0.1; `brisk serve --host` for other machines (with a key)
     theme: str = "system"  # the window's colours: "system" (dark when the system's scheme is), "light", "dark"
 
     @classmethod
@@ -261,4 +263,8 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "engine": lambda v: None if isinstance(v, str) and v else f"engine must be {LOCAL!r} or a server's name, not {v!r}",
     "servers": _servers,
     "theme": _choice("theme", THEMES),
+    "serve": _flag("serve"),
+    "serve_port": lambda v: None
+    if isinstance(v, int) and not isinstance(v, bool) and 1024 <= v <= 65535
+    else f"serve_port must be a whole number from 1024 to 65535, not {v!r}",
 }

@@ -1,0 +1,85 @@
+"""The server as the window runs it: one engine, its own requests and the server's, on a switch.
+
+:class:`LocalServer` is built over the window's backend (its ``submit`` and
+``cancel``); the bridge hands it every engine event first (:meth:`dispatch`:
+True for the server's own, which the window then never sees).  :meth:`start`
+and :meth:`stop` follow the Server switch; :meth:`set_model` follows loads (a
+request while no model is loaded gets a 503 that says so).  Each finished
+request is given to ``on_served`` (from the engine's thread) as an
+:class:`engine.api.ServedReply`, for the latency panel's history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.api import Request, Sampling, ServedReply
+from engine.server.app import Service, model_id
+from engine.server.hub import Entry, Hub
+from engine.server.run import ServerThread
+
+
+class LocalServer:
+    def __init__(
+        self,
+        submit: Callable[[Request], None],
+        cancel: Callable[[str], None],
+        on_served: Callable[[ServedReply], None] | None = None,
+    ) -> None:
+        self.hub = Hub(submit, cancel)
+        self.service = Service(hub=self.hub, embedder=_embedder)
+        self._thread: ServerThread | None = None
+        self._on_served = on_served
+        self.hub.log.listeners.append(self._served)
+
+    @property
+    def url(self) -> str:
+        return self._thread.url if self._thread is not None else ""
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.running()
+
+    def start(self, host: str, port: int, api_key: str | None, defaults: Sampling, speculative: str) -> str:
+        """Listen (raises ``engine.server.ServeError`` with the reason); returns the base URL."""
+        self.stop()
+        self.service.api_key = api_key or None
+        self.configure(defaults, speculative)
+        thread = ServerThread(self.service, host, port)
+        thread.start()
+        self._thread = thread
+        return thread.url
+
+    def configure(self, defaults: Sampling, speculative: str) -> None:
+        """The window's current sampling and speculation: what a request's missing fields take."""
+        self.service.defaults = defaults
+        self.service.speculative = speculative
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+    def set_model(self, name: str | None, context: int = 0, loading: str = "loading the model") -> None:
+        """The loaded model (None while another loads or after a failed load: requests get a 503)."""
+        self.service.loading = loading
+        self.service.context = context
+        self.service.aliases = (name,) if name else ()
+        self.service.model = model_id(name) if name else None
+
+    def dispatch(self, event: object) -> bool:
+        return self.hub.dispatch(event)
+
+    def snapshot(self) -> tuple[list[Entry], list[Entry], int]:
+        return self.hub.log.snapshot()
+
+    def _served(self, entry: Entry, metrics: Any) -> None:
+        if self._on_served is not None:
+            self._on_served(ServedReply(entry.client, entry.endpoint, entry.status, metrics, entry.message))
+
+
+def _embedder() -> Any:
+    from engine.answer_cache.embed import shared_embedder
+
+    return shared_embedder()

@@ -1,0 +1,90 @@
+"""The window's Server switch (Tools > Server…): the real server on a real port over the window's engine, asked
+through the official openai SDK while the window chats; its replies join the latency panel's history under the
+client's name, never the chat; a taken port says why; the choice is kept for the next start."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from engine.storage import Settings
+from tests.support.gui_harness import FULL_REPLY, chat
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ask(url: str, content: str = "Hi from a script") -> openai.types.chat.ChatCompletion:
+    api = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)
+    return api.chat.completions.create(model="", messages=[{"role": "user", "content": content}])
+
+
+def test_switch_serves_the_windows_engine(harness, qtbot, brisk_data_dir: Path) -> None:  # noqa: ANN001
+    window = harness.open()
+    dialog = window.server_switch.open()
+    port = free_port()
+    dialog.port.setValue(port)
+    dialog.switch.setChecked(True)
+    url = f"http://127.0.0.1:{port}/v1"
+    assert window.server_switch.url == url
+    assert dialog.address.text() == f"Listening at <b>{url}</b>"
+    assert window.status_area.server_label.text() == f"Serving at {url}"
+
+    chat(qtbot, window, "A message of my own")  # the window chats while serving
+    reply = ask(url)
+    assert reply.choices[0].message.content == FULL_REPLY
+    assert reply.model == window.bridge.server.service.model
+    # the server's request is in the panel's history under the client's name, not in the chat
+    qtbot.waitUntil(lambda: any(p.config.client for p in window.latency.panel.history.points))
+    served = [p for p in window.latency.panel.history.points if p.config.client]
+    assert served[0].config.short().startswith("server: OpenAI")
+    assert "Hi from a script" not in [m.content for m in window._messages()]
+    dialog.refresh()
+    assert dialog.table.rowCount() >= 1
+    assert dialog.table.item(0, 2).text() == "/v1/chat/completions"
+    assert dialog.table.item(0, 3).text().startswith("done")
+
+    assert Settings.load().serve and Settings.load().serve_port == port  # kept for the next start
+    dialog.switch.setChecked(False)
+    assert window.server_switch.url == "" and not window.status_area.server_label.isVisible()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+    assert not Settings.load().serve
+
+
+def test_a_taken_port_says_why(harness) -> None:  # noqa: ANN001
+    window = harness.open()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        dialog = window.server_switch.open()
+        dialog.port.setValue(port)
+        dialog.switch.setChecked(True)
+        assert not dialog.switch.isChecked()
+        assert "in use" in dialog.status.text() and "another --port" in dialog.status.text()
+        assert window.server_switch.url == ""
+
+
+def test_the_server_starts_again_with_the_window(harness) -> None:  # noqa: ANN001
+    port = free_port()
+    window = harness.open(settings=Settings(serve=True, serve_port=port))
+    assert window.server_switch.url == f"http://127.0.0.1:{port}/v1"
+    health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()
+    assert health["status"] == "ok"
+
+
+def test_no_model_loaded_is_a_503(harness) -> None:  # noqa: ANN001
+    port = free_port()
+    window = harness.open(settings=Settings(serve=True, serve_port=port), load=False)
+    assert window.server_switch.url
+    with pytest.raises(openai.APIStatusError) as raised:
+        ask(window.server_switch.url)
+    assert raised.value.status_code == 503

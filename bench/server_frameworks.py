@@ -13,7 +13,7 @@ routes, ``GET /health`` and ``POST /v1/chat/completions``, on uvicorn (h11, asyn
 * ``B``: FastAPI + sse-starlette; the body is a pydantic model (model, messages of role/content, max_tokens,
   stream) and the handler returns a plain dict, as FastAPI code usually does.
 
-Each round (default 7) runs A then B, every measurement in new processes: the import time of the framework
+Each round (default 15) runs A then B, every measurement in new processes: the import time of the framework
 stack (``time.perf_counter`` around the imports in a fresh ``python -c``, and the modules they load); the time
 from ``Popen`` of the server until ``GET /health`` answers 200; the first and then 300 sequential non-streamed
 chat requests over one keep-alive connection (a fixed JSON reply; p50/p95 in ms, over all 300); 10 streamed
@@ -27,7 +27,6 @@ Starlette, sse-starlette and uvicorn (packages and bytes, from each distribution
 import argparse
 import http.client
 import json
-import os
 import re
 import signal
 import socket
@@ -193,7 +192,6 @@ class HttpxClient:
     """httpx2 (or httpx): one Client, so one keep-alive connection for the whole run."""
 
     def __init__(self, port: int, module: Any) -> None:
-        self.name = f"{module.__name__} {metadata.version(module.__name__)}"
         self.client = module.Client(base_url=f"http://{HOST}:{port}", timeout=30)
 
     def post(self, body: dict[str, Any]) -> bytes:
@@ -210,13 +208,23 @@ class HttpxClient:
         self.client.close()
 
 
-def client_for(port: int) -> PlainClient | HttpxClient:
+def httpx_module() -> Any | None:
     for name in ("httpx2", "httpx"):
         try:
-            return HttpxClient(port, __import__(name))
+            return __import__(name)
         except ImportError:
             continue
-    return PlainClient(port)
+    return None
+
+
+def client_for(port: int) -> PlainClient | HttpxClient:
+    module = httpx_module()
+    return PlainClient(port) if module is None else HttpxClient(port, module)
+
+
+def client_name() -> str:
+    module = httpx_module()
+    return PlainClient.name if module is None else f"{module.__name__} {metadata.version(module.__name__)}"
 
 
 def stream_once(client: PlainClient | HttpxClient) -> tuple[float, float]:
@@ -330,7 +338,7 @@ def installed_bytes(name: str) -> int:
 
 
 def install_facts() -> dict[str, Any]:
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
             versions[name] = metadata.version(name)
@@ -341,7 +349,7 @@ def install_facts() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],
         "versions": versions,
-        "fastapi requires": metadata.requires("fastapi"),
+        "fastapi requires": [r for r in metadata.requires("fastapi") or [] if "extra ==" not in r],
         "starlette stack": {name: installed_bytes(name) for name in sorted(base)},
         "fastapi adds": {name: {"version": metadata.version(name), "bytes": installed_bytes(name)} for name in extra},
     }
@@ -353,7 +361,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("rounds", nargs="?", type=int, default=7)
+    parser.add_argument("rounds", nargs="?", type=int, default=15)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "server_frameworks.json")
     parser.add_argument("--serve", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -378,9 +386,7 @@ def main() -> None:
     wall = time.perf_counter() - began
     summary = {v: {key: summarize([run[key] for run in runs[v]]) for key in runs[v][0]} for v in VARIANTS}
 
-    client = client_for(0)
-    client.close()
-    print(f"{args.rounds} rounds, A/B interleaved, {wall:.0f} s; python {facts['python']}, client {client.name}")
+    print(f"{args.rounds} rounds, A/B interleaved, {wall:.0f} s; python {facts['python']}, client {client_name()}")
     print(", ".join(f"{name} {version}" for name, version in facts["versions"].items() if version))
     print(f"\n| measure | A: {VARIANTS['A']} | B: {VARIANTS['B']} | B/A |\n|---|---|---|---|")
     for key in summary["A"]:
@@ -389,14 +395,14 @@ def main() -> None:
         print(f"| {key} | {cells[0]} | {cells[1]} | {b['median'] / a['median']:.2f} |")
     adds = facts["fastapi adds"]
     total = sum(row["bytes"] for row in adds.values())
-    print(f"\nFastAPI requires: {', '.join(facts['fastapi requires'] or [])}")
+    print(f"\nFastAPI requires (no extras): {', '.join(facts['fastapi requires'])}")
     print(f"FastAPI adds {len(adds)} packages, {total / 2**20:.1f} MiB, on top of starlette + sse-starlette + uvicorn:")
     for name, row in adds.items():
         print(f"  {name} {row['version']}: {row['bytes'] / 2**20:.2f} MiB")
     base = sum(facts["starlette stack"].values())
     print(f"(starlette + sse-starlette + uvicorn and their requirements: {base / 2**20:.1f} MiB)")
 
-    record = {"rounds": args.rounds, "client": client.name, "wall s": wall, **facts, "summary": summary, "runs": runs}
+    record = {"rounds": args.rounds, "client": client_name(), "wall s": wall, **facts, "summary": summary, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1))
     print(f"\nwrote {args.out}")

@@ -179,6 +179,7 @@ class Request:
     # a call it writes is decoded under their schemas and handed back in Done.text, never run here
     client_tools: tuple[Mapping[str, Any], ...] = ()
     raw: bool = False  # the one message's content is the whole prompt, no chat template (/v1/completions)
+    origin: str = ""  # who asked: "" the window or the command line, "server" another program (served after)
 
 
 # -- metrics -------------------------------------------------------------------------------------

@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also measure this OpenAI-compatible server (foundation, prefix, versus, typing)",
     )
     bench.add_argument(
-        "--max-tokens", type=int, default=200, help="versus: new tokens per reply, at most (default 200)"
+        "--max-tokens", type=int, default=None, help="versus, serve: new tokens per reply, at most (200, 128)"
     )
+    bench.add_argument("--clients", default="1,2,4,8", help="serve: the numbers of concurrent clients")
     bench.add_argument(
         "--also-quant", default=None, metavar="MODE", help="versus: also a local engine in this mode, speculation off"
     )

@@ -266,3 +266,21 @@ def common_prefix(a: list[int], b: list[int]) -> int:
         else:
             hi = mid
     return lo
+
+
+@torch.inference_mode()
+def forward_many(model: Any, jobs: list[tuple[KVState, list[int], bool]]) -> list[torch.Tensor]:
+    """Decode tokens of several states in one model step (continuous batching): for each ``(state, ids,
+    all_logits)`` what ``forward(model, state, ids, all_logits, decode=True)`` gives it alone, bit for bit.
+    One native call reads the weights once for every row (fp16-cpu and q8-cpu, ``engine.quant.decode_step``);
+    any other model runs the jobs one after another."""
+    fast = fast_forward(model)
+    out = None
+    if fast is not None and fast.native is not None and len(jobs) > 1:
+        items = [(ids, state.cache, all_logits or len(ids) == 1) for state, ids, all_logits in jobs]
+        out = fast.native.rows_batch(items)
+    if out is None:
+        return [forward(model, state, ids, all_logits, decode=True) for state, ids, all_logits in jobs]
+    for (state, ids, _), _logits in zip(jobs, out, strict=True):
+        state.tokens.extend(ids)
+    return [logits.float() for logits in out]

@@ -290,3 +290,54 @@ class NativeDecode:
         for layer in layers:
             layer.advance(n)
         return logits.unsqueeze(0)
+
+    @torch.inference_mode()
+    def rows_batch(self, items: list[tuple[list[int], Any, bool]]) -> list[torch.Tensor] | None:
+        """Several sequences' decode tokens in one native call (continuous batching): for each
+        ``(ids, cache, all_rows)`` the logits [rows, vocab] that :meth:`rows` would give it alone (bit for
+        bit: ``native_step.cpp``'s ``forward_batch``).  None where the native step cannot take all of them
+        (nothing is written then); the caller runs them one by one."""
+        fitted = []
+        for _, cache, _ in items:
+            layers = self._fitting(cache)
+            if layers is None:
+                return None
+            fitted.append(layers)
+        step = self._stepper()
+        embed = self.model.model.embed_tokens
+        embedding = embed.weight
+        if step is None or self._collected is None or type(embed) is not torch.nn.Embedding:
+            return None
+        if embedding.dtype != torch.float32 or not embedding.is_contiguous():
+            return None
+        head_dim = self.fast.head_dim
+        kv_heads = self._collected[2][1] // head_dim
+        ids, coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], [], []
+        for (tokens, cache, all_rows), layers in zip(items, fitted, strict=True):
+            n, past = len(tokens), int(cache.get_seq_length())
+            cos, sin = self._cos_sin(past, n)
+            like = embedding.new_empty(1, kv_heads, n, head_dim)
+            bufs = [layer.reserve(n, like) for layer in layers]
+            ids.extend(tokens)
+            coss.append(cos)
+            sins.append(sin)
+            keys.append([b.keys for b in bufs])
+            values.append([b.values for b in bufs])
+            pasts.append(past)
+            counts.append(n)
+            alls.append(all_rows)
+        try:
+            logits = step.forward_batch(
+                torch.tensor(ids), embedding, torch.cat(coss), torch.cat(sins), keys, values, pasts, counts, alls
+            )
+        except (RuntimeError, AttributeError) as exc:  # an older build without forward_batch, or its checks failed
+            log.warning("native batched step not used: %s", str(exc).splitlines()[0])
+            return None
+        out, at = [], 0
+        for (tokens, _, all_rows), layers in zip(items, fitted, strict=True):
+            rows = len(tokens) if all_rows else 1
+            out.append(logits[at : at + rows])
+            at += rows
+            for layer in layers:
+                layer.advance(len(tokens))
+        return out

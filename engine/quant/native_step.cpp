@@ -464,6 +464,20 @@ class Stepper {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, int64_t past,
                      bool all_rows) const {
+    return forward_batch(ids, embedding, cos, sin, {keys}, {values}, {past}, {ids.numel()}, {all_rows});
+  }
+
+  // Several sequences in one call (continuous batching): ``ids`` [n] are the rows of sequence 0, then of
+  // sequence 1..., ``counts[s]`` of them for sequence s, at its positions pasts[s]..pasts[s]+counts[s]-1,
+  // its keys and values in ``keys[s]``/``values[s]`` (one buffer per layer, as above); ``cos``/``sin``
+  // [n, head_dim] are each row's own.  Returns the logits of every row of a sequence with all_rows[s],
+  // else of its last row, in sequence order.  Each row is computed by the same code as in a call of its
+  // own (each projection row by row alike, each row attending to its own sequence only), so a
+  // sequence's logits do not depend on the others in the batch.
+  at::Tensor forward_batch(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos,
+                           const at::Tensor& sin, const std::vector<std::vector<at::Tensor>>& keys,
+                           const std::vector<std::vector<at::Tensor>>& values, const std::vector<int64_t>& pasts,
+                           const std::vector<int64_t>& counts, const std::vector<bool>& all_rows) const {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.numel() > 0, "ids: [n] int64");
     TORCH_CHECK(embedding.dim() == 2 && embedding.is_contiguous() && embedding.scalar_type() == at::kFloat,
                 "embedding: contiguous float32 [vocab, hidden]");
@@ -472,18 +486,36 @@ class Stepper {
     const int64_t n = ids.numel(), width = embedding.size(1), vocab = embedding.size(0), hd = head_dim_, half = hd / 2;
     const int64_t q_size = q_heads_ * hd, kv_size = kv_heads_ * hd, groups = q_heads_ / kv_heads_;
     const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
+    const size_t seqs = counts.size();
+    TORCH_CHECK(seqs > 0 && pasts.size() == seqs && keys.size() == seqs && values.size() == seqs &&
+                    all_rows.size() == seqs,
+                "one past, count, KV list and all_rows flag a sequence");
     TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == hd &&
                     cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
                     sin.scalar_type() == at::kFloat && cos.device().is_cpu() && sin.device().is_cpu(),
                 "cos/sin: [n, head_dim] contiguous float32 on the CPU");
     TORCH_CHECK(ids.device().is_cpu(), "ids: on the CPU");
-    TORCH_CHECK(static_cast<int64_t>(keys.size()) == layers && values.size() == keys.size(), "one KV buffer a layer");
-    for (int64_t i = 0; i < layers; ++i)
-      for (const at::Tensor* t : {&keys[i], &values[i]})
-        TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
-                        t->size(0) == 1 && t->size(1) == kv_heads_ && t->size(3) == hd && t->size(2) >= past + n &&
-                        past >= 0,
-                    "KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim] on the CPU");
+    std::vector<int64_t> seq_of(n), pos_of(n), kept;
+    int64_t row = 0, longest = 0;
+    for (size_t s = 0; s < seqs; ++s) {
+      TORCH_CHECK(counts[s] > 0 && pasts[s] >= 0, "each sequence: at least one row, a past of 0 or more");
+      TORCH_CHECK(static_cast<int64_t>(keys[s].size()) == layers && values[s].size() == keys[s].size(),
+                  "one KV buffer a layer");
+      for (int64_t i = 0; i < layers; ++i)
+        for (const at::Tensor* t : {&keys[s][i], &values[s][i]})
+          TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
+                          t->size(0) == 1 && t->size(1) == kv_heads_ && t->size(3) == hd &&
+                          t->size(2) >= pasts[s] + counts[s],
+                      "KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim] on the CPU");
+      for (int64_t j = 0; j < counts[s]; ++j, ++row) {
+        TORCH_CHECK(row < n, "the counts add up to more rows than ids");
+        seq_of[row] = static_cast<int64_t>(s);
+        pos_of[row] = pasts[s] + j;
+        if (all_rows[s] || j == counts[s] - 1) kept.push_back(row);
+      }
+      longest = std::max(longest, pasts[s] + counts[s]);
+    }
+    TORCH_CHECK(row == n, "the counts must add up to the number of ids");
 
     at::Tensor h = at::empty({n, width}, embedding.options());
     float* hp = h.data_ptr<float>();
@@ -501,6 +533,8 @@ class Stepper {
     float* mp = mid.data_ptr<float>();
     const float* cp = cos.data_ptr<float>();
     const float* sp = sin.data_ptr<float>();
+    std::vector<float*> kbs(seqs), vbs(seqs);
+    std::vector<int64_t> caps(seqs);
 
     for (int64_t i = 0; i < layers; ++i) {
       rms_rows(hp, norms_[2 * i].data_ptr<float>(), xp, n, width, eps_);
@@ -508,41 +542,45 @@ class Stepper {
       TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == q_size + 2 * kv_size, "q/k/v: unexpected width");
       float* qp = qkv.data_ptr<float>();
       const int64_t stride = qkv.size(1);
-      float* kb = keys[i].data_ptr<float>();
-      float* vb = values[i].data_ptr<float>();
-      const int64_t cap = keys[i].size(2);
+      for (size_t s = 0; s < seqs; ++s) {
+        kbs[s] = keys[s][i].data_ptr<float>();
+        vbs[s] = values[s][i].data_ptr<float>();
+        caps[s] = keys[s][i].size(2);
+      }
       for (int64_t r = 0; r < n; ++r) {
-        float* row = qp + r * stride;
+        float* row_q = qp + r * stride;
         const float* c = cp + r * hd;
         const float* s = sp + r * hd;
         for (int64_t head = 0; head < q_heads_ + kv_heads_; ++head) {  // rotate queries and keys
-          float* v = row + head * hd;
+          float* v = row_q + head * hd;
           for (int64_t d = 0; d < half; ++d) {
             const float x1 = v[d], x2 = v[d + half];
             v[d] = x1 * c[d] - x2 * s[d];
             v[d + half] = x2 * c[d + half] + x1 * s[d + half];
           }
         }
+        const int64_t q = seq_of[r], cap = caps[q], at = pos_of[r];
         for (int64_t g = 0; g < kv_heads_; ++g) {
-          std::memcpy(kb + (g * cap + past + r) * hd, row + q_size + g * hd, hd * sizeof(float));
-          std::memcpy(vb + (g * cap + past + r) * hd, row + q_size + kv_size + g * hd, hd * sizeof(float));
+          std::memcpy(kbs[q] + (g * cap + at) * hd, row_q + q_size + g * hd, hd * sizeof(float));
+          std::memcpy(vbs[q] + (g * cap + at) * hd, row_q + q_size + kv_size + g * hd, hd * sizeof(float));
         }
       }
       // One head's attention over L positions takes about 4 ns a position here; below some 8,000
       // positions' work in all, waking the other threads costs more than it saves.
-      const int64_t grain = std::max<int64_t>(1, 8192 / (past + n));
+      const int64_t grain = std::max<int64_t>(1, 8192 / longest);
       at::parallel_for(0, n * q_heads_, grain, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(past + n);
+        std::vector<float> scores(longest);
         float acc[1024];
         for (int64_t task = begin; task < end; ++task) {
           const int64_t r = task / q_heads_, head = task % q_heads_, g = head / groups;
-          const float* q = qp + r * stride + head * hd;
-          const float* K = kb + g * cap * hd;
-          const float* V = vb + g * cap * hd;
-          const int64_t len = past + r + 1;  // this row sees the positions up to its own
+          const int64_t q = seq_of[r], cap = caps[q];
+          const float* query = qp + r * stride + head * hd;
+          const float* K = kbs[q] + g * cap * hd;
+          const float* V = vbs[q] + g * cap * hd;
+          const int64_t len = pos_of[r] + 1;  // this row sees its sequence's positions up to its own
           float top = -INFINITY;
           for (int64_t j = 0; j < len; ++j) {
-            scores[j] = key_dot(q, K + j * hd, hd) * scaling_;
+            scores[j] = key_dot(query, K + j * hd, hd) * scaling_;
             top = std::max(top, scores[j]);
           }
           for (int64_t j = 0; j < len; ++j) scores[j] -= top;
@@ -570,9 +608,10 @@ class Stepper {
       }
       add(hp, linear(mid, 4 * i + 3), n * width);
     }
-    const int64_t rows = all_rows ? n : 1;
+    const int64_t rows = static_cast<int64_t>(kept.size());
     at::Tensor y = at::empty({rows, width}, h.options());
-    rms_rows(hp + (n - rows) * width, norms_.back().data_ptr<float>(), y.data_ptr<float>(), rows, width, eps_);
+    for (int64_t k = 0; k < rows; ++k)
+      rms_rows(hp + kept[k] * width, norms_.back().data_ptr<float>(), y.data_ptr<float>() + k * width, 1, width, eps_);
     return linear(y, projections() - 1);
   }
 
@@ -615,7 +654,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Stepper>(m, "Stepper")
       .def(py::init<std::vector<at::Tensor>, const std::vector<py::object>&, int64_t, int64_t, int64_t, int64_t,
                     double, double>())
-      .def("forward", &Stepper::forward, py::call_guard<py::gil_scoped_release>());
+      .def("forward", &Stepper::forward, py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &Stepper::forward_batch, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
   m.def("q8_linear", &q8_linear, py::call_guard<py::gil_scoped_release>(),
         "x [..., in] float32 times q8 parts [(weights, scales, bias), ...] -> [..., sum of outputs]");

@@ -36,10 +36,12 @@ is a ``ToolCall`` event and the text of every round is streamed.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +50,7 @@ from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ModelSpec
 from engine.model.loader import LoadedModel, ModelLoadError
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate
+from engine.runtime.batching import MAX_ACTIVE, Batch
 from engine.runtime.decode import Decoder
 from engine.runtime.hints import Hints, stable_prefix
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
@@ -96,6 +99,9 @@ class Engine(Serving):
         self._last_hint = -1e9  # time.monotonic() of the last hint
         self._load_number = 0  # the load the current model came from
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.batch = Batch()  # the requests in flight, decoding together (engine.runtime.batching)
+        self._held: list[Request] = []  # requests waiting for a place in the batch (the window's first)
+        self._later: deque[tuple[str, Any]] = deque()  # loads and calls that wait until no request is in flight
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
         self.answer_gate = AnswerGate(
@@ -167,29 +173,63 @@ class Engine(Serving):
 
     # -- engine thread ----------------------------------------------------------
     def _loop(self) -> None:
-        """Serve the queue until ``shutdown``, prefilling again while it is empty; nothing here ends the thread."""
+        """Serve the queue until ``shutdown``, prefilling again while it is empty; nothing here ends the thread.
+
+        Requests are served together (``engine.runtime.batching``): while any is in flight, the loop takes
+        what has arrived without waiting, lets new requests join, and runs one batched step; loads and
+        calls wait until no request is in flight (they change the model or the caches under them)."""
         claim_threads()  # this thread's torch thread count, whatever another thread set before it started
         while True:
-            kind, item = self._next()
+            if self.batch.active:
+                try:
+                    kind, item = self._queue.get_nowait()
+                except queue.Empty:
+                    self._admit()
+                    self._guarded(self.batch.step)
+                    continue
+            elif self._held:
+                self._admit()
+                continue
+            elif self._later:
+                kind, item = self._later.popleft()
+            else:
+                kind, item = self._next()
             if kind == "stop":
                 return
-            try:
-                if kind == "rewarm":
-                    self._rewarm_step()
-                elif kind == "hint":
-                    self._hint(item)
-                elif kind == "hint-step":
-                    self._hint_step()
-                elif kind == "measure":
-                    self._measure_step()
-                elif kind == "load":
-                    self._load_reported(*item)
-                elif kind == "request":
-                    self._serve(item)
-                elif kind == "call":
-                    self._call(item)
-            except Exception:  # a failing on_event callback: nothing left to report it to
-                traceback.print_exc()
+            if kind == "request":
+                self._held.append(item)
+                self._admit()
+            elif self.batch.active and kind != "hint":
+                self._later.append((kind, item))
+            else:
+                self._guarded(functools.partial(self._run_item, kind, item))
+
+    def _admit(self) -> None:
+        """Requests that wait join the batch while it has room, the window's before other programs'."""
+        self._held.sort(key=lambda r: r.origin != "")  # stable: in order of arrival within each
+        while self._held and len(self.batch.active) < MAX_ACTIVE:
+            self._guarded(functools.partial(self.batch.start, self._serve, self._held.pop(0)))
+
+    def _run_item(self, kind: str, item: Any) -> None:
+        if kind == "rewarm":
+            self._rewarm_step()
+        elif kind == "hint":
+            self._hint(item)
+        elif kind == "hint-step":
+            self._hint_step()
+        elif kind == "measure":
+            self._measure_step()
+        elif kind == "load":
+            self._load_reported(*item)
+        elif kind == "call":
+            self._call(item)
+
+    @staticmethod
+    def _guarded(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:  # a failing on_event callback: nothing left to report it to
+            traceback.print_exc()
 
     def _next(self) -> tuple[str, Any]:
         """The next queued item; ``("rewarm", None)`` instead of waiting while a warm-up is pending."""

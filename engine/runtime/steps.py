@@ -30,7 +30,7 @@ import torch
 
 from engine.api import Sampling
 from engine.model.kv import KVState, forward
-from engine.runtime import sampling
+from engine.runtime import batching, sampling
 from engine.runtime.grammar import Grammar, ToolCalls
 from engine.runtime.speculative import Controller, Drafter, verify
 from engine.runtime.threads import observe_step
@@ -101,6 +101,8 @@ def generate_steps(
         chunk = prompt[begin : begin + PREFILL_CHUNK]
         logits = forward(model, state, chunk)
         yield Prefilled(begin + len(chunk), len(prompt), time.perf_counter() - t)
+        if begin + PREFILL_CHUNK < len(prompt):
+            batching.pause()  # the other requests in flight step between this prompt's chunks
     assert logits is not None
     generated: list[int] = []  # every token yielded so far; the consumer reads them in order
 
@@ -118,7 +120,7 @@ def generate_steps(
         t_draft = time.perf_counter()  # a step's time includes making its drafts, or failing to
         drafts, probs, source = _constrained_drafts(grammar, drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
-        logits = forward(model, state, [token, *drafts], all_logits=bool(drafts), decode=True)
+        logits = batching.decode(model, state, [token, *drafts], bool(drafts))  # with the others in flight
         if drafts:
             assert source is not None
             if grammar is not None:

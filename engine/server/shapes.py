@@ -313,7 +313,7 @@ def chat_request(
         sampling,
         speculative=speculative,
         client_tools=tools,
-        parallel_tools=bool(body.get("parallel_tool_calls", True)),
+        origin="server",
     )
     include_usage = bool(stream and options and options.get("include_usage"))
     return request, Reply(model, stream, include_usage, bool(tools))
@@ -339,7 +339,12 @@ def completion_request(
     options = body.get("stream_options")
     include_usage = bool(stream and isinstance(options, Mapping) and options.get("include_usage"))
     request = Request(
-        new_id("srv"), ({"role": "user", "content": prompt},), sampling, speculative=speculative, raw=True
+        new_id("srv"),
+        ({"role": "user", "content": prompt},),
+        sampling,
+        speculative=speculative,
+        raw=True,
+        origin="server",
     )
     return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"))
 

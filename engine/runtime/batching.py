@@ -1,0 +1,135 @@
+"""Continuous batching: the requests in flight decode together, one model step giving each its next tokens.
+
+Each request is served by the same code as when it runs alone (``Serving._serve``: prompt, prefix cache,
+drafts, grammar, tools, events), in a greenlet of its own on the engine thread.  Where that code would
+run a decode step (``engine.runtime.steps``), it hands the step to the :class:`Batch` instead
+(:func:`decode`) and switches to the engine's loop; when every request in flight is waiting so, the loop
+runs all their steps in one call (``engine.model.kv.forward_many``: one pass over the weights for every
+row, each sequence attending to its own KV) and switches back to each with its logits.  A request that
+prefills a long prompt lets the others step between its chunks (:func:`pause`), so a 4,000-token prompt
+does not freeze the streams already talking.  Requests join and leave between steps.
+
+Greenlets, not threads: only one request's Python runs at a time and only where it asks for a step, so
+the engine's state (prefix cache, answer memory, controller) sees the same one-at-a-time order as
+before, and every torch op stays on the engine thread (a second thread's OpenMP team halves the
+engine's decode speed, see ``engine.runtime.threads``).  Greedy output does not change: a batched row is
+computed by the same code as a lone one (``native_step.cpp``'s ``forward_batch``).
+
+The window's requests go first: at most :data:`MAX_ACTIVE` requests are in flight; past that, new ones
+wait, the window's (``Request.origin`` "") before other programs' ("server").
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from greenlet import greenlet
+
+from engine.api import Request
+from engine.model.kv import KVState, forward, forward_many
+
+MAX_ACTIVE = 8  # requests decoding together; more wait their turn
+_START = object()  # Batch._resume's value for a request's first run
+
+
+@dataclass
+class Job:
+    model: Any
+    state: KVState
+    ids: list[int]
+    all_logits: bool
+
+
+class Served(greenlet):  # type: ignore[misc]
+    """A request being served; ``batch`` is the :class:`Batch` it belongs to."""
+
+    batch: Batch
+    request: Request
+
+
+def _mine() -> Batch | None:
+    current = greenlet.getcurrent()
+    return current.batch if isinstance(current, Served) else None
+
+
+def decode(model: Any, state: KVState, ids: list[int], all_logits: bool) -> torch.Tensor:
+    """A decode step's logits, as ``forward(..., decode=True)``: batched with the other requests in flight
+    when called from a request the engine serves in a batch, else at once."""
+    batch = _mine()
+    if batch is None:
+        return forward(model, state, ids, all_logits, decode=True)
+    return batch.wait(Job(model, state, ids, all_logits))
+
+
+def pause() -> None:
+    """Let the other requests in flight take a step (between prefill chunks); at once when none are."""
+    batch = _mine()
+    if batch is not None and len(batch.active) > 1:
+        batch.wait(None)
+
+
+class Batch:
+    """The requests in flight on the engine thread, and the step that advances them together."""
+
+    def __init__(self) -> None:
+        self.active: list[Served] = []  # in the order they joined
+        self._waiting: dict[Served, Job | None] = {}  # each active request's next step (None: a pause)
+        self.steps = 0  # batched steps run (for the benchmarks and tests)
+        self.rows = 0  # decode rows they computed
+        self.widest = 0  # the most requests one step advanced
+
+    def start(self, serve: Callable[[Request], None], request: Request) -> None:
+        """Begin serving ``request``: it runs now, up to its first step (or to its end)."""
+        runner = Served(lambda: _run(serve, request))
+        runner.batch, runner.request = self, request
+        self.active.append(runner)
+        self._resume(runner, _START)
+
+    def wait(self, job: Job | None) -> Any:
+        """From inside a request: hand over its next step and wait for the result (its logits)."""
+        current = greenlet.getcurrent()
+        assert isinstance(current, Served) and current.parent is not None
+        self._waiting[current] = job
+        return current.parent.switch()
+
+    def step(self) -> None:
+        """One step for every request in flight: their decode rows in one model call, then each goes on."""
+        waiting, self._waiting = self._waiting, {}
+        jobs = [(runner, job) for runner, job in waiting.items() if job is not None]
+        if jobs:
+            try:
+                results = forward_many(jobs[0][1].model, [(j.state, j.ids, j.all_logits) for _, j in jobs])
+            except Exception as exc:  # each request ends with its own Error (Serving._serve catches it there)
+                for runner, _ in jobs:
+                    self._resume(runner, exc, throw=True)
+            else:
+                self.steps += 1
+                self.rows += sum(len(j.ids) for _, j in jobs)
+                self.widest = max(self.widest, len(jobs))
+                for (runner, _), logits in zip(jobs, results, strict=True):
+                    self._resume(runner, logits)
+        for runner, job in waiting.items():
+            if job is None:
+                self._resume(runner, None)
+
+    def _resume(self, runner: Served, value: Any, throw: bool = False) -> None:
+        if throw:
+            runner.throw(value)
+        elif value is _START:
+            runner.switch()
+        else:
+            runner.switch(value)
+        if runner.dead:
+            self.active.remove(runner)
+            self._waiting.pop(runner, None)
+
+
+def _run(serve: Callable[[Request], None], request: Request) -> None:
+    try:
+        serve(request)
+    except Exception:  # serve ends every request with Done or Error itself; this is a last guard
+        traceback.print_exc()

@@ -65,6 +65,14 @@ def decode(model: Any, state: KVState, ids: list[int], all_logits: bool) -> torc
     return batch.wait(Job(model, state, ids, all_logits))
 
 
+def stepped_alone() -> bool:
+    """Whether the last decode step of the calling request ran alone: its time is then the model's own
+    step time, which the speculation controller and the thread governor learn from (a batched step's
+    is not: it would read as a slow machine)."""
+    batch = _mine()
+    return batch is None or batch.last_width <= 1
+
+
 def pause() -> None:
     """Let the other requests in flight take a step (between prefill chunks); at once when none are."""
     batch = _mine()
@@ -81,6 +89,7 @@ class Batch:
         self.steps = 0  # batched steps run (for the benchmarks and tests)
         self.rows = 0  # decode rows they computed
         self.widest = 0  # the most requests one step advanced
+        self.last_width = 0  # the requests the last step advanced
 
     def start(self, serve: Callable[[Request], None], request: Request) -> None:
         """Begin serving ``request``: it runs now, up to its first step (or to its end)."""
@@ -108,6 +117,7 @@ class Batch:
                     self._resume(runner, exc, throw=True)
             else:
                 self.steps += 1
+                self.last_width = len(jobs)
                 self.rows += sum(len(j.ids) for _, j in jobs)
                 self.widest = max(self.widest, len(jobs))
                 for (runner, _), logits in zip(jobs, results, strict=True):

@@ -128,8 +128,8 @@ def generate_steps(
             accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
             seconds = time.perf_counter() - t_draft
-            if source != FORCED:  # forced tokens are the format's, not a drafter's to learn from
-                controller.record(source, len(drafts), accepted, seconds)
+            if source != FORCED and batching.stepped_alone():  # forced tokens are the format's; a batched
+                controller.record(source, len(drafts), accepted, seconds)  # step's time is not this request's
             ids = (*drafts[:accepted], token)
             if grammar is not None:
                 grammar.accept(ids)
@@ -140,8 +140,9 @@ def generate_steps(
             token = sampling.pick(row, params, _history(prompt, generated, params), generator)
             now = time.perf_counter()
             seconds = now - t
-            controller.record_plain(seconds)  # the model's own step: what drafting is weighed against
-            observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
+            if batching.stepped_alone():  # a batched step's time is the batch's, not this model step's
+                controller.record_plain(seconds)  # the model's own step: what drafting is weighed against
+                observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
             if grammar is not None:
                 grammar.accept([token])
             generated.append(token)

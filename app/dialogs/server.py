@@ -42,11 +42,14 @@ REFRESH_MS = 500
 class ServerDialog(QDialog):
     toggled = Signal(bool, int)  # on/off, port: the window starts or stops the server
 
-    def __init__(self, port: int, snapshot: Callable[[], Any], parent: QWidget | None = None) -> None:
+    def __init__(
+        self, port: int, snapshot: Callable[[], Any], model: Callable[[], str], parent: QWidget | None = None
+    ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Server")
         self.setMinimumSize(640, 420)
         self._snapshot = snapshot  # () -> (in flight, recent, served) or None when no server was made
+        self._model = model  # () -> the id clients send for the loaded model ("" while none is loaded)
         self._url = ""
         layout = QVBoxLayout(self)
         intro = QLabel(
@@ -84,7 +87,10 @@ class ServerDialog(QDialog):
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        for column in range(len(COLUMNS)):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)
         layout.addWidget(self.table, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
@@ -105,13 +111,7 @@ class ServerDialog(QDialog):
         self.port.setEnabled(not url)
         self.copy.setEnabled(bool(url))
         self.address.setText(f"Listening at <b>{url}</b>" if url else "Off")
-        model = "the loaded model's id (GET /v1/models)"
-        self.example.setText(
-            f"Try it: curl {url}/chat/completions -H 'Content-Type: application/json' "
-            f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'  ·  model: {model}"
-            if url
-            else "Programs reach it at http://127.0.0.1:PORT/v1 with any API key."
-        )
+        self._show_example()
         if error:
             self.status.setStyleSheet(f"color: {current().error}")
             self.status.setText(error)
@@ -119,7 +119,18 @@ class ServerDialog(QDialog):
             self.status.setStyleSheet("")
         self.refresh()
 
+    def _show_example(self) -> None:
+        url, model = self._url, self._model() or "none loaded yet"
+        self.example.setText(
+            f"Model id: {model} (any API key). Try it: curl {url}/chat/completions "
+            f"-H 'Content-Type: application/json' "
+            f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+            if url
+            else "Programs reach it at http://127.0.0.1:PORT/v1 with any API key."
+        )
+
     def refresh(self) -> None:
+        self._show_example()
         found = self._snapshot()
         if found is None:
             running, recent, served = [], [], 0
@@ -132,6 +143,8 @@ class ServerDialog(QDialog):
         for i, entry in enumerate(rows):
             ttft = f"{entry.ttft_s:.3f} s" if entry.ttft_s is not None else "–"
             result = entry.status if not entry.finish else f"{entry.status} ({entry.finish})"
+            if entry.answer_cache:
+                result += f" · answer cache ({entry.answer_cache})"
             if entry.message:
                 result = f"{entry.status}: {entry.message}"
             tokens = f"{entry.prompt_tokens}+{entry.completion_tokens} ({entry.cached_tokens})"

@@ -38,7 +38,7 @@ class ServerSwitch:
 
     def open(self) -> ServerDialog:
         if self.dialog is None:
-            self.dialog = ServerDialog(self.window.settings.serve_port, self._snapshot, self.window)
+            self.dialog = ServerDialog(self.window.settings.serve_port, self._snapshot, self._model, self.window)
             self.dialog.toggled.connect(self.set)
         self.dialog.show_state(self.url, self.error)
         self.dialog.show()
@@ -90,6 +90,10 @@ class ServerSwitch:
             server.set_model(None, loading="no model is loaded in the window")
         else:
             server.set_model(loaded.model_name, loaded.info.context_length)
+
+    def _model(self) -> str:
+        server = self.window.bridge.server
+        return str(server.service.model or "") if server is not None else ""
 
     def _snapshot(self) -> object:
         server = self.window.bridge.server

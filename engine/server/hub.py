@@ -46,6 +46,7 @@ class Entry:
     ttft_s: float | None = None
     total_s: float | None = None
     message: str = ""  # an error's text
+    answer_cache: str = ""  # "exact" or "semantic" when the answer cache answered it
 
 
 @dataclass
@@ -80,6 +81,7 @@ class Log:
                 ttft_s=m.ttft_s,
                 total_s=m.total_s if m.total_s is not None else time.time() - entry.started,
                 message=message,
+                answer_cache=m.answer_cache or "",
             )
             self.recent.append(entry)
             self.served += 1

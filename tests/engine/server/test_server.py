@@ -225,7 +225,7 @@ def test_concurrent_clients_get_their_lone_replies(served: Served) -> None:
 
 
 def test_idle_connections_and_a_slow_reader_hold_nobody_up(served: Served) -> None:
-    idle = [socket.create_connection(("127.0.0.1", served.thread.port)) for _ in range(200)]
+    idle = [socket.create_connection(("127.0.0.1", served.thread.port)) for _ in range(1000)]
     try:
         body = {"messages": HELLO, "max_tokens": 200, "stream": True}
         with httpx.stream("POST", served.url + "/chat/completions", json=body, timeout=60) as slow:
@@ -235,6 +235,15 @@ def test_idle_connections_and_a_slow_reader_hold_nobody_up(served: Served) -> No
     finally:
         for sock in idle:
             sock.close()
+
+
+def test_two_hundred_messages_are_fitted_to_the_context(served: Served) -> None:
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} says something."} for i in range(199)
+    ]
+    reply = served.openai().chat.completions.create(model=served.service.model, messages=turns, max_tokens=8)
+    assert reply.choices[0].message.content is not None
+    assert reply.usage.prompt_tokens <= served.service.context  # the oldest turns were dropped to fit
 
 
 def test_embeddings(served: Served) -> None:

@@ -26,6 +26,17 @@ def served():
     server.close()
 
 
+def ended_cancelled(served: Served):  # noqa: ANN201
+    """The last request, once nothing is in flight: it must have ended cancelled, by the engine."""
+    deadline = time.monotonic() + 10
+    while served.hub.log.snapshot()[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running, recent, _ = served.hub.log.snapshot()
+    assert not running
+    assert recent[0].status == "cancelled" and recent[0].finish == "cancelled"
+    return recent[0]
+
+
 def test_streamed_reply_is_the_engines_own(served: Served) -> None:
     messages = [{"role": "user", "content": "Name three uses of copper."}]
     events = list(served.client.stream(Request(uuid.uuid4().hex, tuple(messages), Sampling(max_tokens=48))))
@@ -50,13 +61,7 @@ def test_a_client_that_leaves_cancels_its_request(served: Served) -> None:
         lines = response.iter_lines()
         for _ in range(6):
             next(lines)
-    deadline = time.monotonic() + 10
-    while served.hub.log.snapshot()[0] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    running, recent, _ = served.hub.log.snapshot()
-    assert not running
-    assert recent[0].status == "cancelled" and recent[0].finish == "cancelled"
-    assert recent[0].completion_tokens < 1500
+    assert ended_cancelled(served).completion_tokens < 1500
 
 
 def test_non_streamed_client_that_leaves_cancels(served: Served) -> None:
@@ -71,9 +76,4 @@ def test_non_streamed_client_that_leaves_cancels(served: Served) -> None:
         while not served.hub.log.snapshot()[0] and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.5)
-    deadline = time.monotonic() + 10
-    while served.hub.log.snapshot()[0] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    running, recent, _ = served.hub.log.snapshot()
-    assert not running
-    assert recent[0].status == "cancelled" and recent[0].finish == "cancelled"
+    ended_cancelled(served)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.brisk-installed
 
-.PHONY: run test lint bench clean-venv native
+.PHONY: run test lint bench clean-venv native package package-test
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/brisk bench $(ARGS)
+
+# The installable Linux bundle (PyInstaller; packaging/package.py says why): dist/brisk-VERSION-linux-x86_64.tar.gz
+package: $(STAMP)
+	$(PY) -m pip install -q 'pyinstaller>=6.10' 'pyinstaller-hooks-contrib>=2024.8'
+	HF_HUB_OFFLINE=1 $(PY) packaging/package.py
+
+# Unpacks the bundle into a fresh folder and runs it with no Python on PATH (packaging/package_test.py)
+package-test: package
+	$(PY) packaging/package_test.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -13,7 +13,14 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from engine.cli import build_parser
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    parser.add_argument("--version", action="store_true", help="print the version, commit and build date")
+    args = parser.parse_args(argv)
+    if args.version:
+        from app.version import describe
+
+        print(describe())
+        return 0
     if getattr(args, "func", None) is not None:
         code = int(args.func(args))
         if argv is None:  # the `brisk` process itself: leave now, with the work done and flushed

@@ -14,6 +14,7 @@ said once, in a warning banner (:func:`show_settings_problems`).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,17 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
     show_settings_problems(window, problems)
     window.show()
     QTimer.singleShot(0, window.load_model)
+    smoke = os.environ.get("BRISK_SMOKE_SHOT")  # the bundle's test: once loaded, save the window there and quit
+    if smoke:
+        from engine.api import Loaded, LoadFailed
+
+        def shot(event: object) -> None:
+            if isinstance(event, Loaded | LoadFailed):
+                window.grab().save(smoke)
+                print(f"smoke: {type(event).__name__}", flush=True)
+                QTimer.singleShot(0, app.quit)
+
+        bridge.event.connect(shot)
 
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)

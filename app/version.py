@@ -2,7 +2,9 @@
 
 :func:`version` reads the installed package's metadata (``pyproject.toml``'s version); :func:`commit` asks
 git for the checkout's short commit, with a star when files differ from it, and is ``None`` outside a
-checkout (an installed bundle) or without git.  :func:`describe` is the one line About shows.
+checkout or without git.  A bundle (``packaging/``) carries both, and its build date, in
+``build_info.json`` beside this module, written when it was packaged (:func:`build_info`).
+:func:`describe` is the one line About and ``brisk --version`` show.
 """
 
 from __future__ import annotations
@@ -15,8 +17,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+BUILD_INFO = Path(__file__).resolve().parent / "build_info.json"
+
+
+@functools.cache
+def build_info() -> dict[str, str]:
+    """The bundle's version, commit and build date (empty outside a bundle)."""
+    import json
+
+    try:
+        data = json.loads(BUILD_INFO.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
 @functools.cache
 def version() -> str:
+    if build_info().get("version"):
+        return build_info()["version"]
     try:
         return importlib.metadata.version("brisk")
     except importlib.metadata.PackageNotFoundError:
@@ -25,6 +44,8 @@ def version() -> str:
 
 @functools.cache
 def commit() -> str | None:
+    if build_info().get("commit"):
+        return build_info()["commit"]
     if not (ROOT / ".git").exists():
         return None
     try:
@@ -46,5 +67,6 @@ def commit() -> str | None:
 
 def describe() -> str:
     """``Brisk 0.1.0 · commit 769086e`` (a star: changed since that commit), or without the commit."""
-    found = commit()
-    return f"Brisk {version()}" + (f" \u00b7 commit {found}" if found else "")
+    found, built = commit(), build_info().get("built")
+    parts = [f"Brisk {version()}", f"commit {found}" if found else "", f"built {built}" if built else ""]
+    return " \u00b7 ".join(p for p in parts if p)

@@ -53,7 +53,8 @@ def _report() -> dict[str, Any]:
 
     # fp16-cpu's decode step in C++ (engine.quant.native): loaded if its checksum matches, else tested or rebuilt here
     native.module(wait=True)
-    data["native decode step"] = f"{native.status()} ({native.build_name()})"
+    built = "prebuilt" if native.prebuilt_folder() is not None else native.build_name()
+    data["native decode step"] = f"{native.status()} ({built})"
     from engine.model import mode_probe
 
     here = mode_probe.machine()

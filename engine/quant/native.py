@@ -252,8 +252,63 @@ def _run_child(mode: str, folder: Path, name: str) -> str | None:
     return f"{what} exited with code {child.returncode} ({tail[:200]})"
 
 
+# Prebuilt copies (the installable bundle, ``packaging/``): built at packaging time for three targets, the
+# widest this CPU runs chosen at start; no compiler on the user's machine.  Best first: the variant, the CPU
+# flags it needs (from /proc/cpuinfo), the -march it is built with.
+VARIANTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma"), "cascadelake"),
+    ("avx2", ("avx2", "fma", "f16c", "bmi2"), "haswell"),
+    ("generic", (), "x86-64"),
+)
+PREBUILT_ENV = "BRISK_NATIVE_PREBUILT"  # a folder of prebuilt variants and their manifest (variants.json)
+MANIFEST = "variants.json"
+
+
+def prebuilt_folder() -> Path | None:
+    """Where prebuilt variants are: ``BRISK_NATIVE_PREBUILT``, or the bundle's own ``brisk_native`` folder."""
+    named = os.environ.get(PREBUILT_ENV)
+    if named:
+        return Path(named)
+    bundle = getattr(sys, "_MEIPASS", None)  # a PyInstaller bundle
+    if bundle and (Path(bundle) / "brisk_native" / MANIFEST).is_file():
+        return Path(bundle) / "brisk_native"
+    return None
+
+
+def pick_variant(flags: set[str], available: set[str]) -> str | None:
+    """The widest prebuilt variant among ``available`` that a CPU with ``flags`` runs (None: none does)."""
+    for variant, needs, _ in VARIANTS:
+        if variant in available and set(needs) <= flags:
+            return variant
+    return None
+
+
+def _load_prebuilt(folder: Path) -> tuple[Any, str]:
+    """The prebuilt variant this CPU runs, checked against the manifest's sha256 before it is loaded."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        entries = {str(k): v for k, v in manifest["variants"].items()}
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
+        raise NativeError(f"the prebuilt native steps in {folder} have no readable {MANIFEST} ({exc})") from None
+    if manifest.get("torch") != torch.__version__:
+        built = manifest.get("torch")
+        raise NativeError(f"the prebuilt native steps were built for torch {built}, not {torch.__version__}")
+    wanted = os.environ.get("BRISK_NATIVE_VARIANT")  # the bundle's test: this variant only (as on another CPU)
+    variant = pick_variant(set(_cpu_flags().split()), {wanted} & set(entries) if wanted else set(entries))
+    if variant is None:
+        raise NativeError("no prebuilt native step runs on this CPU")
+    entry = entries[variant]
+    so = folder / str(entry["file"])
+    if _digest(so) != entry.get("sha256"):
+        raise NativeError(f"{so.name} does not match the checksum recorded when it was packaged")
+    return _import(str(entry["name"]), so), f"prebuilt {variant} variant, verified"
+
+
 def _load_or_build() -> tuple[Any, str]:
     """The loaded extension and how it came to be (for :func:`status`); raises :class:`NativeError`."""
+    prebuilt = prebuilt_folder()
+    if prebuilt is not None:
+        return _load_prebuilt(prebuilt)
     name = build_name()
     folder = _folder(name)
     so = folder / f"{name}.so"
@@ -319,8 +374,8 @@ def prepare() -> str:
     """For a model that will decode with it: load it now where a verified copy is on disk (about 0.2 s),
     else start a build (or a test load) in the background.  Returns :func:`status` (for the model's info line).
     """
-    ready = False
-    if ENABLED:
+    ready = prebuilt_folder() is not None  # a prebuilt copy loads in a moment
+    if ENABLED and not ready:
         try:
             name = build_name()
             ready = verified(_folder(name), name)

@@ -87,3 +87,10 @@ def test_draft_source_without_draft_model_fails(tiny_dir: Path) -> None:
     run = brisk("ask", "hi", "--model", str(tiny_dir), "--json", "--speculative", "draft")
     assert run.returncode != 0
     assert "draft model" in events(run.stdout)[-1]["message"]
+
+
+def test_version_names_the_commit() -> None:
+    from tests.support.brisk_cli import brisk
+
+    done = brisk("--version")
+    assert done.returncode == 0 and done.stdout.startswith("Brisk ") and "commit" in done.stdout

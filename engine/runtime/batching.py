@@ -42,6 +42,7 @@ class Job:
     state: KVState
     ids: list[int]
     all_logits: bool
+    run: Callable[..., torch.Tensor] = forward  # how a step of one request alone runs (the caller's forward)
 
 
 class Served(greenlet):  # type: ignore[misc]
@@ -56,13 +57,16 @@ def _mine() -> Batch | None:
     return current.batch if isinstance(current, Served) else None
 
 
-def decode(model: Any, state: KVState, ids: list[int], all_logits: bool) -> torch.Tensor:
-    """A decode step's logits, as ``forward(..., decode=True)``: batched with the other requests in flight
-    when called from a request the engine serves in a batch, else at once."""
+def decode(
+    model: Any, state: KVState, ids: list[int], all_logits: bool, run: Callable[..., torch.Tensor] = forward
+) -> torch.Tensor:
+    """A decode step's logits, as ``run(model, state, ids, all_logits, decode=True)`` (``engine.model.kv.forward``)
+    gives them: batched with the other requests in flight when called from a request the engine serves in a
+    batch, else at once.  A step that runs alone is ``run`` itself."""
     batch = _mine()
     if batch is None:
-        return forward(model, state, ids, all_logits, decode=True)
-    return batch.wait(Job(model, state, ids, all_logits))
+        return run(model, state, ids, all_logits, decode=True)
+    return batch.wait(Job(model, state, ids, all_logits, run))
 
 
 def stepped_alone() -> bool:
@@ -111,7 +115,11 @@ class Batch:
         jobs = [(runner, job) for runner, job in waiting.items() if job is not None]
         if jobs:
             try:
-                results = forward_many(jobs[0][1].model, [(j.state, j.ids, j.all_logits) for _, j in jobs])
+                if len(jobs) == 1:
+                    one = jobs[0][1]
+                    results = [one.run(one.model, one.state, one.ids, one.all_logits, decode=True)]
+                else:
+                    results = forward_many(jobs[0][1].model, [(j.state, j.ids, j.all_logits) for _, j in jobs])
             except Exception as exc:  # each request ends with its own Error (Serving._serve catches it there)
                 for runner, _ in jobs:
                     self._resume(runner, exc, throw=True)
@@ -122,8 +130,8 @@ class Batch:
                 self.widest = max(self.widest, len(jobs))
                 for (runner, _), logits in zip(jobs, results, strict=True):
                     self._resume(runner, logits)
-        for runner, job in waiting.items():
-            if job is None:
+        for runner, pending in waiting.items():
+            if pending is None:
                 self._resume(runner, None)
 
     def _resume(self, runner: Served, value: Any, throw: bool = False) -> None:

@@ -120,7 +120,7 @@ def generate_steps(
         t_draft = time.perf_counter()  # a step's time includes making its drafts, or failing to
         drafts, probs, source = _constrained_drafts(grammar, drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
-        logits = batching.decode(model, state, [token, *drafts], bool(drafts))  # with the others in flight
+        logits = batching.decode(model, state, [token, *drafts], bool(drafts), forward)  # with the others in flight
         if drafts:
             assert source is not None
             if grammar is not None:

@@ -33,7 +33,7 @@ test: native
 	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check app engine tests
+	$(VENV)/bin/ruff check app engine tests packaging
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

@@ -80,11 +80,17 @@ def main() -> int:
         assert "prebuilt generic variant" in generic, generic
         print(f"ok  generic variant alone: {generic}")
 
-        shot = root / "window.png"
-        out, took = run(extra={"QT_QPA_PLATFORM": "offscreen", "BRISK_SMOKE_SHOT": str(shot)}, timeout=900)
+        (ROOT / "build").mkdir(exist_ok=True)
+        shot = ROOT / "build" / "package-window.png"
+        shot.unlink(missing_ok=True)
+        window = {"QT_QPA_PLATFORM": "offscreen", "BRISK_SMOKE_SHOT": str(shot), "BRISK_DATA_DIR": str(root / "fresh")}
+        out, took = run(extra=window, timeout=900)  # the window first, on a data folder of its own: a first start
         assert "smoke: Loaded" in out and shot.is_file() and shot.stat().st_size > 10_000, out
-        results["window_s"] = round(took, 1)
-        print(f"ok  window opened offscreen and loaded the model ({took:.1f} s, {shot.stat().st_size >> 10} KiB shot)")
+        results["window_first_start_s"] = round(took, 1)
+        print(f"ok  window on an empty data folder opened offscreen and loaded the model: {took:.1f} s ({shot})")
+        out, took = run(extra=window, timeout=900)
+        results["window_second_start_s"] = round(took, 1)
+        print(f"ok  window again on that folder: {took:.1f} s")
 
         prefix = root / "prefix"
         install = subprocess.run(
@@ -99,7 +105,6 @@ def main() -> int:
         assert installed.returncode == 0 and "Brisk" in installed.stdout, installed.stderr
         assert (prefix / "share" / "applications" / "brisk.desktop").is_file()
         print(f"ok  install.sh: {prefix / 'bin' / 'brisk'} runs")
-    (ROOT / "build").mkdir(exist_ok=True)
     (ROOT / "build" / "package-test.json").write_text(json.dumps(results, indent=2))
     print(f"all checks passed; {ROOT / 'build' / 'package-test.json'}")
     return 0

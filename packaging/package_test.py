@@ -6,7 +6,8 @@ and build date; ``brisk ask`` answers one question headless on the bundled model
 empty data folder, timed); ``brisk doctor`` says which prebuilt native step variant this CPU got, and the
 generic variant loads when it is the only one allowed; the window opens offscreen and loads the model
 (``BRISK_SMOKE_SHOT``: a screenshot once loaded); ``install.sh`` installs a working ``brisk``.  Prints one
-line per check and writes ``build/package-test.json``; exits 1 on the first failure.
+line per check and writes ``build/package-test.json``; exits 1 on the first failure.  ``brisk -c CODE`` runs
+code as ``python -c`` (Brisk's own children, such as the quantization probe, start that way).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def main() -> int:
         assert "Brisk" in out and "commit" in out and "built" in out, out
         results["version"] = out.strip()
         print(f"ok  --version: {out.strip()} ({took:.1f} s)")
+
+        out, _ = run("-c", "import sys, torch; print('child', sys.argv[1:], torch.__version__)", "x")
+        assert out.startswith("child ['x']"), out  # `sys.executable -c` children (the quantization probe)
+        print(f"ok  brisk -c runs code as python -c does: {out.strip()}")
 
         out, took = run("ask", "What is the capital of France?", "--json", "--max-tokens", "24")
         done = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

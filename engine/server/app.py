@@ -176,9 +176,7 @@ class Handlers:
         self.check_key(request)
         body = await read_json(request, self.s.max_body)
         model = self.chat_model(body)
-        req, reply = shapes.chat_request(
-            body, model, self.s.defaults, self.s.context, self.s.speculative, client_name(request)
-        )
+        req, reply = shapes.chat_request(body, model, self.s.defaults, self.s.context, self.s.speculative)
         return await self.answer(request, req, reply, "/v1/chat/completions", chat=True)
 
     async def completions(self, request: HttpRequest) -> Response:

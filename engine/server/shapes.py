@@ -293,7 +293,7 @@ def forced_call_format(tools: list[dict[str, Any]]) -> str:
 
 
 def chat_request(
-    body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str, client: str
+    body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str
 ) -> tuple[Request, Reply]:
     """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
     messages = messages_from(body.get("messages"))

@@ -153,6 +153,17 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> 
     )
 
 
+def _usable(format_json: str, param: str) -> None:
+    """A reply format the grammar library refuses is a 400 in its words, before the request reaches the engine."""
+    if not format_json:
+        return
+    from engine.runtime.grammar import format_problems
+
+    problems = format_problems(format_json)
+    if problems:
+        raise bad(problems[0], param, "invalid_format")
+
+
 def _format(value: Any) -> str:
     """OpenAI's ``response_format`` as a ``Sampling.format``."""
     if value is None:
@@ -303,6 +314,7 @@ def chat_request(
         if sampling.format:
             raise bad("'tool_choice' that forces a call cannot go with 'response_format'.", "tool_choice")
         sampling = replace(sampling, format=forced)
+    _usable(sampling.format, "tools" if forced else "response_format")
     stream = _flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):

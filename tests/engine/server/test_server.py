@@ -125,6 +125,11 @@ def test_sampling_fields_are_honoured(served: Served) -> None:
         ({"messages": HELLO, "model": "gpt-4o"}, 404, "model"),
         ({"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {}}}, 400, "response_format"),
         ({"messages": HELLO, "tool_choice": "required"}, 400, "tool_choice"),
+        (
+            {"messages": HELLO, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 7}}}},
+            400,
+            "response_format",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(served: Served, body: dict, status: int, param: str) -> None:

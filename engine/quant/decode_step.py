@@ -259,44 +259,22 @@ class NativeDecode:
             self._rotary = (key, cos[0].contiguous(), sin[0].contiguous())
         return self._rotary[1][past : past + n], self._rotary[2][past : past + n]
 
-    @torch.inference_mode()
     def rows(self, ids: torch.Tensor, cache: Any, all_rows: bool) -> torch.Tensor | None:
         """Logits [1, rows, vocab] for decode tokens ``ids`` [1, n] by the native step; None where it cannot run.
 
         rows is n with ``all_rows`` (a speculative step's verification), else 1.  Each row's
         logits are bit for bit what a call with that row alone would give (``native_step.cpp``).
         """
-        layers = self._fitting(cache)
-        step = self._stepper() if layers is not None else None
-        embed = self.model.model.embed_tokens
-        embedding = embed.weight
-        if step is None or layers is None or self._collected is None or type(embed) is not torch.nn.Embedding:
-            return None
-        if embedding.dtype != torch.float32 or not embedding.is_contiguous():
-            return None
-        n = int(ids.shape[1])
-        past = int(cache.get_seq_length())
-        cos, sin = self._cos_sin(past, n)
-        head_dim = self.fast.head_dim
-        like = embedding.new_empty(1, self._collected[2][1] // head_dim, n, head_dim)  # shaped as the keys written
-        bufs = [layer.reserve(n, like) for layer in layers]
-        keys, values = [b.keys for b in bufs], [b.values for b in bufs]
-        try:
-            logits = step.forward(ids[0], embedding, cos, sin, keys, values, past, all_rows)
-        except RuntimeError as exc:  # its checks failed: nothing counted in the cache; the other paths run
-            log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
-            self._native = (self._collected, None)
-            return None
-        for layer in layers:
-            layer.advance(n)
-        return logits.unsqueeze(0)
+        out = self.rows_batch([(ids[0].tolist(), cache, all_rows)])
+        return None if out is None else out[0].unsqueeze(0)
 
     @torch.inference_mode()
     def rows_batch(self, items: list[tuple[list[int], Any, bool]]) -> list[torch.Tensor] | None:
         """Several sequences' decode tokens in one native call (continuous batching): for each
         ``(ids, cache, all_rows)`` the logits [rows, vocab] that :meth:`rows` would give it alone (bit for
-        bit: ``native_step.cpp``'s ``forward_batch``).  None where the native step cannot take all of them
-        (nothing is written then); the caller runs them one by one."""
+        bit: ``native_step.cpp``'s ``forward_batch``; :meth:`rows` is one sequence of it).  None where the native
+        step cannot take all of them (nothing is counted in the caches then); the caller runs them on the eager
+        path."""
         fitted = []
         for _, cache, _ in items:
             layers = self._fitting(cache)
@@ -316,7 +294,7 @@ class NativeDecode:
         for (tokens, cache, all_rows), layers in zip(items, fitted, strict=True):
             n, past = len(tokens), int(cache.get_seq_length())
             cos, sin = self._cos_sin(past, n)
-            like = embedding.new_empty(1, kv_heads, n, head_dim)
+            like = embedding.new_empty(1, kv_heads, n, head_dim)  # shaped as the keys written
             bufs = [layer.reserve(n, like) for layer in layers]
             ids.extend(tokens)
             coss.append(cos)
@@ -330,8 +308,9 @@ class NativeDecode:
             logits = step.forward_batch(
                 torch.tensor(ids), embedding, torch.cat(coss), torch.cat(sins), keys, values, pasts, counts, alls
             )
-        except (RuntimeError, AttributeError) as exc:  # an older build without forward_batch, or its checks failed
-            log.warning("native batched step not used: %s", str(exc).splitlines()[0])
+        except RuntimeError as exc:  # its checks failed: nothing counted in the caches; the other paths run
+            log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
+            self._native = (self._collected, None)
             return None
         out, at = [], 0
         for (tokens, _, all_rows), layers in zip(items, fitted, strict=True):

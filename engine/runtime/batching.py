@@ -49,7 +49,6 @@ class Served(greenlet):  # type: ignore[misc]
     """A request being served; ``batch`` is the :class:`Batch` it belongs to."""
 
     batch: Batch
-    request: Request
 
 
 def _mine() -> Batch | None:
@@ -91,14 +90,13 @@ class Batch:
         self.active: list[Served] = []  # in the order they joined
         self._waiting: dict[Served, Job | None] = {}  # each active request's next step (None: a pause)
         self.steps = 0  # batched steps run (for the benchmarks and tests)
-        self.rows = 0  # decode rows they computed
         self.widest = 0  # the most requests one step advanced
         self.last_width = 0  # the requests the last step advanced
 
     def start(self, serve: Callable[[Request], None], request: Request) -> None:
         """Begin serving ``request``: it runs now, up to its first step (or to its end)."""
         runner = Served(lambda: _run(serve, request))
-        runner.batch, runner.request = self, request
+        runner.batch = self
         self.active.append(runner)
         self._resume(runner, _START)
 
@@ -126,7 +124,6 @@ class Batch:
             else:
                 self.steps += 1
                 self.last_width = len(jobs)
-                self.rows += sum(len(j.ids) for _, j in jobs)
                 self.widest = max(self.widest, len(jobs))
                 for (runner, _), logits in zip(jobs, results, strict=True):
                     self._resume(runner, logits)

@@ -128,6 +128,11 @@ def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: li
     return common_prefix(sys_ids, ids)
 
 
+def prompt_budget(context: int, max_tokens: int) -> int:
+    """The prompt tokens that fit ``context`` and still leave room for the reply (at least half the context)."""
+    return context - min(max_tokens, context // 2)
+
+
 def build_prompt(
     tokenizer: Any,
     messages: list[dict[str, Any]],
@@ -138,7 +143,7 @@ def build_prompt(
     """``messages`` rendered (with ``tools`` for the template, if any) and fitted to ``context``."""
     if not messages or not messages[-1].get("content", "").strip():
         raise ValueError("The message is empty. Type something to send.")
-    budget = context - min(max_tokens, context // 2)
+    budget = prompt_budget(context, max_tokens)
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]
     ids = render(tokenizer, messages, tools=tools)
@@ -171,6 +176,6 @@ def raw_prompt(tokenizer: Any, text: str, context: int, max_tokens: int) -> Prom
     if not text:
         raise ValueError("The prompt is empty.")
     ids = list(tokenizer(text)["input_ids"])
-    budget = context - min(max_tokens, context // 2)
+    budget = prompt_budget(context, max_tokens)
     truncated = len(ids) > budget
     return Prompt(ids[-budget:] if truncated else ids, truncated, 0)

@@ -110,7 +110,8 @@ class Serving:
         messages: list[dict[str, Any]] = list(request.messages)
         try:
             if request.raw:
-                prompt = raw_prompt(self.loaded.tokenizer, messages[0]["content"], *self._budget(request))
+                text, context = messages[0]["content"], self.loaded.context_length
+                prompt = raw_prompt(self.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
                 prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
             drafters = self._drafters(request, len(prompt.ids))
@@ -175,10 +176,6 @@ class Serving:
     def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
         assert self.loaded is not None
         return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
-
-    def _budget(self, request: Request) -> tuple[int, int]:
-        assert self.loaded is not None
-        return self.loaded.context_length, request.sampling.max_tokens
 
     def _fit(self) -> tuple[Any, int]:
         """What tool results are measured and cut against: the tokenizer and the context length."""

@@ -183,7 +183,7 @@ def test_a_native_step_that_fails_is_set_aside_and_decode_goes_on(tiny_dir: Path
     class Broken:
         calls = 0
 
-        def forward(self, *args: Any) -> torch.Tensor:
+        def forward_batch(self, *args: Any) -> torch.Tensor:  # the call every decode step makes (rows_batch)
             Broken.calls += 1
             raise RuntimeError("KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim]")
 

@@ -53,8 +53,8 @@ def add_serve_parser(sub: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from engine.answer_cache.embed import shared_embedder
-    from engine.server import Hub, ServeError, ServerThread, Service, model_id, serve_problems
+    from engine.server import ServeError, serve_problems
+    from engine.server.control import LocalServer
 
     settings = load_settings(False)
     apply_settings(args, settings, False)
@@ -63,25 +63,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problems:
         return fail_problems(problems, False)
     client: Client | None = None
-    hub = Hub(lambda r: _backend(client).submit(r), lambda i: _backend(client).cancel(i))
+    server = LocalServer(lambda r: _backend(client).submit(r), lambda i: _backend(client).cancel(i))
     factory = backend_factory(args, settings)
-    service = Service(
-        hub=hub,
-        defaults=settings.sampling(),
-        speculative=speculative_source(args, settings),
-        api_key=key,
-        embedder=shared_embedder,
-    )
-    server = ServerThread(service, args.host, args.port)
     try:
-        url = server.start()
+        url = server.start(args.host, args.port, key, settings.sampling(), speculative_source(args, settings))
     except ServeError as exc:
         return fail(str(exc), False, EXIT_REQUEST)
     print(f"Listening on {url} (loading the model; /health says when it is ready)", flush=True)
     if not args.quiet:
-        hub.log.listeners.append(_print_entry)
+        server.hub.log.listeners.append(_print_entry)
     try:
-        client = Client(lambda sink: factory(_routed(hub, sink)))
+        client = Client(lambda sink: factory(server.hub.routed(sink)))
         loaded = client.load(model_spec(args))
     except (LoadError, ValueError) as exc:
         server.stop()
@@ -89,30 +81,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
             client.close()
         return fail(str(exc), False, EXIT_MODEL)
     print_warnings(client.warnings, False)
-    service.context = loaded.info.context_length
-    service.aliases = (loaded.model_name,)
-    service.model = model_id(loaded.model_name)
-    print(f"Serving {service.model} at {url} (Ctrl-C stops)", flush=True)
+    server.set_model(loaded.model_name, loaded.info.context_length)
+    print(f"Serving {server.service.model} at {url} (Ctrl-C stops)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        while not stop.wait(0.5) and server.running():
+        while not stop.wait(0.5) and server.running:
             pass
     finally:
         server.stop()
         client.close()
     return 0
-
-
-def _routed(hub: Any, sink: Any) -> Any:
-    """The engine's event sink: the server's requests to the hub, everything else (the load) to ``sink``."""
-
-    def on_event(event: object) -> None:
-        if not hub.dispatch(event):
-            sink(event)
-
-    return on_event
 
 
 def _backend(client: Client | None) -> Any:

@@ -234,28 +234,26 @@ class Handlers:
         entry = Entry(req.id, client_name(http), endpoint, time.time())
         events = self.s.hub.open(req, entry)
         watch = Watch(http)
+        streaming = False
         try:
-            first = await self._first(watch, events)
-        except BaseException:
-            watch.stop()
-            self.s.hub.close(req.id)
-            raise
-        if first is None:  # the client left before the reply started
-            watch.stop()
-            self.s.hub.close(req.id)
-            return Response(status_code=499)
-        if isinstance(first, Error):
-            watch.stop()
-            raise engine_error(first.message)
-        if reply.stream:
-            watch.stop()
-            stream = self._chat_stream if chat else self._completion_stream
-            return EventSourceResponse(self._guarded(req.id, stream(req, reply, events)), ping=15, send_timeout=None)
-        try:
-            done = await self._wait_done(watch, events)
+            first = await self._until(watch, events, Started | Error | Done)
+            if first is None:  # the client left before the reply started
+                return Response(status_code=499)
+            if isinstance(first, Error):
+                raise engine_error(first.message)
+            if isinstance(first, Done):  # an answer-cache hit still sends Started first; kept for safety
+                events.put_nowait(first)
+            if reply.stream:  # from here sse-starlette watches the connection and the stream closes the request
+                streaming = True
+                stream = self._chat_stream if chat else self._completion_stream
+                return EventSourceResponse(
+                    self._guarded(req.id, stream(req, reply, events)), ping=15, send_timeout=None
+                )
+            done = await self._until(watch, events, Done | Error)
         finally:
             watch.stop()
-            self.s.hub.close(req.id)
+            if not streaming:
+                self.s.hub.close(req.id)
         if done is None:
             return Response(status_code=499)
         if isinstance(done, Error):
@@ -268,19 +266,12 @@ class Handlers:
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
         return JSONResponse(shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics))
 
-    async def _first(self, watch: Watch, events: asyncio.Queue[Any]) -> Any:
-        """The request's first event (``Started`` or ``Error``); None when the client disconnected first."""
+    @staticmethod
+    async def _until(watch: Watch, events: asyncio.Queue[Any], kinds: Any) -> Any:
+        """The request's next event of ``kinds`` (those before it are skipped); None when the client left first."""
         while True:
             event = await watch.next(events)
-            if event is None or isinstance(event, Started | Error | Done):
-                if isinstance(event, Done):  # an answer-cache hit still sends Started first; kept for safety
-                    events.put_nowait(event)
-                return event
-
-    async def _wait_done(self, watch: Watch, events: asyncio.Queue[Any]) -> Done | Error | None:
-        while True:
-            event = await watch.next(events)
-            if event is None or isinstance(event, Done | Error):
+            if event is None or isinstance(event, kinds):
                 return event
 
     async def _guarded(self, request_id: str, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

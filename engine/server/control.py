@@ -1,8 +1,8 @@
-"""The server as the window runs it: one engine, its own requests and the server's, on a switch.
+"""The server over one engine: the window's switch, ``brisk serve`` and the server tests all run this.
 
-:class:`LocalServer` is built over the window's backend (its ``submit`` and
-``cancel``); the bridge hands it every engine event first (:meth:`dispatch`:
-True for the server's own, which the window then never sees).  :meth:`start`
+:class:`LocalServer` is built over a backend's ``submit`` and ``cancel``; the
+backend's event sink hands it every event first (:meth:`dispatch`, or
+``hub.routed(sink)``: True for the server's own, which the window then never sees).  :meth:`start`
 and :meth:`stop` follow the Server switch; :meth:`set_model` follows loads (a
 request while no model is loaded gets a 503 that says so).  Each finished
 request is given to ``on_served`` (from the engine's thread) as an
@@ -26,20 +26,21 @@ class LocalServer:
         submit: Callable[[Request], None],
         cancel: Callable[[str], None],
         on_served: Callable[[ServedReply], None] | None = None,
+        embedder: Callable[[], Any] | None = None,
     ) -> None:
         self.hub = Hub(submit, cancel)
-        self.service = Service(hub=self.hub, embedder=_embedder)
-        self._thread: ServerThread | None = None
+        self.service = Service(hub=self.hub, embedder=embedder or _embedder)
+        self.thread: ServerThread | None = None  # listening while set
         self._on_served = on_served
         self.hub.log.listeners.append(self._served)
 
     @property
     def url(self) -> str:
-        return self._thread.url if self._thread is not None else ""
+        return self.thread.url if self.thread is not None else ""
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.running()
+        return self.thread is not None and self.thread.running()
 
     def start(self, host: str, port: int, api_key: str | None, defaults: Sampling, speculative: str) -> str:
         """Listen (raises ``engine.server.ServeError`` with the reason); returns the base URL."""
@@ -48,7 +49,7 @@ class LocalServer:
         self.configure(defaults, speculative)
         thread = ServerThread(self.service, host, port)
         thread.start()
-        self._thread = thread
+        self.thread = thread
         return thread.url
 
     def configure(self, defaults: Sampling, speculative: str) -> None:
@@ -57,9 +58,9 @@ class LocalServer:
         self.service.speculative = speculative
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._thread.stop()
-            self._thread = None
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
 
     def set_model(self, name: str | None, context: int = 0, loading: str = "loading the model") -> None:
         """The loaded model (None while another loads or after a failed load: requests get a 503)."""

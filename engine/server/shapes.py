@@ -315,10 +315,7 @@ def chat_request(
             raise bad("'tool_choice' that forces a call cannot go with 'response_format'.", "tool_choice")
         sampling = replace(sampling, format=forced)
     _usable(sampling.format, "tools" if forced else "response_format")
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, Mapping):
-        raise bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+    stream, include_usage = _streaming(body)
     request = Request(
         new_id("srv"),
         messages,
@@ -327,7 +324,6 @@ def chat_request(
         client_tools=tools,
         origin="server",
     )
-    include_usage = bool(stream and options and options.get("include_usage"))
     return request, Reply(model, stream, include_usage, bool(tools))
 
 
@@ -347,9 +343,7 @@ def completion_request(
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' must be 1 here.", "best_of")
     sampling = sampling_from({k: v for k, v in body.items() if k != "response_format"}, defaults, context)
-    stream = _flag(body, "stream")
-    options = body.get("stream_options")
-    include_usage = bool(stream and isinstance(options, Mapping) and options.get("include_usage"))
+    stream, include_usage = _streaming(body)
     request = Request(
         new_id("srv"),
         ({"role": "user", "content": prompt},),
@@ -359,6 +353,15 @@ def completion_request(
         origin="server",
     )
     return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"))
+
+
+def _streaming(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``stream``, and whether ``stream_options.include_usage`` asks for a last chunk with the usage."""
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise bad("'stream_options' must be an object.", "stream_options", "invalid_type")
+    return stream, bool(stream and options and options.get("include_usage"))
 
 
 def _flag(body: Mapping[str, Any], name: str) -> bool:

@@ -11,23 +11,21 @@ class Served:
     ``client`` is the synchronous client of the same engine (its own requests bypass HTTP), ``url`` the base
     URL (``.../v1``), ``hub`` and ``service`` the server's."""
 
-    def __init__(self, source: str, api_key: str | None = None, answer_cache: bool = False, **service: Any) -> None:
+    def __init__(self, source: str, api_key: str | None = None, answer_cache: bool = False) -> None:
         from engine.api import AnswerCacheSettings, ModelSpec, Sampling
         from engine.client import Client, local_backend
-        from engine.server import Hub, ServerThread, Service, model_id
+        from engine.server.control import LocalServer
 
         backend = local_backend(answer_cache=AnswerCacheSettings(enabled=answer_cache))
-        self.hub = Hub(lambda r: self.client.backend.submit(r), lambda i: self.client.backend.cancel(i))
-        self.client = Client(lambda sink: backend(lambda event: self.hub.dispatch(event) or sink(event)), timeout=300)
+        self.server = LocalServer(lambda r: self.client.backend.submit(r), lambda i: self.client.backend.cancel(i))
+        self.hub, self.service = self.server.hub, self.server.service
+        self.service.embedder = None  # the embeddings test gives it one
+        self.client = Client(lambda sink: backend(self.hub.routed(sink)), timeout=300)
         loaded = self.client.load(ModelSpec(source=source, dtype="float32", quant="none"))
-        service.setdefault("defaults", Sampling(max_tokens=24))
-        service.setdefault("speculative", "off")
-        self.service = Service(hub=self.hub, api_key=api_key, **service)
-        self.service.model = model_id(loaded.model_name)
-        self.service.aliases = (loaded.model_name,)
-        self.service.context = loaded.info.context_length
-        self.thread = ServerThread(self.service, "127.0.0.1", 0)
-        self.url = self.thread.start()
+        self.server.set_model(loaded.model_name, loaded.info.context_length)
+        self.url = self.server.start("127.0.0.1", 0, api_key, Sampling(max_tokens=24), "off")
+        assert self.server.thread is not None
+        self.thread = self.server.thread
         self.root = self.url.removesuffix("/v1")
 
     def openai(self, **kwargs: Any) -> Any:
@@ -37,5 +35,5 @@ class Served:
         return openai.OpenAI(base_url=self.url, max_retries=0, timeout=120, **kwargs)
 
     def close(self) -> None:
-        self.thread.stop()
+        self.server.stop()
         self.client.close()

@@ -12,18 +12,15 @@ speculation for what a request leaves out.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
 from app.dialogs.server import ServerDialog
 from app.state.config import ReplyConfig
 from engine.api import Loaded, LoadFailed, ServedReply
 
-if TYPE_CHECKING:
-    from app.window.main_window import MainWindow
-
 
 class ServerSwitch:
-    def __init__(self, window: MainWindow) -> None:
+    def __init__(self, window: Any) -> None:  # the MainWindow (not imported: it imports this module)
         self.window = window
         self.url = ""
         self.error = ""

@@ -45,10 +45,10 @@ def size(path: Path) -> int:
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     from app.version import commit
+    from app.version import version as installed_version
 
     started = time.perf_counter()
-    ask = "import importlib.metadata as m; print(m.version('brisk'))"
-    version = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True).stdout.strip() or "0.0.0"
+    version = installed_version()
     info = {
         "version": version,
         "commit": commit() or "unknown",

@@ -305,9 +305,8 @@ class NativeDecode:
             counts.append(n)
             alls.append(all_rows)
         try:
-            logits = step.forward_batch(
-                torch.tensor(ids), embedding, torch.cat(coss), torch.cat(sins), keys, values, pasts, counts, alls
-            )
+            cos, sin = (coss[0], sins[0]) if len(items) == 1 else (torch.cat(coss), torch.cat(sins))  # a lone step
+            logits = step.forward_batch(torch.tensor(ids), embedding, cos, sin, keys, values, pasts, counts, alls)
         except RuntimeError as exc:  # its checks failed: nothing counted in the caches; the other paths run
             log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
             self._native = (self._collected, None)

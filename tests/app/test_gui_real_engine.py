@@ -121,7 +121,8 @@ def test_a_message_typed_edited_and_pasted_is_prefilled_and_answered_as_without(
     prefilled = window.composer.prefilled
     # the user takes a breath: the whole stable part is ready ("N tokens ready", no longer "n of N")
     qtbot.waitUntil(
-        lambda: prefilled.isVisible() and re.fullmatch(r"[\d,]+ tokens ready", prefilled.text()), timeout=10_000
+        lambda: prefilled.isVisible() and re.fullmatch(r"[\d,]+ tokens ready", prefilled.text()) is not None,
+        timeout=10_000,
     )
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=60_000) as done:
         qtbot.keyClick(editor, Qt.Key.Key_Return)

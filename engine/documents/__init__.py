@@ -1,0 +1,1 @@
+"""Documents attached to chats: conversion, index, prompt rendering."""

@@ -180,6 +180,10 @@ class Request:
     client_tools: tuple[Mapping[str, Any], ...] = ()
     raw: bool = False  # the one message's content is the whole prompt, no chat template (/v1/completions)
     origin: str = ""  # who asked: "" the window or the command line, "server" another program (served after)
+    # documents attached to the conversation: ids (content hashes) in the document index (engine.documents);
+    # small ones go whole into the prompt after the system prompt (their KV kept like a system prompt's),
+    # larger ones by the passages retrieved for the question
+    documents: tuple[str, ...] = ()
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -241,6 +245,11 @@ class Metrics:
     draft_sources: dict[str, DraftStats] = field(default_factory=dict)
     forced: int = 0  # reply tokens the format forced (jump-forward: fed with the next step, not chosen by one)
     typed_tokens: int = 0  # prompt tokens reused from the prefill done while the message was typed
+    document_tokens: int = 0  # prompt tokens of attached documents (whole texts or retrieved passages)
+    document_reused: int = 0  # of them, tokens whose KV came from a cache (computed before, in any chat)
+    # what the reply drew on: one mapping per document or passage ({"doc_id", "name", "path", "start",
+    # "end", "chunk" (-1: the whole text), "label"}), in the order the prompt gave them
+    sources: tuple[Mapping[str, Any], ...] = ()
     plain_step_s: float | None = None  # the controller's measured plain decode step
     speedup: float | None = None  # plain_step_s x tokens against the time the reply took
     cache_bytes: int | None = None  # the prefix cache's size after this reply
@@ -282,6 +291,8 @@ class Metrics:
                     for s in value
                     if isinstance(s, Mapping) and {"name", "start_s", "end_s"} <= s.keys()
                 )
+            elif f.name == "sources" and isinstance(value, list | tuple):
+                value = tuple(dict(s) for s in value if isinstance(s, Mapping))
             elif isinstance(value, list):
                 value = tuple(value)
             default = getattr(defaults, f.name)

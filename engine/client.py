@@ -11,6 +11,7 @@ The default backend is the local engine thread (imported only then: it needs tor
 from __future__ import annotations
 
 import queue
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -251,3 +252,19 @@ def probe_tool_server(target: str, timeout_s: float, taken: Callable[[str], bool
         return "failed", f"{type(exc).__name__}: {exc}", []
     finally:
         hub.close(timeout_s=2.0)
+
+
+_library: Any = None
+_library_lock = threading.Lock()
+
+
+def document_library() -> Any:
+    """The process's :class:`engine.documents.library.DocumentLibrary` (the window and the CLI attach files
+    through it; opened at the first call: the index and its converters are imported only then)."""
+    global _library
+    with _library_lock:
+        if _library is None:
+            from engine.documents.library import DocumentLibrary
+
+            _library = DocumentLibrary()
+        return _library

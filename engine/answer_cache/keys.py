@@ -129,13 +129,15 @@ def context_hash(
     tools: Sequence[str] = (),
     tool_versions: Mapping[str, str] | None = None,
     sampling: Sampling | Mapping[str, Any] | None = None,
+    documents: Sequence[str] = (),
 ) -> str:
     """Hash of everything an answer depends on besides the question.
 
     ``messages`` are the messages *before* the question (system prompt and
     earlier turns, in order); ``tools`` the enabled tools (order ignored);
     ``tool_versions`` a version of each tool's data (a changed version
-    changes the hash, so answers built on old data stop hitting).
+    changes the hash, so answers built on old data stop hitting); ``documents`` the attached documents'
+    content hashes (order ignored; none: the hash of every key made before documents existed).
     """
     turns = [{"role": str(m.get("role", "")), "content": str(m.get("content", ""))} for m in messages]
     payload = {
@@ -144,6 +146,8 @@ def context_hash(
         "tool_versions": {k: str(v) for k, v in sorted((tool_versions or {}).items())},
         "sampling": sampling_dict(sampling),
     }
+    if documents:
+        payload["documents"] = sorted(set(documents))
     return _sha(canonical_json(payload))
 
 
@@ -177,9 +181,10 @@ class CacheKey:
         *,
         tools: Sequence[str] = (),
         tool_versions: Mapping[str, str] | None = None,
+        documents: Sequence[str] = (),
     ) -> CacheKey:
         before, question = split_question(messages)
-        ctx = context_hash(before, tools=tools, tool_versions=tool_versions, sampling=sampling)
+        ctx = context_hash(before, tools=tools, tool_versions=tool_versions, sampling=sampling, documents=documents)
         return cls(identity, ctx, question, is_deterministic(sampling), tuple(sorted(set(tools))))
 
     @classmethod
@@ -187,5 +192,10 @@ class CacheKey:
         cls, identity: ModelIdentity, request: Request, tool_versions: Mapping[str, str] | None = None
     ) -> CacheKey:
         return cls.for_messages(
-            identity, request.messages, request.sampling, tools=request.tools, tool_versions=tool_versions
+            identity,
+            request.messages,
+            request.sampling,
+            tools=request.tools,
+            tool_versions=tool_versions,
+            documents=request.documents,
         )

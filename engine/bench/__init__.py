@@ -10,7 +10,9 @@ load), ``versus`` (Brisk as installed against ``--peer``: story and grounded
 decode, long-system-prompt TTFT), ``structured`` (JSON by construction against JSON by asking:
 valid rate, time, forced tokens), ``typing`` (prefill while typing: TTFT after Send on and off for
 messages typed and pasted at a person's pace; ``--text-file F``, ``--json``), ``serve`` (the server under
-1, 2, 4 and 8 concurrent clients: aggregate tokens/s, TTFT and TPOT; ``--clients``), ``all``.  Variants are
+1, 2, 4 and 8 concurrent clients: aggregate tokens/s, TTFT and TPOT; ``--clients``), ``documents`` (the first
+and second question about a 3,000-token document, in a new chat and after a restart; indexing and retrieval
+on 1,000 notes), ``all``.  Variants are
 compared side by side in one run; we report medians.  Each scenario lives in a module of its own.
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
@@ -48,9 +50,11 @@ SCENARIOS: dict[str, str] = {
     "structured": "engine.bench.structured",
     "typing": "engine.bench.typing_prefill",
     "serve": "engine.bench.serve",
+    "documents": "engine.bench.documents",
 }
 
 
+OWN_PEER = ("versus", "typing", "serve", "documents")  # scenarios that measure the peer their own way
 PEER_SCENARIOS: dict[str, str] = {
     "foundation": "You are a helpful assistant.",
     "prefix": LONG_SYSTEM,  # the prefix scenario has its own, of about 1,200 tokens
@@ -122,7 +126,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 except RequestError as exc:
                     print(f"error: the peer failed: {exc}", file=sys.stderr)
                     return 3
-            elif peer is not None and name not in ("versus", "typing", "serve"):  # they measure the peer their own way
+            elif peer is not None and name not in OWN_PEER:
                 print(f"\n--peer is not used by the {name} scenario (it measures what only the local engine has)")
             out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
             out.parent.mkdir(parents=True, exist_ok=True)

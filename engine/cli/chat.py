@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-from engine.api import Done, Error, Request
+from engine.api import Done, Error, Request, Warning
 from engine.cli.backend import load_client, mcp_problems, tool_names
 from engine.cli.common import (
     EXIT_MODEL,
@@ -53,6 +54,9 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
     problems = mcp_problems(args)
     if problems:
         return fail_problems(problems, args.json)
+    documents, problems = attach_documents(getattr(args, "attach", None) or (), args.json)
+    if problems:
+        return fail_problems(problems, args.json)
     try:
         session = load_client(args, settings, model_spec(args))
     except LoadError as exc:
@@ -81,6 +85,7 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
                     parallel_tools=not args.sequential_tools,
                     answer_cache=not args.no_answer_cache,
                     fresh=args.fresh,
+                    documents=documents,
                 )
                 reply = ""
                 seen = len(session.warnings)
@@ -98,6 +103,27 @@ def run_conversation(args: argparse.Namespace, lines: Iterator[str]) -> int:
         return status
     finally:
         session.close()
+
+
+def attach_documents(paths: Sequence[str], as_json: bool) -> tuple[tuple[str, ...], list[str]]:
+    """Index the files of ``--attach`` (folders walked) before the model loads: their document ids, and the
+    problems that stop the command (nothing could be attached).  A file that cannot be read is a warning
+    naming it; the others are still attached."""
+    if not paths:
+        return (), []
+    from engine.client import document_library
+
+    try:
+        results = document_library().attach(paths)
+    except Exception as exc:  # the index cannot be opened: say so before a model loads
+        return (), [f"The documents could not be attached ({exc})"]
+    ids = tuple(dict.fromkeys(r.doc_id for r in results if r.ok))
+    warnings = [Warning("documents", r.problem) for r in results if not r.ok]
+    warnings += [Warning("documents", f"{Path(r.path).name}: {note}") for r in results if r.ok for note in r.notes]
+    print_warnings(warnings, as_json)
+    if not ids:
+        return (), ["None of the attached files could be read; see the messages above"]
+    return ids, []
 
 
 def cmd_ask(args: argparse.Namespace) -> int:

@@ -80,6 +80,15 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 def add_request_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--system", default=None, help="system prompt TEXT, or @FILE to read it from a file")
+    parser.add_argument(
+        "--attach",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="attach a file or a folder to the conversation (repeatable): text, Markdown, code, HTML, PDF, DOCX; "
+        "small ones go whole into the prompt (their KV kept for the next question, in any chat), larger ones "
+        "are searched for each question",
+    )
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--temperature", type=float, default=None, help="0 means greedy")
     parser.add_argument("--top-p", type=float, default=None)
@@ -264,6 +273,8 @@ def request_problems(args: argparse.Namespace, settings: Settings) -> list[str]:
             problems.extend(p for p in [utf8_problem(f"The {name} argument", value)] if p)
     for i, stop in enumerate(getattr(args, "stop", None) or ()):
         problems.extend(p for p in [utf8_problem(f"--stop value {i + 1}", stop)] if p)
+    if getattr(args, "attach", None) and getattr(args, "base_url", None):
+        problems.append("--attach works with the local model only: leave out --base-url to ask about documents")
     return problems + backend_problems(args)
 
 

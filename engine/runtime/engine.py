@@ -52,6 +52,7 @@ from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.batching import MAX_ACTIVE, Batch
 from engine.runtime.decode import Decoder
+from engine.runtime.documents import Documents
 from engine.runtime.hints import Hints, stable_prefix
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
@@ -96,6 +97,7 @@ class Engine(Serving):
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self.measuring: Measuring | None = None  # a first start's mode measurement, run while idle
         self.hints = Hints()  # the message being typed, prefilled while idle
+        self.documents = Documents()  # the document index, opened by the first request that attaches documents
         self._last_hint = -1e9  # time.monotonic() of the last hint
         self._load_number = 0  # the load the current model came from
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -118,6 +120,14 @@ class Engine(Serving):
         if not request.submitted_at:
             object.__setattr__(request, "submitted_at", time.perf_counter())
         self.answer_gate.put_item("request", request)
+
+    def count_tokens(self, texts: list[str]) -> list[int] | None:
+        """The loaded model's token count of each text (an attached document's chip), on the caller's thread;
+        None while no model is loaded."""
+        loaded = self.loaded
+        if loaded is None:
+            return None
+        return [len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
 
     def hint(self, request: Request) -> None:
         """The request the window would send now (its draft as the last message): prefill its stable part
@@ -352,7 +362,14 @@ class Engine(Serving):
         if text.strip() and request.prefix_cache and not request_problems(request):
             _view, schemas = self._tool_view(request)
             max_tokens = request.sampling.max_tokens
-            tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas), list(request.messages))
+            messages = list(request.messages)
+            whole: tuple[str, ...] = ()
+            if request.documents:  # whole documents only: the passages depend on the words still being typed
+                applied = self._with_documents(request, messages, passages=False)
+                messages, whole = applied.messages, applied.whole
+            tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas, whole), messages)
+            if whole:  # a restart's document KV, read while the question is typed
+                self._documents_kv(self._prompt(messages, max_tokens, schemas, whole))
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
             self.hints.drop(self.prefix_cache)  # one composer, one draft: whatever was prefilled before is stale
             return 0, 0

@@ -40,6 +40,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from engine.documents.kvfiles import DOCUMENTS  # a prefix of whole documents: saved in a file of its own
 from engine.model.kv import KVState, Snapshot, common_prefix
 from engine.paths import atomic_write
 
@@ -121,11 +122,46 @@ class PrefixCache:
 
         Raises ``OSError`` when the file cannot be written; the old file is then left as it was.
         """
+        return self._write(path, [key for key in self.entries if key.startswith(PERSISTED)])
+
+    def save_entry(self, key: str, path: Path, extra: dict[str, str] | None = None) -> None:
+        """Write the one entry ``key`` to a file of its own (a document prefix's KV), with ``extra`` metadata.
+
+        Raises ``OSError`` when the file cannot be written, ``KeyError`` when there is no such entry.
+        """
+        if key not in self.entries:
+            raise KeyError(key)
+        self._write(path, [key], extra)
+
+    def load_entry(self, path: Path, key: str, layout: Layout | None = None) -> bool:
+        """Read the entry ``key`` back from a file :meth:`save_entry` wrote; False (with the reason in
+        ``load_problems``) when the file is missing, damaged, another model's or of another shape."""
+        self.load_problems = []
+        if not path.is_file():
+            return False
+        try:
+            with safe_open(str(path), "pt") as fh:
+                meta = fh.metadata() or {}
+                if meta.get("format") != FILE_FORMAT or meta.get("identity") != self.identity:
+                    self.load_problems.append(f"{path.name}: another model's or an older format's file; not used")
+                    return False
+                entries = json.loads(meta.get("entries", ""))
+                if not isinstance(entries, dict) or key not in entries:
+                    self.load_problems.append(f"{path.name}: it does not hold the prompt asked for; not used")
+                    return False
+                tokens, snapshot = self._read_entry(fh, set(fh.keys()), key, entries[key], layout)
+        except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as exc:
+            self.load_problems.append(f"{path.name} could not be read ({exc}); not used")
+            return False
+        self.entries[key] = Entry(tokens, snapshot)
+        self.evict()
+        return key in self.entries
+
+    def _write(self, path: Path, keys: list[str], extra: dict[str, str] | None = None) -> int:
         tensors: dict[str, torch.Tensor] = {}
         meta: dict[str, dict[str, Any]] = {}
-        for key, entry in self.entries.items():
-            if not key.startswith(PERSISTED):
-                continue
+        for key in keys:
+            entry = self.entries[key]
             layers = tuple((k.contiguous(), v.contiguous()) for k, v in entry.snapshot)
             meta[key] = {
                 "tokens": entry.tokens,
@@ -136,7 +172,7 @@ class PrefixCache:
             for i, (k, v) in enumerate(layers):
                 tensors[f"{key}|{i}|k"] = k
                 tensors[f"{key}|{i}|v"] = v
-        metadata = {"format": FILE_FORMAT, "identity": self.identity, "entries": json.dumps(meta)}
+        metadata = {**(extra or {}), "format": FILE_FORMAT, "identity": self.identity, "entries": json.dumps(meta)}
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, save(tensors, metadata=metadata))
         return len(meta)
@@ -179,7 +215,7 @@ class PrefixCache:
         self, fh: Any, names: set[str], key: object, info: object, layout: Layout | None
     ) -> tuple[list[int], Snapshot]:
         """One saved entry, checked; raises ValueError saying what is wrong with it."""
-        if not isinstance(key, str) or not key.startswith(PERSISTED) or not isinstance(info, dict):
+        if not isinstance(key, str) or not key.startswith((PERSISTED, DOCUMENTS)) or not isinstance(info, dict):
             raise ValueError("not a system-prompt entry")
         tokens, count = info.get("tokens"), info.get("layers")
         if not isinstance(tokens, list) or not tokens or not all(type(t) is int and t >= 0 for t in tokens):

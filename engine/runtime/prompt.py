@@ -39,6 +39,7 @@ class Prompt:
     ids: list[int]
     truncated: bool
     system_tokens: int  # length of the system prompt's own token prefix (0 if none)
+    documents: tuple[str, ...] = ()  # ids of the attached documents the system prefix holds whole
 
 
 def render(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import threading
 import traceback
 from collections.abc import Callable
@@ -34,10 +35,11 @@ from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate, expected_failure
 from engine.runtime.decode import Decoder, DecodeResult
+from engine.runtime.documents import Applied, Documents, document_key, document_kv_file
 from engine.runtime.hints import Hints
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
-from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache
+from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
 from engine.runtime.prompt import Prompt, build_prompt, raw_prompt
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
@@ -73,6 +75,7 @@ class Serving:
     tools: ToolBox
     answer_gate: AnswerGate
     hints: Hints
+    documents: Documents
     _cancelled: set[str]
     _lock: threading.Lock
 
@@ -108,16 +111,22 @@ class Serving:
             return
         view, schemas = self._tool_view(request)
         messages: list[dict[str, Any]] = list(request.messages)
+        applied: Applied | None = None
         try:
+            if request.documents and not request.raw:
+                applied = self._with_documents(request, messages)
+                messages = applied.messages
+            whole = applied.whole if applied is not None else ()
             if request.raw:
                 text, context = messages[0]["content"], self.loaded.context_length
                 prompt = raw_prompt(self.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
-                prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+                prompt = self._prompt(messages, request.sampling.max_tokens, schemas, whole)
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             reply.fail(str(exc))
             return
+        first_prompt = prompt
         t_prompt = reply.since()
         rounds = Rounds()
         started = False
@@ -127,7 +136,7 @@ class Serving:
             started = True
             rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit, *self._fit()))
             messages = tool_turns.with_slash_results(messages, kept, rounds.turns[-1])
-            prompt = self._prompt(messages, request.sampling.max_tokens, schemas)
+            prompt = self._prompt(messages, request.sampling.max_tokens, schemas, whole)
             drafters = self._drafters(request, len(prompt.ids))
         first: Metrics | None = None
         model_turns, as_text = 0, False
@@ -150,7 +159,7 @@ class Serving:
                 break
             reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
             messages, prompt, as_text = tool_turns.next_prompt(
-                lambda m: self._prompt(m, request.sampling.max_tokens, schemas),
+                lambda m: self._prompt(m, request.sampling.max_tokens, schemas, whole),
                 messages,
                 result.text,
                 parsed,
@@ -160,6 +169,8 @@ class Serving:
             drafters = self._drafters(request, len(prompt.ids))
         assert first is not None
         metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
+        if applied is not None:
+            metrics = _with_document_metrics(metrics, applied, first_prompt, first.cached_tokens)
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
         with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
             reply.emit(Done(request.id, reply.since(), text, finish, metrics))
@@ -173,9 +184,51 @@ class Serving:
         view = self.tools.view(request.tools)
         return view, (tool_schemas(view) or None) if view is not None else None
 
-    def _prompt(self, messages: list[dict[str, Any]], max_tokens: int, schemas: list[dict[str, Any]] | None) -> Prompt:
+    def _prompt(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        schemas: list[dict[str, Any]] | None,
+        documents: tuple[str, ...] = (),
+    ) -> Prompt:
+        """The prompt of ``messages``; ``documents``: the ids of the whole documents its system message holds."""
         assert self.loaded is not None
-        return build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+        prompt = build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+        return dataclasses.replace(prompt, documents=documents) if documents and prompt.system_tokens else prompt
+
+    def _with_documents(self, request: Request, messages: list[dict[str, Any]], passages: bool = True) -> Applied:
+        """``messages`` with the request's documents (engine.runtime.documents); a document that is gone is a
+        warning, an index that cannot be read a ``ValueError`` (the reply fails saying so)."""
+        assert self.loaded is not None
+        try:
+            applied = self.documents.apply(
+                request.documents,
+                messages,
+                self.loaded.tokenizer,
+                self.loaded.context_length,
+                request.sampling.max_tokens,
+                _question_vector,
+                passages,
+            )
+        except Exception as exc:
+            if type(exc).__name__ != "StoreError":
+                traceback.print_exc()
+            raise ValueError(f"The attached documents could not be read ({exc}).") from exc
+        for message in applied.warnings:
+            self.on_event(Warning("documents", message))
+        return applied
+
+    def _documents_kv(self, prompt: Prompt) -> None:
+        """Before a lookup: read the KV of the prompt's whole documents from disk when it is not in memory."""
+        cache = self.prefix_cache
+        if not prompt.documents or cache is None or cache.budget_bytes <= 0 or self.loaded is None:
+            return
+        key = document_key(prompt.ids[: prompt.system_tokens])
+        if key in cache.entries:
+            return
+        path = document_kv_file(cache.identity, key)
+        if path.is_file() and not cache.load_entry(path, key, kv_layout(self.loaded.model)):
+            self.on_event(Warning("cache", "; ".join(cache.load_problems) + " (the documents are read again)."))
 
     def _fit(self) -> tuple[Any, int]:
         """What tool results are measured and cut against: the tokenizer and the context length."""
@@ -230,6 +283,8 @@ class Serving:
         """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
         assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
         conversation = conversation_key(request.conversation_id or request.id)
+        if request.prefix_cache:
+            self._documents_kv(prompt)
         state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
         typed = len(state) if request.prefix_cache and (self.prefix_cache.last_key or "").startswith(HINT) else 0
         self.hints.sent(self.prefix_cache, prompt.ids)  # a draft this prompt holds is sent: its prefill is done with
@@ -257,19 +312,34 @@ class Serving:
             result.metrics = dataclasses.replace(result.metrics, typed_tokens=typed)
         if request.prefix_cache:
             try:
-                self._remember(state, prompt.system_tokens, conversation)
+                self._remember(state, prompt.system_tokens, conversation, prompt.documents)
             except Exception as exc:  # a cache that cannot be kept costs speed next time, never the reply
                 traceback.print_exc()
                 self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))
         return result, t_lookup
 
-    def _remember(self, state: KVState, system_tokens: int, conversation_key: str) -> None:
-        """Keep this conversation's KV, and its system prompt's KV under a key of its own."""
+    def _remember(
+        self, state: KVState, system_tokens: int, conversation_key: str, documents: tuple[str, ...] = ()
+    ) -> None:
+        """Keep this conversation's KV, and its system prompt's KV under a key of its own (with ``documents``:
+        the prefix of whole documents, in a file of its own)."""
         cache = self.prefix_cache
         assert cache is not None
-        if system_tokens:
+        if system_tokens and documents:
+            self._remember_documents(state, system_tokens, documents)
+        elif system_tokens:
             self._remember_system(state, system_tokens)
         cache.insert(conversation_key, state, live=True)
+
+    def _remember_documents(self, state: KVState, system_tokens: int, documents: tuple[str, ...]) -> None:
+        """Keep the prefix of whole documents; save it to a file of its own when no file holds it yet."""
+        cache = self.prefix_cache
+        assert cache is not None
+        key = document_key(state.tokens[:system_tokens])
+        cache.insert(key, state, system_tokens)
+        path = document_kv_file(cache.identity, key)
+        if self.options.persist_prefixes and key in cache.entries and not path.is_file():
+            cache.save_entry(key, path, {"documents": json.dumps(sorted(documents))})
 
     def _remember_system(self, state: KVState, system_tokens: int) -> None:
         """Keep the first ``system_tokens`` of ``state`` as a system prompt's entry; save a new one to disk."""
@@ -303,3 +373,24 @@ class Serving:
             kept = False
         if not kept:
             self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+
+
+def _question_vector(question: str) -> Any:
+    """The question's embedding for passage search, when the process's embedder is already running and
+    ready (it is started beside the model's load); else None: the search ranks by words alone."""
+    from engine.answer_cache.embed import shared_embedder
+
+    embedder = shared_embedder(start=False)
+    if not embedder.started or not embedder.ready:
+        return None
+    return embedder.embed_one(question)
+
+
+def _with_document_metrics(metrics: Metrics, applied: Applied, prompt: Prompt, cached: int) -> Metrics:
+    """``metrics`` with the documents' tokens, those whose KV was reused, and the sources."""
+    reused = 0
+    if applied.whole_tokens and prompt.documents:
+        start = max(0, prompt.system_tokens - applied.whole_tokens)  # where the documents begin, near enough
+        reused = max(0, min(cached, prompt.system_tokens) - start)
+        reused = min(reused, applied.whole_tokens)
+    return dataclasses.replace(metrics, document_tokens=applied.tokens, document_reused=reused, sources=applied.sources)

@@ -1,0 +1,210 @@
+"""Chat with documents: TTFT of the first and the second question about a 3,000-token document, in a new
+chat and after a restart, beside a short message; then indexing and retrieval on a folder of notes
+(``brisk bench documents [--runs N] [--peer URL]``).
+
+Each round attaches a new copy of the document (its first line names the round, so no cache holds it),
+then, on one engine, as a user meets it: a short message in a new chat (no document: the baseline), the
+first question about the document in a new chat (its KV computed and saved), a second question in another
+new chat (the document's KV reused from memory); then a new process (``brisk ask --attach`` on the same
+data folder) asks a third question (the KV read from disk) and another new process asks a short message
+(the baseline a new process gets).  TTFT is ``Metrics.ttft_s``: from the request's submission, the model
+already loaded.  ``--peer URL``: an OpenAI-compatible server (llama.cpp's with ``cache_prompt``) gets the
+same rendered prompts (the document whole in the system message, as Brisk renders it): the short
+message, the first question and the second; a server keeps no KV across restarts, so it has no restart row.
+
+Then ``engine.documents.corpus``: a folder of 1,000 generated Markdown notes indexed (conversion, chunks,
+BM25, vectors), the retrieval latency over its question set, and the hit rate (the note that holds the
+answer among the passages) for words alone, vectors alone and both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from engine.api import AnswerCacheSettings, ModelSpec, Sampling
+from engine.bench.common import fresh_data_dir, median, table
+from engine.client import Client, local_backend
+
+SYSTEM = "You are a helpful assistant."
+MAX_TOKENS = 16
+QUESTIONS = [
+    ("When does the north workshop open on Saturdays?", "How many days ahead must the crane be booked?"),
+    ("Who signs off on a safety drill?", "What colour are the visitor badges?"),
+    ("How long are backups kept?", "Which room holds the spare keys?"),
+    ("What is the late fee for a returned tool?", "Where do deliveries arrive after six?"),
+    ("Who can approve overtime?", "How often is the fire alarm tested?"),
+]
+SHORT = ["Say hello in French.", "Name a primary colour.", "What is two plus three?", "Give me a synonym for big."]
+SECTIONS = [
+    ("Opening hours", "The north workshop opens at {h} on weekdays and at {s} on Saturdays; it is closed on Sundays "
+     "and public holidays. The south workshop keeps the same hours but closes an hour earlier in winter."),
+    ("Bookings", "The crane must be booked {d} days ahead through the front desk. The lathe and the paint booth "
+     "can be booked a day ahead. Bookings that are not used within thirty minutes are released."),
+    ("Safety", "Every safety drill is signed off by the {role}. Visitor badges are {colour} and must be worn "
+     "at all times. The fire alarm is tested every {n} weeks on a Monday morning."),
+    ("Records", "Backups of the booking system are kept for {k} days. Spare keys are held in room {room}, "
+     "and the key log is checked every Friday."),
+    ("Tools", "A tool returned late costs {fee} euros a day. Damaged tools are reported on the blue form, "
+     "and deliveries that arrive after six go to the {place}."),
+    ("Staff", "Overtime is approved by the shift lead or the site manager. New staff shadow a colleague for "
+     "two weeks before they work alone, and every team meets on Tuesday at nine."),
+]  # fmt: skip
+
+
+def handbook(round_no: int, target_chars: int = 12_000) -> str:
+    """A made-up site handbook of about 3,000 tokens; its first line names the round (a new document)."""
+    values = {"h": "7:30", "s": "9:00", "d": 3, "role": "site manager", "colour": "orange", "n": 6, "k": 90,
+              "room": "B12", "fee": 4, "place": "loading bay"}  # fmt: skip
+    parts = [f"# Site handbook, edition {round_no + 1} ({uuid.uuid4().hex[:8]})"]
+    number = 0
+    while sum(len(p) for p in parts) < target_chars:
+        title, text = SECTIONS[number % len(SECTIONS)]
+        parts.append(f"## {number + 1}. {title}\n\n{text.format(**values)} This rule was last reviewed in "
+                     f"year {2010 + number % 15}, item {number * 7 % 31}.")  # fmt: skip
+        number += 1
+    return "\n\n".join(parts) + "\n"
+
+
+def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, ...] = ()) -> dict[str, Any]:
+    done = client.ask(
+        messages,
+        Sampling(max_tokens=MAX_TOKENS),
+        conversation_id=uuid.uuid4().hex,
+        answer_cache=False,
+        speculative="off",
+        documents=documents,
+    )
+    m = done.metrics
+    return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
+            "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens}  # fmt: skip
+
+
+def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:
+    """``brisk ask`` in a new process on the data folder in use; its Done's metrics."""
+    cmd = [sys.executable, "-m", "app.cli", "ask", question, "--json", "--max-tokens", str(MAX_TOKENS),
+           "--no-answer-cache", "--speculative", "off", "--system", SYSTEM]  # fmt: skip
+    if args.model:
+        cmd += ["--model", args.model]
+    cmd += ["--quant", args.quant or "auto"]
+    if attach is not None:
+        cmd += ["--attach", str(attach)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    for line in out.stdout.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") == "done":
+            m = event["metrics"]
+            return {"ttft_ms": 1000 * (m.get("ttft_s") or 0.0), "document_tokens": m.get("document_tokens", 0),
+                    "document_reused": m.get("document_reused", 0)}  # fmt: skip
+    raise RuntimeError(f"brisk ask failed: {out.stderr.strip()[-500:]}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.documents import render
+    from engine.documents.library import DocumentLibrary
+
+    rounds = max(1, min(args.runs, len(QUESTIONS)))
+    peer: Client | None = None
+    if getattr(args, "peer", None):
+        from engine.bench import connect_peer
+
+        peer = connect_peer(args)
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second", "restart", "new_short")}
+    peer_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second")}
+    with fresh_data_dir() as data, tempfile.TemporaryDirectory(prefix="brisk-docs-") as folder:
+        library = DocumentLibrary()
+        spec = ModelSpec(source=args.model or "", dtype=args.dtype or "auto", quant=args.quant or "auto")
+        client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
+        try:
+            client.load(spec)
+            system = [{"role": "system", "content": SYSTEM}]
+            _ask(client, [*system, {"role": "user", "content": "Hello!"}])  # the engine's own first request
+            for r in range(rounds):
+                path = Path(folder) / f"handbook-{r + 1}.md"
+                path.write_text(handbook(r), encoding="utf-8")
+                attached = library.attach([path])
+                if not attached or not attached[0].ok:
+                    raise RuntimeError(f"could not attach the document: {attached}")
+                doc = (attached[0].doc_id,)
+                first_q, second_q = QUESTIONS[r]
+                rows["short"].append(_ask(client, [*system, {"role": "user", "content": SHORT[r % len(SHORT)]}]))
+                rows["first"].append(_ask(client, [*system, {"role": "user", "content": first_q}], doc))
+                rows["second"].append(_ask(client, [*system, {"role": "user", "content": second_q}], doc))
+                if peer is not None:
+                    whole = [render.Whole(doc[0], path.name, path.read_text(encoding="utf-8"))]
+                    for key, question, docs in (("short", SHORT[r % len(SHORT)], []), ("first", first_q, whole),
+                                                ("second", second_q, whole)):  # fmt: skip
+                        messages = render.with_documents([*system, {"role": "user", "content": question}], docs, [])
+                        peer_rows[key].append(_ask(peer, messages))
+        finally:
+            client.close()
+        for r in range(rounds):  # new processes on the same data folder: the KV comes from disk
+            path = Path(folder) / f"handbook-{r + 1}.md"
+            rows["restart"].append(_child_ask(f"{QUESTIONS[r][0]} Answer briefly.", args, path))
+            rows["new_short"].append(_child_ask(SHORT[(r + 1) % len(SHORT)], args, None))
+        del data
+    corpus = _corpus()
+    result = _summary(rows, peer_rows, peer is not None)
+    result["corpus"] = corpus
+    if peer is not None:
+        peer.close()
+    return result
+
+
+def _spread(values: list[float]) -> str:
+    return f"{median(values):.0f} ({min(values):.0f}-{max(values):.0f})" if values else "-"
+
+
+def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[dict[str, Any]]], peer: bool) -> dict:
+    labels = {
+        "short": "short message, no document (same engine)",
+        "first": "first question about the document (new chat)",
+        "second": "second question, another new chat",
+        "restart": "a question after a restart (new process)",
+        "new_short": "short message in a new process",
+    }
+    out_rows = []
+    for key, label in labels.items():
+        row = {"measure": f"TTFT ms: {label}", "brisk": _spread([x["ttft_ms"] for x in rows[key]])}
+        reused = [x["document_reused"] for x in rows[key] if x.get("document_tokens")]
+        tokens = [x["document_tokens"] for x in rows[key] if x.get("document_tokens")]
+        row["document tokens reused"] = f"{median(reused):.0f} of {median(tokens):.0f}" if tokens else "-"
+        if peer:
+            row["peer"] = _spread([x["ttft_ms"] for x in peer_rows.get(key, [])]) if key in peer_rows else "-"
+        out_rows.append(row)
+    short = median([x["ttft_ms"] for x in rows["short"]])
+    second = median([x["ttft_ms"] for x in rows["second"]])
+    restart = median([x["ttft_ms"] for x in rows["restart"]])
+    new_short = median([x["ttft_ms"] for x in rows["new_short"]])
+    print(table("Questions about a 3,000-token document: TTFT, median (min-max)", out_rows))
+    ratios = {
+        "second_over_short": second / short if short else None,
+        "restart_over_new_process_short": restart / new_short if new_short else None,
+    }
+    print(
+        f"\nsecond question / short message: {ratios['second_over_short']:.2f}x; after a restart / a new "
+        f"process's short message: {ratios['restart_over_new_process_short']:.2f}x (target: at most 1.5x)"
+    )
+    return {"rows": rows, "peer": peer_rows if peer else None, "table": out_rows, "ratios": ratios}
+
+
+def _corpus() -> dict[str, Any]:
+    """Indexing and retrieval on 1,000 generated notes (``engine.documents.corpus``)."""
+    import engine.documents.corpus as corpus
+    from engine.answer_cache.embed import shared_embedder
+
+    with tempfile.TemporaryDirectory(prefix="brisk-corpus-") as folder, fresh_data_dir():
+        embedder = shared_embedder()
+        embedder.wait(120)
+        found: dict[str, Any] = corpus.measure_folder(Path(folder), 1000, embedder)
+    return found

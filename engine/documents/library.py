@@ -1,0 +1,174 @@
+"""Attaching files and folders: convert, index, and keep them like data (what the window and the CLI call).
+
+:class:`DocumentLibrary` is the one door to documents for a client: ``attach``
+converts each file (``engine.documents.convert``), indexes it
+(``engine.documents.store``: text, chunks, BM25, vectors when the embedder is
+ready) and returns one :class:`Attached` per file, a clear message for each
+that could not be taken; a folder is walked (hidden folders, caches and
+virtual environments left out).  ``progress(done, total, name)`` is called
+between files and while a long file is read; ``cancel()`` stops between pieces
+and leaves nothing half-indexed.  ``remove`` deletes a document's index rows
+and every KV file that holds it; ``refresh`` re-reads a document whose file
+changed on disk (size or time) and returns the ids to use now: the old id's KV
+can no longer match, since its name is a hash of the old text's tokens.
+
+The document id is the SHA-256 of the converted text, so the same file attached
+twice, or in two chats, is one document, and a request names documents by id
+(``engine.api.Request.documents``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.documents.convert import Cancelled, DocumentError, convert, walk
+from engine.documents.kvfiles import forget_document, kv_files
+from engine.documents.store import IndexCancelled
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Attached:
+    """One file the user attached: its document's id and facts, or why it could not be attached."""
+
+    path: str
+    doc_id: str = ""
+    name: str = ""
+    chars: int = 0
+    problem: str = ""  # "" when attached
+    notes: tuple[str, ...] = ()
+    cancelled: bool = False  # the user cancelled before this file was indexed (nothing of it was kept)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problem
+
+
+class DocumentLibrary:
+    """The document index as a client uses it (one per process is enough; every method is thread-safe)."""
+
+    def __init__(self, store: Any = None, embed: Callable[[list[str]], Any] | None = None) -> None:
+        if store is None:
+            from engine.documents.store import DocumentStore
+
+            store = DocumentStore()
+        self.store = store
+        self._embed = embed if embed is not None else _shared_embed
+
+    def attach(
+        self, paths: Iterable[str | Path], progress: Progress | None = None, cancel: Callable[[], bool] | None = None
+    ) -> list[Attached]:
+        """Convert and index every file of ``paths`` (folders walked); one result per file, in order."""
+        files: list[Path] = []
+        results: list[Attached] = []
+        for raw in paths:
+            path = Path(os.path.expanduser(str(raw)))
+            if path.is_dir():
+                found, skipped = walk(path, cancel=cancel)
+                files.extend(found)
+                results.extend(Attached(str(path), problem=message) for message in skipped)
+                if not found:
+                    results.append(Attached(str(path), problem=f"{path.name or path}: no file Brisk can read in it."))
+            else:
+                files.append(path)
+        total = len(files)
+        for number, path in enumerate(files):
+            if cancel is not None and cancel():
+                break
+            if progress is not None:
+                progress(number, total, path.name)
+            results.append(self._attach_one(path, number, total, progress, cancel))
+        if progress is not None:
+            progress(total, total, "")
+        return results
+
+    def _attach_one(
+        self, path: Path, number: int, total: int, progress: Progress | None, cancel: Callable[[], bool] | None
+    ) -> Attached:
+        def pages(done: int, of: int) -> None:
+            if progress is not None and of:
+                progress(number, total, f"{path.name} ({done} of {of})")
+
+        try:
+            converted = convert(path, progress=pages, cancel=cancel)
+            info = self.store.add(converted, embed=self._embed, cancel=cancel)
+        except (Cancelled, IndexCancelled) as exc:
+            return Attached(str(path), problem=str(exc), cancelled=True)
+        except DocumentError as exc:
+            return Attached(str(path), problem=str(exc))
+        except Exception as exc:  # the index's own errors say what to do; anything else names the file
+            return Attached(str(path), problem=f"{path.name} could not be indexed ({exc}).")
+        replaced = getattr(info, "replaced", None)
+        if replaced:
+            forget_document(replaced)  # the file changed: the old text's KV can never be used again
+        return Attached(str(path), info.id, info.name, info.chars, notes=tuple(converted.notes))
+
+    def list(self) -> builtins.list[Any]:
+        """Every document in the index (``DocumentInfo``), with the bytes of KV kept for it on disk."""
+        return list(self.store.list())
+
+    def kv_bytes(self, doc_id: str) -> int:
+        """Bytes of KV files on disk that hold ``doc_id`` (0 when its prefix was never computed)."""
+        total = 0
+        for path in kv_files(doc_id):
+            with contextlib.suppress(OSError):  # a file removed meanwhile holds nothing
+                total += path.stat().st_size
+        return total
+
+    def remove(self, doc_id: str) -> None:
+        """Forget a document: its index rows, vectors and every KV file that holds it."""
+        self.store.remove(doc_id)
+        forget_document(doc_id)
+
+    def refresh(
+        self, doc_ids: Sequence[str], cancel: Callable[[], bool] | None = None
+    ) -> tuple[builtins.list[str], builtins.list[str]]:
+        """The ids to send now for ``doc_ids``: a document whose file changed on disk is read again (a new id),
+        one whose file is gone keeps its indexed text; second item: what the user should hear about that."""
+        ids: builtins.list[str] = []
+        notes: builtins.list[str] = []
+        for doc_id in doc_ids:
+            info = self.store.get(doc_id)
+            if info is None:
+                notes.append(f"A document of this chat ({doc_id[:12]}) was removed from the index; attach it again.")
+                continue
+            path = Path(info.path) if info.path else None
+            try:
+                stat = path.stat() if path is not None else None
+            except OSError:
+                stat = None
+            if stat is None:
+                notes.append(f"{info.name} is no longer at {info.path}; its indexed text is used.")
+                ids.append(doc_id)
+                continue
+            if stat.st_size == info.size_bytes and abs(stat.st_mtime - info.mtime) < 1e-3:
+                ids.append(doc_id)
+                continue
+            assert path is not None
+            result = self._attach_one(path, 0, 1, None, cancel)
+            if result.ok:
+                ids.append(result.doc_id)
+                if result.doc_id != doc_id:
+                    notes.append(f"{info.name} changed on disk; it was read again.")
+            else:
+                notes.append(f"{result.problem} The text indexed before is used.")
+                ids.append(doc_id)
+        return ids, notes
+
+
+def _shared_embed(texts: list[str]) -> Any:
+    """Vectors of ``texts`` from the process's embedder, waiting for it to load (indexing runs in the
+    background); None when it cannot load: the document is searched by its words alone."""
+    from engine.answer_cache.embed import shared_embedder
+
+    embedder = shared_embedder()
+    if not embedder.wait(60):
+        return None
+    return embedder.embed(texts)

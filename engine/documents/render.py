@@ -1,0 +1,122 @@
+"""How attached documents enter a prompt: one rendering, so the same files always give the same tokens.
+
+A document small enough to fit goes whole into the system message, after the
+user's own system prompt, so that everything that stays the same across a
+chat's questions (and across chats that attach the same files) comes first and
+its KV is a prefix the engine keeps (``engine.runtime.documents``).  The order
+is the documents' names, then their content hashes, never the order they were
+attached in, so two chats that attach the same files in another order share the
+prefix; the text is the converted text as it is (no dates, no paths: a path
+that differs between two machines or two copies must not change the tokens).
+
+Passages retrieved from larger documents change with each question, so they go
+into the question's own turn, numbered in document order (name, then place in
+the document), ahead of the question: two questions that retrieve the same
+passages share the longest prefix, and the numbers are the ones a reply's
+sources list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+WHOLE_INTRO = "The user attached these documents. Answer questions about them from their text."
+PASSAGES_INTRO = "Passages from the attached documents, numbered; cite them by number, like [1]:"
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A document that goes into the prompt whole."""
+
+    doc_id: str
+    name: str
+    text: str
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A retrieved piece of a larger document: ``text`` is ``document[start:end]``, the ``chunk``-th piece."""
+
+    doc_id: str
+    name: str
+    chunk: int
+    start: int
+    end: int
+    text: str
+    path: str = ""
+
+
+def whole_order(docs: Sequence[Whole]) -> list[Whole]:
+    """The stable order of whole documents: name (case folded), then content hash; one copy of each."""
+    unique = {doc.doc_id: doc for doc in docs}
+    return sorted(unique.values(), key=lambda d: (d.name.casefold(), d.name, d.doc_id))
+
+
+def passage_order(passages: Sequence[Passage]) -> list[Passage]:
+    """The stable order of passages: their document's name and hash, then their place in it."""
+    unique = {(p.doc_id, p.chunk): p for p in passages}
+    return sorted(unique.values(), key=lambda p: (p.name.casefold(), p.name, p.doc_id, p.start, p.chunk))
+
+
+def whole_block(docs: Sequence[Whole]) -> str:
+    """The documents as the system message carries them (empty when there are none)."""
+    ordered = whole_order(docs)
+    if not ordered:
+        return ""
+    parts = [WHOLE_INTRO]
+    for doc in ordered:
+        parts.append(f'<document name="{_attr(doc.name)}">\n{doc.text.strip()}\n</document>')
+    return "\n\n".join(parts)
+
+
+def passages_block(passages: Sequence[Passage]) -> str:
+    """The passages as the question's turn carries them, numbered from 1 in :func:`passage_order`."""
+    ordered = passage_order(passages)
+    if not ordered:
+        return ""
+    parts = [PASSAGES_INTRO]
+    for number, passage in enumerate(ordered, 1):
+        parts.append(f"[{number}] {passage.name}, part {passage.chunk + 1}:\n{passage.text.strip()}")
+    return "\n\n".join(parts)
+
+
+def with_documents(
+    messages: Sequence[dict[str, Any]], whole: Sequence[Whole], passages: Sequence[Passage]
+) -> list[dict[str, Any]]:
+    """``messages`` with the whole documents after the system prompt (a system message is added when there
+    is none) and the passages ahead of the last user message's text; the messages given are not changed."""
+    out = [dict(m) for m in messages]
+    block = whole_block(whole)
+    if block:
+        if out and out[0].get("role") == "system":
+            own = str(out[0].get("content", "")).strip()
+            out[0]["content"] = f"{own}\n\n{block}" if own else block
+        else:
+            out.insert(0, {"role": "system", "content": block})
+    quoted = passages_block(passages)
+    if quoted and out and out[-1].get("role") == "user":
+        out[-1]["content"] = f"{quoted}\n\nQuestion: {out[-1].get('content', '')}"
+    return out
+
+
+def sources(whole: Sequence[Whole], passages: Sequence[Passage]) -> tuple[dict[str, Any], ...]:
+    """What a reply drew on, as ``Metrics.sources`` lists it: the whole documents, then the numbered
+    passages (``label`` is the number the prompt gave them)."""
+    found: list[dict[str, Any]] = []
+    for doc in whole_order(whole):
+        found.append(_source(doc.doc_id, doc.name, doc.path, -1, 0, len(doc.text), doc.name))
+    for number, p in enumerate(passage_order(passages), 1):
+        found.append(_source(p.doc_id, p.name, p.path, p.chunk, p.start, p.end, f"[{number}]"))
+    return tuple(found)
+
+
+def _source(doc_id: str, name: str, path: str, chunk: int, start: int, end: int, label: str) -> dict[str, Any]:
+    return {"doc_id": doc_id, "name": name, "path": path, "chunk": chunk, "start": start, "end": end, "label": label}
+
+
+def _attr(text: str) -> str:
+    """A name as an attribute value: quotes and line breaks would break the tag."""
+    return " ".join(text.replace('"', "'").split())

@@ -1,0 +1,236 @@
+"""Attached documents on the engine: the same files give the same prefix, their KV is reused by other chats
+and after a restart (read from disk), a changed file's old KV is never used, and caching never changes a
+greedy reply.  The tiny model (byte tokens, 512 context) with an index of our own in each test."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+
+from engine.api import Sampling, Warning
+from engine.documents import render
+from engine.documents.kvfiles import document_kv_dir, forget_document, kv_files
+from engine.runtime.documents import Documents
+from tests.support.engine_runner import EngineRunner, done, token_ids
+
+GREEDY = Sampling(max_tokens=12)
+SYSTEM = {"role": "system", "content": "Answer from the documents."}
+
+
+@dataclass
+class Info:
+    id: str
+    name: str
+    path: str
+    chars: int
+
+
+@dataclass
+class Hit:
+    doc_id: str
+    name: str
+    path: str
+    idx: int
+    start: int
+    end: int
+    text: str
+
+
+class FakeIndex:
+    """The document index's read side, in memory: whole texts, and 'passages' that are fixed slices."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, tuple[str, str]] = {}
+        self.touched: list[str] = []
+
+    def add(self, name: str, text: str) -> str:
+        doc_id = uuid.uuid4().hex
+        self.texts[doc_id] = (name, text)
+        return doc_id
+
+    def get(self, doc_id: str) -> Info | None:
+        if doc_id not in self.texts:
+            return None
+        name, text = self.texts[doc_id]
+        return Info(doc_id, name, f"/docs/{name}", len(text))
+
+    def text(self, doc_id: str) -> str:
+        return self.texts[doc_id][1]
+
+    def touch(self, ids: list[str]) -> None:
+        self.touched.extend(ids)
+
+    def search(self, query: str, doc_ids: list[str], k: int = 6, query_vector: object = None) -> list[Hit]:
+        hits = []
+        for doc_id in doc_ids:
+            name, text = self.texts[doc_id]
+            for idx in (2, 0):  # best first: the third slice, then the first
+                start, end = idx * 40, idx * 40 + 40
+                hits.append(Hit(doc_id, name, f"/docs/{name}", idx, start, end, text[start:end]))
+        return hits[:k]
+
+
+@pytest.fixture
+def runner(tiny_dir: Path, brisk_data_dir: Path):
+    engine = EngineRunner(str(tiny_dir))
+    index = FakeIndex()
+    engine.engine.documents = Documents(lambda: index)
+    engine.index = index  # type: ignore[attr-defined]
+    yield engine
+    engine.close()
+
+
+def ask(runner: EngineRunner, question: str, documents: tuple[str, ...] = (), **kw: object):  # noqa: ANN201
+    messages = [SYSTEM, {"role": "user", "content": question}]
+    events = runner.run(messages, sampling=GREEDY, answer_cache=False, documents=documents, **kw)
+    return events, done(events)
+
+
+def rendered(runner: EngineRunner, question: str, ids: tuple[str, ...]) -> list[int]:
+    """The reply to the document rendered by hand into the messages, no cache: what the engine must match."""
+    index = runner.index  # type: ignore[attr-defined]
+    whole = [render.Whole(i, index.texts[i][0], index.texts[i][1]) for i in ids]
+    messages = render.with_documents([SYSTEM, {"role": "user", "content": question}], whole, [])
+    return token_ids(runner.run(messages, sampling=GREEDY, answer_cache=False, prefix_cache=False))
+
+
+NOTE = "The crane must be booked three days ahead. Badges are orange. Backups stay ninety days."
+
+
+def test_a_whole_document_is_a_prefix_reused_by_another_chat_and_the_reply_is_unchanged(runner: EngineRunner) -> None:
+    doc = runner.index.add("rules.md", NOTE)  # type: ignore[attr-defined]
+    events, first = ask(runner, "How far ahead is the crane booked?", (doc,))
+    assert token_ids(events) == rendered(runner, "How far ahead is the crane booked?", (doc,))
+    assert first.metrics.document_tokens >= len(NOTE)  # byte tokens: at least one per character
+    assert first.metrics.document_reused == 0
+    assert [s["name"] for s in first.metrics.sources] == ["rules.md"] and first.metrics.sources[0]["chunk"] == -1
+    events, second = ask(runner, "What colour are the badges?", (doc,))  # a new chat (its own conversation id)
+    assert token_ids(events) == rendered(runner, "What colour are the badges?", (doc,))
+    assert second.metrics.document_reused == second.metrics.document_tokens > 0
+    assert second.metrics.cached_tokens >= second.metrics.document_tokens
+
+
+def test_the_order_of_attaching_does_not_change_the_prefix(runner: EngineRunner) -> None:
+    index = runner.index  # type: ignore[attr-defined]
+    a, b = index.add("a.md", "Alpha notes: the code is 41."), index.add("b.md", "Beta notes: the code is 17.")
+    _, first = ask(runner, "What is the alpha code?", (a, b))
+    _, second = ask(runner, "What is the beta code?", (b, a))
+    assert second.metrics.document_reused == second.metrics.document_tokens == first.metrics.document_tokens
+
+
+def test_after_a_restart_the_document_kv_is_read_from_disk(tiny_dir: Path, brisk_data_dir: Path) -> None:
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    before = EngineRunner(str(tiny_dir))
+    before.engine.documents = Documents(lambda: index)
+    try:
+        ask(before, "How far ahead is the crane booked?", (doc,))
+        identity = before.engine.prefix_cache.identity
+    finally:
+        before.close()
+    files = kv_files(doc)
+    assert len(files) == 1 and files[0].parent == document_kv_dir(identity)
+    after = EngineRunner(str(tiny_dir))
+    after.engine.documents = Documents(lambda: index)
+    after.index = index  # type: ignore[attr-defined]
+    try:
+        events, reply = ask(after, "What colour are the badges?", (doc,))
+        assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
+        assert token_ids(events) == rendered(after, "What colour are the badges?", (doc,))
+    finally:
+        after.close()
+
+
+def test_a_damaged_kv_file_is_a_warning_and_the_document_is_read_again(tiny_dir: Path, brisk_data_dir: Path) -> None:
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    first = EngineRunner(str(tiny_dir))
+    first.engine.documents = Documents(lambda: index)
+    try:
+        ask(first, "How far ahead is the crane booked?", (doc,))
+    finally:
+        first.close()
+    (path,) = kv_files(doc)
+    data = bytearray(path.read_bytes())
+    data[-10:] = b"\xff" * 10  # the KV's last bytes: the checksum no longer matches
+    path.write_bytes(bytes(data))
+    again = EngineRunner(str(tiny_dir))
+    again.engine.documents = Documents(lambda: index)
+    again.index = index  # type: ignore[attr-defined]
+    try:
+        events, reply = ask(again, "What colour are the badges?", (doc,))
+        assert reply.metrics.document_reused == 0
+        assert any(isinstance(w, Warning) and w.kind == "cache" for w in again.client.warnings)
+        assert token_ids(events) == rendered(again, "What colour are the badges?", (doc,))
+    finally:
+        again.close()
+
+
+def test_a_changed_document_is_another_prefix_and_forgetting_removes_its_files(runner: EngineRunner) -> None:
+    index = runner.index  # type: ignore[attr-defined]
+    old = index.add("rules.md", NOTE)
+    ask(runner, "How far ahead is the crane booked?", (old,))
+    new = index.add("rules.md", NOTE.replace("three", "five"))
+    events, reply = ask(runner, "How far ahead is the crane booked?", (new,))
+    assert reply.metrics.document_reused < reply.metrics.document_tokens  # the old text's KV does not match
+    assert token_ids(events) == rendered(runner, "How far ahead is the crane booked?", (new,))
+    assert len(kv_files(old)) == 1 and len(kv_files(new)) == 1
+    assert forget_document(old) == 1
+    assert kv_files(old) == [] and len(kv_files(new)) == 1
+
+
+def test_a_document_gone_from_the_index_is_a_warning_and_the_reply_goes_on(runner: EngineRunner) -> None:
+    events, reply = ask(runner, "Hello there", ("0" * 64,))
+    assert reply.text and reply.metrics.document_tokens == 0 and reply.metrics.sources == ()
+    assert any(isinstance(w, Warning) and w.kind == "documents" for w in runner.client.warnings)
+
+
+def test_a_document_too_long_to_fit_is_searched_and_its_passages_cited(runner: EngineRunner) -> None:
+    index = runner.index  # type: ignore[attr-defined]
+    long_text = " ".join(f"Line {i}: the value of item {i} is {i * 7}." for i in range(200))
+    doc = index.add("big.md", long_text)
+    events, reply = ask(runner, "What is the value of item 3?", (doc,))
+    labels = [(s["label"], s["chunk"]) for s in reply.metrics.sources]
+    assert labels == [("[1]", 0), ("[2]", 2)]  # document order, not the search's order
+    passages = [render.Passage(doc, "big.md", i, i * 40, i * 40 + 40, long_text[i * 40 : i * 40 + 40]) for i in (2, 0)]
+    messages = render.with_documents(
+        [SYSTEM, {"role": "user", "content": "What is the value of item 3?"}], [], passages
+    )
+    assert "[1] big.md, part 1:" in messages[-1]["content"]
+    cold = token_ids(runner.run(messages, sampling=GREEDY, answer_cache=False, prefix_cache=False))
+    assert token_ids(events) == cold
+    assert 0 < reply.metrics.document_tokens < len(long_text) and reply.metrics.document_reused == 0
+
+
+def test_the_answer_cache_keys_on_the_documents(tiny_dir: Path, brisk_data_dir: Path) -> None:
+    from engine.answer_cache import CacheKey, ModelIdentity
+    from engine.api import Request
+
+    identity = ModelIdentity("m", "float32", "none", "fp")
+    plain = Request("a", ({"role": "user", "content": "What is in it?"},))
+    one = replace(plain, documents=("x" * 64,))
+    other = replace(plain, documents=("y" * 64,))
+    keys = {CacheKey.for_request(identity, r).context for r in (plain, one, other)}
+    assert len(keys) == 3
+    both = replace(plain, documents=("x" * 64, "y" * 64))
+    swapped = replace(plain, documents=("y" * 64, "x" * 64))
+    assert CacheKey.for_request(identity, both).context == CacheKey.for_request(identity, swapped).context
+
+
+def test_the_bundled_model_answers_the_same_from_a_reused_document(bundled_engine: EngineRunner) -> None:
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE + " The north workshop opens at half past seven.")
+    saved = bundled_engine.engine.documents
+    bundled_engine.engine.documents = Documents(lambda: index)
+    bundled_engine.index = index  # type: ignore[attr-defined]
+    try:
+        ask(bundled_engine, "How far ahead is the crane booked?", (doc,))
+        for question in ("What colour are the badges?", "When does the north workshop open?"):
+            events, reply = ask(bundled_engine, question, (doc,))
+            assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
+            assert token_ids(events) == rendered(bundled_engine, question, (doc,)), question
+    finally:
+        bundled_engine.engine.documents = saved

@@ -18,6 +18,8 @@ backend: they call the bridge, whose methods are everything the window needs:
   streaming there ends with it) and builds the new one; :attr:`engine_key`
   is the key last asked for;
 * :meth:`hint`: the draft being typed, prefilled by a local engine while idle (``Engine.hint``);
+* :meth:`count_tokens`: the loaded model's token counts of some texts (attached
+  documents' chips); blocking, so the window calls it on a worker thread;
 * :meth:`seed_answers`: hand earlier (question, answer) pairs to the engine's
   answer memory; :meth:`set_prefix_budget`: a new prefix-cache byte budget.
   Both answer how much was taken (0 / False when the backend cannot);
@@ -219,6 +221,15 @@ class EngineBridge(QObject):
         for question, answer in pairs:
             remember(question, answer)
         return len(pairs)
+
+    def count_tokens(self, texts: list[str]) -> list[int] | None:
+        """Tokens of each of ``texts`` in the loaded model's tokenizer; None when the backend cannot say (a
+        remote server, no model yet).  Blocking and thread-safe: call it off the GUI thread."""
+        count = getattr(self._backend, "count_tokens", None)
+        if self._closed or not callable(count):
+            return None
+        counts = count(texts)
+        return [int(n) for n in counts] if counts is not None else None
 
     def set_prefix_budget(self, budget_bytes: int) -> bool:
         """Apply a new prefix-cache budget now; False when the backend cannot (it applies at the next start)."""

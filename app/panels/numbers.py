@@ -7,10 +7,13 @@ event (model, mode, memory); :meth:`NumbersView.show_session` the answer
 cache's hit rate and time saved over this session (the window's
 :class:`~app.state.answer_stats.CacheTally`).  The tools row is the tool
 calls' wall time and the time saved against running them one after another
-(``tools_sequential_s - tools_wall_s``).  With a remote backend (``Loaded.device ==
-"remote"``) the rows a server cannot report (prompt reuse, prefill progress,
-drafts, memory) are greyed out with a tooltip saying why, unless the reply's
-``Metrics.server_reported`` names one of their fields.  Formatting is plain
+(``tools_sequential_s - tools_wall_s``).  The documents row says how many of
+the prompt's tokens were attached documents and whether their KV was reused
+(``Metrics.document_tokens`` / ``document_reused``: "3,012 tokens reused").
+With a remote backend (``Loaded.device == "remote"``) the rows a server cannot
+report (prompt reuse, prefill progress, drafts, memory, documents) are greyed
+out with a tooltip saying why, unless the reply's ``Metrics.server_reported``
+names one of their fields.  Formatting is plain
 functions (:func:`fmt_s`, :func:`fmt_ms`), shared with the compare table.
 """
 
@@ -22,6 +25,7 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QLabel, QProgressBar, QWidget
 
+from app.state.attachments import reuse_text
 from app.state.model_facts import precision_text, size_text
 from engine.api import DraftStats, Loaded
 
@@ -40,6 +44,7 @@ ROWS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "tokens": ("Tokens", None),
     "total": ("Total time", None),
     "prompt": ("Prompt tokens", ("prompt_tokens", "cached_tokens")),
+    "documents": ("Documents", ("document_tokens",)),
     "prefill": ("Prefill", ("prefill_s",)),
     "drafts": ("Drafts (accepted/drafted)", ("drafted", "accepted")),
     "forced": ("Forced by the reply format", ("forced",)),
@@ -114,6 +119,9 @@ def row_texts(numbers: Mapping[str, Any]) -> dict[str, str]:
         out["drafts"] = f"{int(accepted)}/{int(drafted)} ({100 * accepted / drafted:.0f} %)"
     elif _num(numbers, "draft_events"):
         out["drafts"] = f"{int(numbers['draft_events'])} drafted steps so far"
+    documents = reuse_text(_num(numbers, "document_tokens"), _num(numbers, "document_reused"))
+    if documents:
+        out["documents"] = documents
     typed = _num(numbers, "typed_tokens")
     if typed:
         out["typed"] = f"{int(typed):,} of {int(prompt or typed):,} prompt tokens"

@@ -12,6 +12,11 @@ the text through a :class:`~engine.storage.StreamSaver`; the final status is
 ``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
 the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
 
+A chat's attached documents (``documents``/``set_documents``, kept in the
+history file; before a new chat's first message, kept here and written when
+it is created) go with every request of that chat as ``Request.documents``,
+less the ids in ``skip_documents`` (no longer in the document index).
+
 Store failures while setting up a turn raise :class:`~engine.storage.StoreError`
 before anything is submitted; failures while streaming go to ``on_store_error``
 and the reply carries on on screen.  One reply streams at a time.
@@ -28,6 +33,7 @@ from app.state.reply import ReplyState
 from app.state.tools import enabled_tools
 from engine.api import Done, Error, ModelSpec, Request, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver, params
+from engine.storage import documents as storage_documents
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40
@@ -86,13 +92,40 @@ class ChatSession:
         # what the parameters panel set before the chat exists (a new chat): written when it is created
         self.pending_system: str | None = None
         self.pending_params: dict[str, Any] = {}
+        self.pending_documents: list[dict[str, Any]] = []  # attached before the new chat's first message
+        self.skip_documents: set[str] = set()  # ids no longer in the document index: kept on the chat, not sent
+        self.created: dict[str, str] = {}  # draft id -> the chat its first message made (attaching meanwhile)
         self._draft_id = f"draft-{uuid.uuid4().hex}"  # the next new chat's id for prefill while typing
 
     # -- conversations ----------------------------------------------------------
     def open(self, conversation_id: str | None) -> list[Message]:
         self.conversation_id = conversation_id
-        self.pending_system, self.pending_params = None, {}
+        self.pending_system, self.pending_params, self.pending_documents = None, {}, []
         return self.messages()
+
+    @property
+    def draft_id(self) -> str:
+        """The id the next new chat goes by until its first message creates it."""
+        return self._draft_id
+
+    # -- the open chat's attached documents --------------------------------------------
+    def documents(self) -> list[dict[str, Any]]:
+        """The documents attached to the open chat (``engine.storage.documents`` entries), or to the next new one."""
+        if self.conversation_id is None:
+            return [dict(d) for d in self.pending_documents]
+        return self.store.get_conversation(self.conversation_id).documents
+
+    def max_tokens(self) -> int:
+        """The reply room a request of the open chat (or the next new one) leaves: its ``max_tokens``."""
+        return params.sampling(self.settings, self.chat_params()[1]).max_tokens
+
+    def set_documents(self, docs: list[dict[str, Any]], conversation_id: str | None = None) -> None:
+        """Keep ``docs`` as the documents of ``conversation_id`` (default: the open chat, or the next new one)."""
+        target = conversation_id or self.conversation_id
+        if target is None:
+            self.pending_documents = storage_documents.checked(docs)
+        else:
+            self.store.set_documents(target, docs)
 
     # -- the open chat's own parameters (the parameters panel) -------------------------
     def chat_params(self) -> tuple[str, dict[str, Any]]:
@@ -128,8 +161,12 @@ class ChatSession:
         new = self.conversation_id is None
         if new:
             system, own = self.chat_params()  # what the parameters panel set for the next new chat
-            self.conversation_id = self.store.create_conversation(make_title(text), system_prompt=system, params=own)
-            self.pending_system, self.pending_params = None, {}
+            self.conversation_id = self.store.create_conversation(
+                make_title(text), system_prompt=system, params=own, attached=self.pending_documents
+            )
+            self.pending_system, self.pending_params, self.pending_documents = None, {}, []
+            self.created[self._draft_id] = self.conversation_id
+            self._draft_id = f"draft-{uuid.uuid4().hex}"
         conversation_id = self._current()
         untitled = not new and self.store.get_conversation(conversation_id).title == DEFAULT_TITLE
         if untitled and not self.store.messages(conversation_id):
@@ -166,16 +203,21 @@ class ChatSession:
         it is typed; nothing is stored.  A chat not created yet has a draft id of its own."""
         if self.conversation_id is None:
             system, own = self.chat_params()
-            conversation_id, history = self._draft_id, []
+            conversation_id, history, docs = self._draft_id, [], self.pending_documents
         else:
             conversation = self.store.get_conversation(self.conversation_id)
             system, own, conversation_id = conversation.system_prompt, conversation.params, self.conversation_id
-            history = self.store.messages(self.conversation_id)
+            history, docs = self.store.messages(self.conversation_id), conversation.documents
         messages = [*chat_messages(system, history), {"role": "user", "content": text}]
-        return self._request(tuple(messages), own, conversation_id)
+        return self._request(tuple(messages), own, conversation_id, docs)
 
     def _request(
-        self, messages: tuple[dict[str, str], ...], own: dict[str, Any], conversation_id: str, fresh: bool = False
+        self,
+        messages: tuple[dict[str, str], ...],
+        own: dict[str, Any],
+        conversation_id: str,
+        docs: Sequence[dict[str, Any]] = (),
+        fresh: bool = False,
     ) -> Request:
         return Request(
             id=uuid.uuid4().hex,
@@ -188,13 +230,14 @@ class ChatSession:
             parallel_tools=self.settings.parallel_tools,
             answer_cache=self.settings.answer_cache,
             fresh=fresh,
+            documents=tuple(d["id"] for d in docs if d["id"] not in self.skip_documents),
         )
 
     def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
         conversation = self.store.get_conversation(conversation_id)
         messages = chat_messages(conversation.system_prompt, self.store.messages(conversation_id))
         reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
-        request = self._request(tuple(messages), conversation.params, conversation_id, fresh)
+        request = self._request(tuple(messages), conversation.params, conversation_id, conversation.documents, fresh)
         self.active = ReplyState(request.id, reply_id, conversation_id)
         self._saver = StreamSaver(self.store, reply_id)
         return Turn(request, self.active, None, False)

@@ -5,7 +5,8 @@ role, the plain text (what Copy copies), the grey stats line, the notices
 (older turns dropped, damaged row), the error, an optional tooltip, the
 answer-cache badge (``From cache, exact · …``, :func:`~app.state.answer_stats.cache_badge`),
 the reply's tool calls (saved as ``metrics["tool_calls"]``; shown as a section
-that opens and closes, ``tools_open``), and for a
+that opens and closes, ``tools_open``), the documents and passages it drew on
+(``metrics["sources"]``, :func:`~app.state.attachments.sources_of`), and for a
 reply of this session its :class:`~app.state.reply.ReplyState` (so drafted
 text keeps its colour).  The rendered HTML is made on demand, the first time
 a row is painted or measured, and kept until the row changes; a revision
@@ -31,6 +32,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
 from app.state.answer_stats import cache_badge
+from app.state.attachments import SEP, source_label, sources_of
 from app.state.reply import ReplyState, stats_line
 from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
@@ -40,6 +42,7 @@ TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
 DAMAGED_NOTICE = "This message was damaged in the history file; what could be read is shown."
 ERROR_FALLBACK = "This reply ended with an error."
 SHOWN_ROLES = ("user", "assistant")
+SOURCES_PREFIX = "Sources:"
 ITEM_ROLE = Qt.ItemDataRole.UserRole + 1
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -58,6 +61,7 @@ class ChatItem:
     badge: str = ""  # the answer-cache hit this reply came from ("" for a generated reply)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record dicts
     tools_open: bool = False  # the tool section shows each result, not only the calls
+    sources: list[dict[str, Any]] = field(default_factory=list)  # Metrics.sources: what the reply drew on
     reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
     revision: int = 0
@@ -91,6 +95,14 @@ class ChatItem:
         return tools_text(self.tool_calls, self.tools_open)
 
     @property
+    def source_labels(self) -> list[str]:
+        return [source_label(s) for s in self.sources]
+
+    @property
+    def sources_text(self) -> str:
+        return f"{SOURCES_PREFIX} {SEP.join(self.source_labels)}" if self.sources else ""
+
+    @property
     def has_stats(self) -> bool:
         return self.stats_source is not None or bool(self.stats_text)
 
@@ -120,6 +132,7 @@ class ChatItem:
         self.error = reply.error
         self.badge = cache_badge(reply.metrics)
         self.tool_calls = list(reply.tool_calls)
+        self.sources = sources_of({"sources": reply.metrics.sources}) if reply.metrics is not None else []
         self.revision += 1
 
     @property
@@ -144,6 +157,7 @@ def item_from_message(message: Message) -> ChatItem:
             item.error = str(row.get("error") or ERROR_FALLBACK)
         item.badge = cache_badge(row)
         item.tool_calls = calls_from_metrics(row)
+        item.sources = sources_of(row)
     item.notice = " ".join(notices)
     return item
 

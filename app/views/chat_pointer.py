@@ -12,8 +12,9 @@ tooltip (the view's ``tooltip_for``), else none.
 :meth:`ChatPointer.context_menu` builds a message's right-click menu: its
 actions (greyed out as the buttons are while a reply streams), which trigger
 exactly as a click on the button does (the delegate's ``action_triggered``),
-then "Select text".  Apart from that menu this changes only the hover, the
-cursor and the tooltip; clicks are the delegate's.
+then the reply's sources (each opens its passage), then "Select text".  Apart
+from that menu this changes only the hover, the cursor and the tooltip; clicks
+are the delegate's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from PySide6.QtWidgets import QListView, QMenu, QToolTip
 
 from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import ChatItem, ChatModel
-from app.views.message_geometry import ACTION_TEXT, ACTION_TIPS, BUSY_BLOCKED, RowLayout
+from app.views.message_geometry import ACTION_TEXT, BUSY_BLOCKED, SOURCE, RowLayout, action_tip
 
 
 class ChatPointer:
@@ -91,7 +92,7 @@ class ChatPointer:
         if hit is not None:
             item, box = hit
             action = box.action_at(event.pos().x(), event.pos().y())
-            text = ACTION_TIPS[action] if action is not None else self._tooltip_for(item.message_id)
+            text = action_tip(item, action) if action is not None else self._tooltip_for(item.message_id)
         if text:
             QToolTip.showText(event.globalPos(), text, self._view.viewport())
         else:
@@ -107,9 +108,13 @@ class ChatPointer:
         delegate = self._delegate
         for name in delegate.geometry.actions(item):
             action = menu.addAction(ACTION_TEXT[name])
-            action.setToolTip(ACTION_TIPS[name])
+            action.setToolTip(action_tip(item, name))
             action.setEnabled(not (delegate.busy and name in BUSY_BLOCKED))
             action.triggered.connect(lambda _=False, n=name: delegate.action_triggered.emit(n, message_id))
+        for n, label in enumerate(item.source_labels):  # the sources, for the keyboard too
+            source = menu.addAction(f"Source: {label}")
+            source.setToolTip(action_tip(item, f"{SOURCE}{n}"))
+            source.triggered.connect(lambda _=False, a=f"{SOURCE}{n}": delegate.action_triggered.emit(a, message_id))
         menu.addSeparator()
         menu.addAction("Select text").triggered.connect(lambda: self._select_text(message_id))
         return menu

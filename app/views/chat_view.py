@@ -28,8 +28,11 @@ or computed on hover by ``tooltip_provider(message_id)``.
 :meth:`ChatView.bubble` / :meth:`ChatView.bubbles` return read-only
 :class:`~app.views.message_handle.MessageHandle` s of the rows as the user sees
 them.  :meth:`ChatView.toggle_tools` opens or closes a reply's tool results
-(also a click on the section's header).  What is under the mouse (hover,
-cursor, tooltips, the context menu) is :class:`~app.views.chat_pointer.ChatPointer`'s.
+(also a click on the section's header).  A reply's sources (the documents it
+drew on, listed under it) emit ``source_requested(message_id, n)`` when one is
+clicked (:meth:`ChatView.source_rect` says where source ``n`` is drawn).
+What is under the mouse (hover, cursor, tooltips, the context menu) is
+:class:`~app.views.chat_pointer.ChatPointer`'s.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import TRUNCATED_NOTICE, ChatItem, ChatModel, item_from_message
 from app.views.chat_pointer import ChatPointer
 from app.views.markdown_render import code_blocks
-from app.views.message_geometry import MARGIN_PX, RowLayout
+from app.views.message_geometry import MARGIN_PX, RowLayout, source_index
 from app.views.message_handle import MessageHandle
 from app.views.style import current
 from engine.storage import Message
@@ -73,6 +76,7 @@ class ChatView(QListView):
     compare_requested = Signal(int)
     fresh_requested = Signal(int)
     copied = Signal(int, int)  # message id, characters put on the clipboard
+    source_requested = Signal(int, int)  # message id, the source's place in the reply's list
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -240,6 +244,11 @@ class ChatView(QListView):
         box = self.row_layout(message_id)
         return next((rect for name, rect in box.actions if name == action), QRect()) if box else QRect()
 
+    def source_rect(self, message_id: int, n: int) -> QRect:
+        """Where source ``n`` of a reply is drawn (an empty rect if it has none such)."""
+        box = self.row_layout(message_id)
+        return next((rect for place, rect in box.sources if place == n), QRect()) if box else QRect()
+
     def copy_message(self, message_id: int) -> None:
         """Put the message's text on the clipboard and say so (``copied``: the message id, its characters)."""
         item = self.chat_model.item(message_id)
@@ -303,6 +312,8 @@ class ChatView(QListView):
             self.fresh_requested.emit(message_id)
         elif action == "tools":
             self.toggle_tools(message_id)
+        elif (n := source_index(action)) is not None:
+            self.source_requested.emit(message_id, n)
 
     def toggle_tools(self, message_id: int) -> bool:
         """Open or close a reply's tool results; returns whether they are open now."""

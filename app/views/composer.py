@@ -8,13 +8,35 @@ the box keeps what it had.  The button reads Send or Stop (:meth:`set_busy`);
 Send is disabled with a tooltip while no model is ready (:meth:`set_ready`),
 but typing always works.  The box is as tall as its text, 1 to ``MAX_LINES``
 lines (wrapped lines count), growing and shrinking as the text does.
+
+The paperclip left of the box attaches documents: a click emits
+``attach_requested(False)`` (files), its menu offers a folder too
+(``attach_requested(True)``); :meth:`set_attach_available` greys it with the
+reason (a remote engine reads no documents).  Above the box, ``chips``
+(:class:`~app.views.chips.DocumentChips`) shows the chat's documents and the
+indexing progress.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QIcon, QKeyEvent, QPainter, QPixmap
+from PySide6.QtSvg import QSvgRenderer
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPlainTextEdit,
+    QPushButton,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.views import style
+from app.views.chips import DocumentChips
 
 HINT_MS = 4000
 DRAFT_PAUSE_MS = 150  # the draft goes to the engine this long after typing pauses (prefill while typing)
@@ -23,6 +45,24 @@ EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
 MAX_LINES = 8
 NOT_READY_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
+ATTACH_TIP = "Attach files to this chat (Ctrl+O); the menu attaches a folder. You can also drop files here."
+PAPERCLIP = Path(__file__).resolve().parent / "icons" / "paperclip.svg"
+ICON_COLOUR = "#4b5563"  # the colour paperclip.svg is drawn in; replaced by the theme's
+
+
+def tinted_icon(path: Path, colour: str, size: int = 18) -> QIcon:
+    """The SVG at ``path`` drawn in ``colour`` (for both scales a screen may ask for)."""
+    svg = QSvgRenderer(QByteArray(path.read_text(encoding="utf-8").replace(ICON_COLOUR, colour).encode()))
+    icon = QIcon()
+    for scale in (1, 2):
+        pixmap = QPixmap(size * scale, size * scale)
+        pixmap.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(pixmap)
+        svg.render(painter)
+        painter.end()
+        pixmap.setDevicePixelRatio(scale)
+        icon.addPixmap(pixmap)
+    return icon
 
 
 class MessageEdit(QPlainTextEdit):
@@ -57,6 +97,7 @@ class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
     draft_changed = Signal(str)  # the draft, DRAFT_PAUSE_MS after typing pauses (at once after a paste)
+    attach_requested = Signal(bool)  # the paperclip: True for a folder, False for files
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -66,8 +107,25 @@ class Composer(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 6, 16, 12)
         layout.setSpacing(4)
+        self.chips = DocumentChips()  # the chat's attached documents, and the indexing progress
+        layout.addWidget(self.chips)
         row = QHBoxLayout()
         row.setSpacing(8)
+        self.attach_button = QToolButton()
+        self.attach_button.setObjectName("attachButton")
+        self.attach_button.setToolTip(ATTACH_TIP)
+        self.attach_button.setAccessibleName("Attach files")
+        self.attach_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.attach_button.setIconSize(QSize(18, 18))
+        self.attach_button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+        attach_menu = QMenu(self.attach_button)
+        attach_menu.addAction("Attach files\u2026").triggered.connect(lambda: self.attach_requested.emit(False))
+        attach_menu.addAction("Attach a folder\u2026").triggered.connect(lambda: self.attach_requested.emit(True))
+        self.attach_button.setMenu(attach_menu)
+        self.attach_button.clicked.connect(lambda: self.attach_requested.emit(False))
+        self._icon_colour = ""
+        self._tint_icon()
+        row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         self.editor = MessageEdit()
         self.editor.setPlaceholderText("Message Brisk\u2026  (Enter to send, Shift+Enter for a new line)")
         self.editor.setTabChangesFocus(True)
@@ -111,7 +169,23 @@ class Composer(QWidget):
         self._fit_height()
         self._update_button()
 
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.StyleChange, QEvent.Type.PaletteChange):
+            self._tint_icon()  # another theme: the paperclip takes its muted colour
+
+    def _tint_icon(self) -> None:
+        colour = style.current().muted
+        if colour != self._icon_colour:
+            self._icon_colour = colour
+            self.attach_button.setIcon(tinted_icon(PAPERCLIP, colour))
+
     # -- state from the window ---------------------------------------------------------
+    def set_attach_available(self, available: bool, reason: str = "") -> None:
+        """The paperclip works, or is greyed with ``reason`` as its tooltip."""
+        self.attach_button.setEnabled(available)
+        self.attach_button.setToolTip(ATTACH_TIP if available else reason)
+
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
         self._update_button()

@@ -15,6 +15,11 @@ they depend on: revision, width, draft colouring); laid-out documents are kept
 for the most recently used rows only (``DOC_CACHE`` of them), so memory does
 not grow with the conversation.
 
+A reply that drew on attached documents lists them under its text
+("Sources: handbook.md · [1] notes.md, part 3"), each label a target of its
+own (``RowLayout.sources``; :meth:`RowLayout.action_at` answers
+``"source:N"``, N the source's place in ``ChatItem.sources``).
+
 The actions a row offers (``ACTION_TEXT``, :meth:`~MessageGeometry.actions`)
 live here because their buttons take room in the header: a user message has
 Copy, Edit (and Compare\u2026 once ``compare_available``); a reply has Copy and
@@ -30,13 +35,15 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QFont, QFontMetrics, QTextDocument
 
-from app.views.chat_model import ChatItem
+from app.state.attachments import position_text
+from app.views.chat_model import SOURCES_PREFIX, ChatItem
 
 COLUMN_MAX_PX = 860
 MARGIN_PX = 16  # around the column
 ROW_GAP_PX = 12  # between two bubbles
 PAD_X, PAD_Y, PART_GAP = 14, 10, 6
 DOC_CACHE = 64
+SOURCE_GAP = "\u00b7"  # between two sources' labels
 
 ACTION_TEXT = {
     "copy": "Copy",
@@ -54,6 +61,29 @@ ACTION_TIPS = {
     "compare": "Run this message again under other settings and compare",
 }
 BUSY_BLOCKED = ("regenerate", "fresh", "edit", "compare")  # not while a reply streams
+SOURCE = "source:"  # the action of a source's label: "source:N"
+SOURCE_PAD = 4  # either side of a source's label: its hover box
+
+
+def source_index(action: str) -> int | None:
+    """N of a ``"source:N"`` action (None for any other action)."""
+    number = action.removeprefix(SOURCE)
+    return int(number) if action.startswith(SOURCE) and number.isdigit() else None
+
+
+def action_tip(item: ChatItem, action: str) -> str:
+    """The tooltip of an action of ``item`` (a source's: its document, where the passage is, its path)."""
+    index = source_index(action)
+    if index is None:
+        return ACTION_TIPS.get(action, "")
+    if not 0 <= index < len(item.sources):
+        return ""
+    source = item.sources[index]
+    lines = [str(source.get("name") or "document"), position_text(source).capitalize()]
+    if source.get("path"):
+        lines.append(str(source["path"]))
+    lines.append("Click to read the passage")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -68,12 +98,17 @@ class RowLayout:
     tools_header: QRect | None = None
     tools: QRect | None = None
     content: QRect = field(default_factory=QRect)
+    sources_prefix: QRect | None = None  # "Sources:"
+    sources: list[tuple[int, QRect]] = field(default_factory=list)  # each source's label
     error: QRect | None = None
     stats: QRect | None = None
 
     def action_at(self, x: int, y: int) -> str | None:
         if self.tools_header is not None and self.tools_header.contains(x, y):
             return "tools"
+        source = next((n for n, rect in self.sources if rect.contains(x, y)), None)
+        if source is not None:
+            return f"{SOURCE}{source}"
         return next((name for name, rect in self.actions if rect.contains(x, y)), None)
 
 
@@ -168,6 +203,8 @@ class MessageGeometry:
         h = self.content_height(item, inner_w, exact)
         box.content = QRect(inner_x, y + PART_GAP, inner_w, h)
         y += PART_GAP + h
+        if item.sources:
+            y = self._layout_sources(item, box, inner_x, inner_w, y + PART_GAP)
         if item.error:
             h = self._wrapped(self.fm, item.error, inner_w, exact)
             box.error = QRect(inner_x, y + PART_GAP, inner_w, h)
@@ -179,6 +216,22 @@ class MessageGeometry:
         y += PAD_Y
         box.bubble = QRect(left, bubble_top, bubble_w, y - bubble_top)
         return box
+
+    def _layout_sources(self, item: ChatItem, box: RowLayout, left: int, width: int, top: int) -> int:
+        """Place "Sources:" and each source's label, wrapping within ``width``; returns the bottom edge."""
+        fm, line = self.small_fm, self.small_fm.height() + 4
+        dot = fm.horizontalAdvance(SOURCE_GAP)
+        prefix = fm.horizontalAdvance(SOURCES_PREFIX)
+        box.sources_prefix = QRect(left, top, prefix, line)
+        indent = left + prefix + 2 if prefix < width // 3 else left  # wrapped lines hang under the first label
+        x, y = indent, top
+        for n, label in enumerate(item.source_labels):
+            w = min(left + width - indent, fm.horizontalAdvance(label) + 2 * SOURCE_PAD)
+            if x > indent and x + w > left + width:
+                x, y = indent, y + line + 2
+            box.sources.append((n, QRect(x, y, w, line)))
+            x += w + dot
+        return y + line
 
     def row_height(self, item: ChatItem, width: int, first: bool, last: bool, exact: bool) -> int:
         if exact:
@@ -195,6 +248,8 @@ class MessageGeometry:
             text = item.tools_text
             height += PART_GAP + self.small_fm.height() + 4
             height += (1 + text.count("\n") + len(text) * small[0] // max(1, inner - 12)) * small[1]
+        if item.sources:
+            height += PART_GAP + (1 + len(item.sources_text) * small[0] // inner) * (self.small_fm.height() + 4)
         if item.has_stats:  # one line, most often; formatting it waits until the row is painted
             height += PART_GAP + (1 + len(item.stats_text) * small[0] // inner) * small[1]
         return height + PART_GAP + self.content_height(item, inner, exact=False)

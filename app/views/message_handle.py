@@ -4,7 +4,8 @@
 a turn is added) reads its item each time it is asked, so it always shows the
 row now: ``plain_text``, ``tooltip``, and the parts ``stats``, ``notice``,
 ``error``, ``badge`` (the answer-cache badge), ``tools`` (the tool section's
-header and lines) and ``content`` (the rendered HTML).  Each part answers
+header and lines), ``sources`` (the documents a reply drew on: "Sources: …")
+and ``content`` (the rendered HTML).  Each part answers
 ``text()`` and ``isVisible()`` like the ``QLabel`` it stands for.  Nothing
 here changes the conversation.
 """
@@ -53,6 +54,7 @@ class MessageHandle:
         self.error = _Part(lambda: item.error)
         self.badge = _Part(lambda: item.badge)
         self.tools = _Part(lambda: item.tools_header + "\n" + item.tools_text if item.tool_calls else "")
+        self.sources = _Part(lambda: item.sources_text)
         self.content = _Part(lambda: item.html(view.colour_drafts))
 
     @property

@@ -6,7 +6,8 @@ for a reply), the role name (elided, never an action), the action buttons
 while a reply streams), the notice (warning colour), the answer-cache badge
 (accent colour), the tool section (header line, highlighted under the mouse,
 and one line per call), the content (its laid-out ``QTextDocument``, clipped
-to its rectangle), the error and the stats line.  It reads the fonts and the
+to its rectangle), the sources (each label a link, highlighted under the
+mouse), the error and the stats line.  It reads the fonts and the
 documents from a :class:`~app.views.message_geometry.MessageGeometry` and
 changes nothing but the painter, whose state it restores.
 """
@@ -17,7 +18,15 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QPainter, QPalette, QPen
 
 from app.views.chat_model import ChatItem
-from app.views.message_geometry import ACTION_TEXT, BUSY_BLOCKED, MessageGeometry, RowLayout
+from app.views.message_geometry import (
+    ACTION_TEXT,
+    BUSY_BLOCKED,
+    SOURCE,
+    SOURCE_GAP,
+    SOURCES_PREFIX,
+    MessageGeometry,
+    RowLayout,
+)
 from app.views.style import current
 
 ROLE_NAMES = {"user": "You", "assistant": "Brisk"}
@@ -67,6 +76,8 @@ def paint_row(
     if box.tools_header is not None and box.tools is not None:
         _paint_tools(painter, geometry, item, box.tools_header, box.tools, wrap, hover)
     _paint_content(painter, geometry, item, box.content, palette)
+    if box.sources_prefix is not None:
+        _paint_sources(painter, geometry, item, box, hover)
     if box.error is not None:
         painter.setFont(geometry.font)
         painter.setPen(QColor(theme.error))
@@ -115,6 +126,30 @@ def _paint_tools(
     )
     painter.setPen(QColor(theme.muted))
     painter.drawText(body, wrap, item.tools_text)
+
+
+def _paint_sources(painter: QPainter, geometry: MessageGeometry, item: ChatItem, box: RowLayout, hover: Hover) -> None:
+    theme = current()
+    painter.setFont(geometry.small)
+    middle = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+    if box.sources_prefix is not None:
+        painter.setPen(QColor(theme.muted))
+        painter.drawText(box.sources_prefix, middle, SOURCES_PREFIX)
+    labels = item.source_labels
+    for place, (n, rect) in enumerate(box.sources):
+        if hover == (item.message_id, f"{SOURCE}{n}"):
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor(theme.hover))
+            painter.drawRoundedRect(rect, 4, 4)
+        painter.setPen(QColor(theme.badge))
+        text = geometry.small_fm.elidedText(labels[n], Qt.TextElideMode.ElideMiddle, rect.width() - 2)
+        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
+        following = box.sources[place + 1][1] if place + 1 < len(box.sources) else None
+        if following is not None and following.top() == rect.top():
+            painter.setPen(QColor(theme.muted))
+            gap = rect.adjusted(rect.width(), 0, 0, 0)
+            gap.setRight(following.left() - 1)
+            painter.drawText(gap, Qt.AlignmentFlag.AlignCenter, SOURCE_GAP)
 
 
 def _paint_content(

@@ -209,6 +209,17 @@ QFrame#banner_warning {{
 QFrame#banner_info {{
     background: {t.banner_info_bg}; border: 1px solid {t.banner_info_border}; border-radius: 8px;
 }}
+QFrame#docChip, QFrame#docChipGone {{
+    background: {t.hover}; border: 1px solid {t.border}; border-radius: 11px;
+}}
+QLabel#docChipText {{ color: {t.text}; }}
+QFrame#docChipGone QLabel#docChipText {{ color: {t.muted}; }}
+QToolButton#docChipClose {{ padding: 0px 5px; border-radius: 9px; font-size: 14px; }}
+QToolButton#docChipMore {{ padding: 3px 8px; }}
+QToolButton#attachButton {{ padding: 5px 18px 5px 5px; border-radius: 8px; }}
+QToolButton#attachButton::menu-button {{ border: none; width: 16px; border-radius: 8px; }}
+QToolButton#attachButton::menu-button:hover {{ background: {t.border_soft}; }}
+QToolButton#attachButton::menu-arrow {{ image: url({ICONS}/arrow-down.svg); width: 9px; height: 9px; }}
 QStatusBar {{ background: {t.side}; color: {t.muted}; }}
 QProgressBar {{ border: 1px solid {t.border}; border-radius: 4px; background: {t.window}; max-height: 8px; }}
 QProgressBar::chunk {{ background: {t.accent}; border-radius: 3px; }}

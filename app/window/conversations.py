@@ -14,7 +14,8 @@ from typing import Any
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from app.state.context import context_text, tokens_in_chat
+from app.state.attachments import documents_tokens
+from app.state.context import context_text, documents_read, tokens_in_chat, with_documents
 from app.state.session import ChatSession
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
@@ -35,6 +36,7 @@ class ConversationActions:
     stop: Any
     parameters: Any  # app.window.parameters.ParametersController
     typing: Any  # app.window.typing.TypingPrefill
+    documents: Any  # app.window.documents.DocumentsController
     statusBar: Any  # noqa: N815 (QMainWindow's)
     setWindowTitle: Any  # noqa: N815
 
@@ -60,19 +62,28 @@ class ConversationActions:
         self.chat_view.clear()
         self.sidebar.select(None)
         self._show_title()
-        self.show_context([])
         self.parameters.show_chat()
+        self.documents.show_chat()  # none yet (and the context meter with them)
         self.composer.editor.setFocus()
         self.typing.chat_changed()  # the draft in the composer now belongs to this chat
 
     def show_context(self, messages: list[Any] | None = None) -> None:
-        """The context meter for the open chat (``messages``: its stored messages, read if not given)."""
+        """The context meter for the open chat (``messages``: its stored messages, read if not given), with the
+        attached documents that go whole into its prompt until a reply has read them."""
         if messages is None:
             messages = self._messages() if self.session.conversation_id else []
         loaded = getattr(self, "loaded", None)
         length = loaded.info.context_length if loaded is not None else 0
-        used = tokens_in_chat(m.metrics for m in messages if m.role == "assistant")
-        self.composer.context.setText(context_text(used, length))
+        replies = [m.metrics for m in messages if m.role == "assistant"]
+        used = tokens_in_chat(replies)
+        try:
+            docs = self.session.documents()
+        except StoreError:
+            docs = []
+        not_whole = self.session.skip_documents | self.documents.searched(docs)  # gone, or searched for passages
+        attached, estimated = documents_tokens(docs, not_whole)
+        total = with_documents(used, documents_read(replies), attached)
+        self.composer.context.setText(context_text(total, length, estimated and total != used))
 
     def open_conversation(self, conversation_id: str) -> None:
         try:
@@ -85,8 +96,8 @@ class ConversationActions:
         self.chat_view.set_messages(messages, shown_active)
         self.sidebar.select(conversation_id)
         self._show_title()
-        self.show_context(messages)
         self.parameters.show_chat()
+        self.documents.show_chat(messages=messages)  # its chips and context meter; changed files read again
         self.typing.chat_changed()
 
     def _open_hit(self, conversation_id: str, message_id: int | None) -> None:

@@ -31,7 +31,10 @@ are saved in Settings.  Replies run on the engine Settings name (the local
 model or a saved server, :mod:`app.engines`); a change of engine, server or
 API key stops a streaming reply and rebuilds the bridge's backend.  The chat
 view's "Compare…" opens the latency panel's compare dialog, and a reply's
-tooltip is the configuration it ran with.
+tooltip is the configuration it ran with.  Documents attached to chats (File >
+Attach files…, the paperclip, drag and drop), their chips, a reply's sources
+and Tools > Documents… are :class:`~app.window.documents.DocumentsController`'s
+(``document_library``: the index's factory, default the process's).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ from app.views.composer import Composer
 from app.views.sidebar import Sidebar
 from app.views.status_area import StatusArea
 from app.window.conversations import ConversationActions
+from app.window.documents import DocumentsController, Library
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
 from app.window.serving import ServerSwitch
@@ -106,6 +110,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         settings_path: Path | None = None,
         layout_file: LayoutFile | None = None,
         presets: PresetFile | None = None,
+        document_library: Library | None = None,
     ) -> None:
         super().__init__()
         self.layout_file = layout_file  # where the layout is remembered (None: never, as in most tests)
@@ -135,6 +140,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.parameters = ParametersController(self, presets)  # the open chat's values, in a tab beside it
         self.typing = TypingPrefill(self)  # the draft is prefilled while it is typed
         self.server_switch = ServerSwitch(self)  # Tools > Server: the model served to other programs
+        self.documents = DocumentsController(self, document_library)  # attached files, sources, Documents view
         self.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.North)
         self.tabifyDockWidget(self.latency.dock, self.parameters.dock)
         self.latency.dock.raise_()
@@ -215,11 +221,20 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self._action("Tools", QKeySequence("Ctrl+T"), self.open_tools)
         self._action("About this machine", QKeySequence(ABOUT_SHORTCUT), self.show_about)
         self._action("Server\u2026", QKeySequence("Ctrl+Shift+E"), lambda: self.server_switch.open())
+        self.attach_action = self._action("Attach files\u2026", QKeySequence("Ctrl+O"), lambda: self.documents.choose())
+        self.attach_action.setToolTip("Attach files to this chat: they are read once and go with every message")
+        self.attach_folder_action = self._action(
+            "Attach a folder\u2026", QKeySequence("Ctrl+Shift+O"), lambda: self.documents.choose(folder=True)
+        )
+        self._action("Documents\u2026", QKeySequence("Ctrl+Shift+D"), lambda: self.documents.open_view())
 
     def _build_menus(self) -> None:
         """Chat, View, Tools and Help menus over the actions (their shortcuts work with the menu bar hidden)."""
         bar = self.menuBar()
         named = {action.text(): action for action in self.actions()}
+        files = bar.addMenu("&File")
+        for name in ("Attach files\u2026", "Attach a folder\u2026"):
+            files.addAction(named[name])
         chat = bar.addMenu("&Chat")
         for name in ("New chat", "Search", "Stop"):
             chat.addAction(named[name])
@@ -238,7 +253,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.reset_layout_action = view.addAction("Reset layout")
         self.reset_layout_action.triggered.connect(self.reset_layout)
         tools = bar.addMenu("&Tools")
-        for name in ("Settings", "Tools", "Server\u2026"):
+        for name in ("Settings", "Tools", "Server\u2026", "Documents\u2026"):
             tools.addAction(named[name])
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(named["About this machine"])
@@ -405,6 +420,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             if self.about is not None:
                 self.about.set_loaded(event)
             self.server_switch.on_event(event)
+            self.documents.model_loaded(event)  # the chips' token counts in this model's tokenizer
             self._seed_answers()
         elif isinstance(event, DraftPrefill):
             self.typing.on_event(event)
@@ -521,6 +537,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             self.bridge.set_prefix_budget(new.prefix_cache_mb << 20)
         self.latency.settings_changed()
         self.server_switch.settings_changed()
+        self.documents.settings_changed()  # a remote engine reads no documents: the paperclip says so
         engine_changed = engine_choice(new).key != self.bridge.engine_key  # another engine, server or key
         if engine_changed:
             self.stop()  # the old engine goes: a reply streaming there keeps its text
@@ -541,5 +558,6 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
         self.stop()  # keeps a streaming reply's text, saved as "cancelled"
+        self.documents.shutdown()  # files still being read stop (nothing half-indexed is kept)
         self.save_layout()
         super().closeEvent(event)

@@ -50,6 +50,11 @@ def _add_chat_params(db: Database) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN params TEXT NOT NULL DEFAULT '{}'")
 
 
-MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params]
+def _add_documents(db: Database) -> None:
+    # the documents attached to a chat (engine.storage.documents): a JSON list of {id, name, path, chars, tokens}
+    db.execute("ALTER TABLE conversations ADD COLUMN documents TEXT NOT NULL DEFAULT '[]'")
+
+
+MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params, _add_documents]
 HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
 SCHEMA_VERSION = HISTORY_SCHEMA.version

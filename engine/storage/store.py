@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from sqlite_utils import Database
 
+from engine.storage import documents
 from engine.storage.db import NotFoundError, StoreError, connect
 from engine.storage.export import to_markdown
 from engine.storage.records import Conversation, Message, SearchHit
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 
-_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params"
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params, documents"
 
 
 def _params_json(params: dict[str, Any]) -> str:
@@ -75,14 +76,15 @@ def _params_json(params: dict[str, Any]) -> str:
 
 
 def _conversation(row: tuple[Any, ...]) -> Conversation:
-    """A conversation row; parameters that are not a JSON object read as none set (the defaults)."""
-    conversation_id, title, system_prompt, created, updated, raw = row
+    """A conversation row; parameters that are not a JSON object read as none set (the defaults), documents
+    that cannot be read as none attached."""
+    conversation_id, title, system_prompt, created, updated, raw, attached = row
     try:
         params = json.loads(raw) if isinstance(raw, str) else {}
     except ValueError:
         params = {}
     own = params if isinstance(params, dict) else {}
-    return Conversation(conversation_id, title, system_prompt, created, updated, own)
+    return Conversation(conversation_id, title, system_prompt, created, updated, own, documents.checked(attached))
 
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
@@ -106,15 +108,27 @@ class Store:
     # -- conversations ------------------------------------------------------------
 
     def create_conversation(
-        self, title: str = "New chat", system_prompt: str = "", params: dict[str, Any] | None = None
+        self,
+        title: str = "New chat",
+        system_prompt: str = "",
+        params: dict[str, Any] | None = None,
+        attached: list[dict[str, Any]] | None = None,
     ) -> str:
         conversation_id = uuid.uuid4().hex
         now = time.time()
         with self._op("create a conversation", write=True) as db:
             db.execute(
-                "INSERT INTO conversations (id, title, system_prompt, params, created, updated) "
-                f"VALUES (?, ?, ?, ?, ?, {_NEXT_UPDATED})",
-                [conversation_id, title, system_prompt, _params_json(params or {}), now, now],
+                "INSERT INTO conversations (id, title, system_prompt, params, documents, created, updated) "
+                f"VALUES (?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
+                [
+                    conversation_id,
+                    title,
+                    system_prompt,
+                    _params_json(params or {}),
+                    documents.to_json(attached or []),
+                    now,
+                    now,
+                ],
             )
         return conversation_id
 
@@ -147,6 +161,11 @@ class Store:
         """Keep the sampling values set for this chat alone (``engine.storage.params``); ``{}``: the defaults."""
         with self._op("save the chat's parameters", write=True) as db:
             self._set(db, conversation_id, "params", _params_json(params), touch=False)
+
+    def set_documents(self, conversation_id: str, attached: list[dict[str, Any]]) -> None:
+        """Keep the documents attached to this chat (``engine.storage.documents``), in order; ``[]``: none."""
+        with self._op("save the chat's documents", write=True) as db:
+            self._set(db, conversation_id, "documents", documents.to_json(attached), touch=False)
 
     def delete_conversation(self, conversation_id: str) -> None:
         with self._op("delete the conversation", write=True) as db:

@@ -21,6 +21,8 @@ thread.  The script is plain attributes set by the test:
   ``Metrics(answer_cache="exact", saved_s=1.9)``): a request with
   ``answer_cache`` on and ``fresh`` off is answered with them instead of ``metrics``;
 * ``load_error``: the next loads end with ``LoadFailed(load_error)``;
+* ``count_tokens(texts)``: like the real engine's tokenizer count, one "token" per word
+  (None while no model is loaded); ``counted`` records the texts it was asked about;
 * ``load_info``: the ``Loaded.info`` fields (``ModelInfo``); ``load_steps``: the
   ``LoadProgress`` events of a load; ``draft_error``: like the real
   engine when only the draft model fails, ``Loaded`` is followed by ``Warning("draft", ...)``.
@@ -93,6 +95,8 @@ class FakeEngine:
         self.requests: list[Request] = []
         self.cancelled: list[str] = []
         self.remembered: list[tuple[str, str]] = []
+        self.counted: list[str] = []
+        self.loaded = False
         self.held = threading.Event()  # set while a stream waits at hold_after
         self._release = threading.Event()
         self._cancel = threading.Event()
@@ -125,6 +129,13 @@ class FakeEngine:
             self._cancel_id = request_id
             self._cancel.set()
 
+    def count_tokens(self, texts: list[str]) -> list[int] | None:
+        """The attached documents' token counts (one per word; None before a model is loaded)."""
+        if not self.loaded:
+            return None
+        self.counted.extend(texts)
+        return [len(text.split()) for text in texts]
+
     def remember_answer(self, question: str, answer: str) -> None:
         self.remembered.append((question, answer))
 
@@ -155,6 +166,7 @@ class FakeEngine:
             self.on_event(LoadFailed(self.load_error))
             return
         info = ModelInfo(**self.load_info)
+        self.loaded = True
         self.on_event(Loaded(spec.source or "fake-model", "cpu", "float32", 0.01, info))
         if self.draft_error:
             self.on_event(Warning("draft", f"Draft model not used: {self.draft_error}"))

@@ -11,7 +11,9 @@ never on fixed sleeps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWidget
@@ -38,6 +40,14 @@ FULL_STATS = " \u00b7 ".join(
 )
 
 
+def words_only_library() -> Any:
+    """The real document index in this test's data folder, searched by words alone (no embedding model to
+    load: a test's documents need none); opened on the window's worker at its first use."""
+    from engine.documents.library import DocumentLibrary
+
+    return DocumentLibrary(embed=lambda texts: None)
+
+
 class Harness:
     """Opens MainWindows on a store in the test's data folder, each with its own FakeEngine."""
 
@@ -56,10 +66,18 @@ class Harness:
         load: bool = True,
         layout_file: LayoutFile | None = None,
         size: tuple[int, int] = (900, 640),
+        document_library: Callable[[], Any] | None = None,
     ) -> MainWindow:
         store = store or Store(self.db_path)
         bridge = EngineBridge(lambda on_event: FakeEngine(on_event, load_error=load_error))
-        window = MainWindow(store, bridge, settings or Settings(), store_warning=store_warning, layout_file=layout_file)
+        window = MainWindow(
+            store,
+            bridge,
+            settings or Settings(),
+            store_warning=store_warning,
+            layout_file=layout_file,
+            document_library=document_library or words_only_library,
+        )
         self.qtbot.addWidget(window)
         window.resize(*size)
         window.show()

@@ -26,6 +26,7 @@ import argparse
 from engine.cli.chat import cmd_ask, cmd_chat
 from engine.cli.common import EXIT_MODEL, EXIT_REQUEST, add_model_args, add_request_args, emit_json
 from engine.cli.compare import add_compare_parser
+from engine.cli.documents import add_documents_parser
 from engine.cli.serve import add_serve_parser
 
 __all__ = ["EXIT_MODEL", "EXIT_REQUEST", "build_parser"]
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=cmd_chat)
     add_compare_parser(sub)
     add_serve_parser(sub)
+    add_documents_parser(sub)
     doctor = sub.add_parser("doctor", help="report on this machine: torch, devices, dtypes, quantization")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)

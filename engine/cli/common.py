@@ -25,9 +25,10 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 from engine.api import (
     DEVICES,
@@ -366,9 +367,20 @@ def print_event(event: Event, as_json: bool) -> None:
         print(line, file=sys.stderr)
     elif isinstance(event, Done):
         sys.stdout.write("\n")
+        if event.metrics.sources:
+            print("Sources: " + " · ".join(source_label(s) for s in event.metrics.sources))
         print(" · ".join(summary(event.metrics)), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)
+
+
+def source_label(source: Mapping[str, Any]) -> str:
+    """``handbook.md`` for a whole document, ``[2] notes.md, part 3`` for a passage."""
+    name = str(source.get("name", ""))
+    chunk = source.get("chunk", -1)
+    if not isinstance(chunk, int) or chunk < 0:
+        return name
+    return f"{source.get('label', '')} {name}, part {chunk + 1}".strip()
 
 
 def summary(m: Metrics) -> list[str]:
@@ -390,6 +402,8 @@ def summary(m: Metrics) -> list[str]:
         parts.append(f"reused {cached} of {prompt} prompt tokens{whose}")
     elif prompt is not None:
         parts.append(f"{prompt} prompt tokens{whose}")
+    if m.document_tokens:
+        parts.append(f"documents: {m.document_reused} of {m.document_tokens} tokens reused")
     if m.drafted:
         parts.append(f"accepted {m.accepted} of {m.drafted} drafted")
     if m.speedup:

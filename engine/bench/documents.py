@@ -83,8 +83,9 @@ def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, .
         documents=documents,
     )
     m = done.metrics
+    spans = {s.name: round(1000 * s.seconds, 2) for s in m.spans}
     return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
-            "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens}  # fmt: skip
+            "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens, "spans_ms": spans}  # fmt: skip
 
 
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:
@@ -126,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spec = ModelSpec(source=args.model or "", dtype=args.dtype or "auto", quant=args.quant or "auto")
         client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
         try:
-            client.load(spec)
+            loaded = client.load(spec)
+            mode = loaded.info.quant
             system = [{"role": "system", "content": SYSTEM}]
             _ask(client, [*system, {"role": "user", "content": "Hello!"}])  # the engine's own first request
             for r in range(rounds):
@@ -155,7 +157,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         del data
     corpus = _corpus()
     result = _summary(rows, peer_rows, peer is not None)
+    result["mode"] = mode
     result["corpus"] = corpus
+    print(
+        f"\nmode: {mode}; the second question's time, median ms: "
+        + ", ".join(
+            f"{name} {median([x['spans_ms'].get(name, 0.0) for x in rows['second']]):.1f}"
+            for name in ("prompt", "cache lookup", "prefill", "first token")
+        )
+    )
     if peer is not None:
         peer.close()
     return result
@@ -207,4 +217,5 @@ def _corpus() -> dict[str, Any]:
         embedder = shared_embedder()
         embedder.wait(120)
         found: dict[str, Any] = corpus.measure_folder(Path(folder), 1000, embedder)
+    print(f"\n## Indexing and retrieval: 1,000 Markdown notes\n\n{found.get('table', '')}")
     return found

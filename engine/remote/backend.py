@@ -55,7 +55,20 @@ from typing import Any
 import httpx2
 import openai
 
-from engine.api import Done, Error, Loaded, LoadFailed, Metrics, ModelInfo, ModelSpec, OnEvent, Request, Started, Token
+from engine.api import (
+    Done,
+    Error,
+    Loaded,
+    LoadFailed,
+    Metrics,
+    ModelInfo,
+    ModelSpec,
+    OnEvent,
+    Request,
+    Started,
+    Token,
+    Warning,
+)
 
 from .errors import KeyFilter, RemoteError, check_base_url, describe, redact, secret_key
 from .guard import Guard, check_key, shutdown_socket
@@ -268,6 +281,14 @@ class RemoteBackend:
             if kind == "load":
                 self._load(payload)
             else:
+                if payload.documents:  # the window greys attaching here; a chat that has documents says so
+                    self.on_event(
+                        Warning(
+                            "documents",
+                            f"The server at {self.base_url} is not given this chat's attached documents (only "
+                            "Brisk's local model reads them); switch to the local model to ask about them.",
+                        )
+                    )
                 self._serve(payload)
 
     def _message(self, exc: BaseException) -> str:

@@ -346,3 +346,16 @@ def test_figures_the_server_reported_are_labelled_as_the_server_s() -> None:
     bare = ReplyStats(t0=0.0)
     bare.times = [0.1]
     assert bare.metrics(0.2).server_reported == () and bare.metrics(0.2).server is None
+
+
+def test_a_chat_with_documents_says_the_server_is_not_given_them(server: ReplayServer) -> None:
+    from engine.api import Warning
+
+    client = connect(server.url, model="SmolLM2-135M-Instruct-Q8_0.gguf")
+    out = run(client, "docs", documents=("a" * 64,))
+    assert isinstance(out[-1], Done)
+    (warning,) = [w for w in client.warnings if isinstance(w, Warning) and w.kind == "documents"]
+    assert server.url in warning.message and "local model" in warning.message
+    run(client, "plain")
+    assert len([w for w in client.warnings if w.kind == "documents"]) == 1
+    client.close()

@@ -198,7 +198,8 @@ class Serving:
 
     def _with_documents(self, request: Request, messages: list[dict[str, Any]], passages: bool = True) -> Applied:
         """``messages`` with the request's documents (engine.runtime.documents); a document that is gone is a
-        warning, an index that cannot be read a ``ValueError`` (the reply fails saying so)."""
+        warning (only for a reply: a draft being typed says nothing), an index that cannot be read a
+        ``ValueError`` (the reply fails saying so)."""
         assert self.loaded is not None
         try:
             applied = self.documents.apply(
@@ -214,7 +215,7 @@ class Serving:
             if type(exc).__name__ != "StoreError":
                 traceback.print_exc()
             raise ValueError(f"The attached documents could not be read ({exc}).") from exc
-        for message in applied.warnings:
+        for message in applied.warnings if passages else ():
             self.on_event(Warning("documents", message))
         return applied
 

@@ -234,3 +234,37 @@ def test_the_bundled_model_answers_the_same_from_a_reused_document(bundled_engin
             assert token_ids(events) == rendered(bundled_engine, question, (doc,)), question
     finally:
         bundled_engine.engine.documents = saved
+
+
+def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothing(
+    tiny_dir: Path, brisk_data_dir: Path
+) -> None:
+    from engine.api import Request
+    from engine.documents.kvfiles import DOCUMENTS
+    from tests.engine.runtime.test_hints import settle
+
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    first = EngineRunner(str(tiny_dir))
+    first.engine.documents = Documents(lambda: index)
+    try:
+        ask(first, "How far ahead is the crane booked?", (doc,))
+    finally:
+        first.close()
+    typing = EngineRunner(str(tiny_dir))  # a restart: the user attaches nothing new and types a question
+    typing.engine.documents = Documents(lambda: index)
+    typing.index = index  # type: ignore[attr-defined]
+    try:
+        question = "What colour are the badges?"
+        messages = (SYSTEM, {"role": "user", "content": question})
+        for ids in ((doc,), (doc, "0" * 64)):  # the second draft also names a document gone from the index
+            draft = Request(uuid.uuid4().hex, messages, GREEDY, conversation_id="typed", documents=ids)
+            typing.engine.hint(draft)  # type: ignore[attr-defined]
+            settle(typing)
+        assert any(k.startswith(DOCUMENTS) for k in typing.engine.prefix_cache.entries)  # read while typing
+        assert not [w for w in typing.client.warnings if w.kind == "documents"]  # drafts warn of nothing
+        events, reply = ask(typing, question, (doc,), conversation_id="typed")
+        assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
+        assert token_ids(events) == rendered(typing, question, (doc,))
+    finally:
+        typing.close()

@@ -15,7 +15,10 @@ mode, so it starts as a usual day's start does), with the default settings
 * ``screenshot-typing.png``: a long message pasted into the composer of a new
   chat, prefilled before Send ("N tokens ready" under it);
 * ``screenshot-server.png``: the Server dialog (Tools > Server) switched on,
-  after two requests of another program through the ``openai`` SDK.
+  after two requests of another program through the ``openai`` SDK;
+* ``screenshot-documents.png``: a new chat with a small handbook (whole in the
+  prompt) and a long changelog (searched) attached, after two questions: the
+  chips, the sources under the replies and the panel's Documents line.
 
 Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
 """
@@ -41,6 +44,15 @@ TYPED = (
     + "\n".join(
         f"{n}. Step {n}: check the build, tag the commit, update the notes and tell support." for n in range(1, 25)
     )
+)
+DOC_QUESTIONS = ("When does the north workshop open on Saturdays?", "Which version added dark mode?")
+FEATURES = ["a search bar", "PDF export", "keyboard shortcuts", "a backup reminder", "tags",
+            "a calendar view", "spell checking", "a trash folder", "sync over LAN", "colour labels"]  # fmt: skip
+CHANGELOG = "# Changelog\n\n" + "\n\n".join(
+    f"## Version {2 + n // 10}.{n % 10}\n\n- Added {'dark mode' if n == 7 else FEATURES[n % len(FEATURES)]} "
+    f"to the {'settings' if n == 7 else f'editor, step {n // len(FEATURES) + 1}'}.\n"
+    f"- Fixed a crash when a backup of {n * 3} files was cancelled.\n- Faster start-up on large libraries."
+    for n in range(300)
 )
 CITY_SCHEMA = {
     "type": "object",
@@ -163,7 +175,29 @@ def main(argv: list[str]) -> int:
         app.processEvents()
         time.sleep(0.01)
     dialog.grab().save(str(out / "screenshot-server.png"))
-    print(f"wrote screenshot.png, -dark, -json, -json-parameters, -typing and -server .png in {out}")
+    dialog.switch.setChecked(False)  # the server off again: the next shot is about documents
+    dialog.close()
+
+    window.new_chat()  # a chat with documents: a small one whole in the prompt, a long one searched
+    folder = Path(tempfile.mkdtemp(prefix="brisk-shot-docs-"))
+    from engine.bench.documents import handbook
+
+    (folder / "site-handbook.md").write_text(handbook(0, 3_000), encoding="utf-8")
+    (folder / "changelog.md").write_text(CHANGELOG, encoding="utf-8")
+    window.documents.attach([str(folder / "site-handbook.md"), str(folder / "changelog.md")])
+    began = time.monotonic()
+    while window.documents.indexing and time.monotonic() - began < 300:
+        app.processEvents()
+        time.sleep(0.01)
+    for n, text in enumerate(DOC_QUESTIONS, start=4):
+        window.send(text)
+        wait_for(Done, n)
+    for _ in range(50):
+        app.processEvents()
+        time.sleep(0.01)
+    window.latency.panel.flush()
+    window.grab().save(str(out / "screenshot-documents.png"))
+    print(f"wrote screenshot.png, -dark, -json, -json-parameters, -typing, -server and -documents .png in {out}")
     window.close()
     window.bridge.shutdown()
     return 0

@@ -65,7 +65,8 @@ class Documents:
         self._open_store = open_store
         self._store: Any = None
         self._lock = threading.Lock()
-        self._counts: dict[tuple[int, str], int] = {}  # (tokenizer, document) -> tokens of its whole text
+        self._counts: dict[str, int] = {}  # document -> tokens of its whole text, in ``_counted_by``'s tokens
+        self._counted_by: Any = None  # the tokenizer those counts are of (a new model's starts them again)
 
     def store(self) -> Any:
         with self._lock:
@@ -79,10 +80,11 @@ class Documents:
             return self._store
 
     def count(self, tokenizer: Any, doc_id: str, text: str) -> int:
-        key = (id(tokenizer), doc_id)
-        if key not in self._counts:
-            self._counts[key] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return self._counts[key]
+        if tokenizer is not self._counted_by:
+            self._counts, self._counted_by = {}, tokenizer
+        if doc_id not in self._counts:
+            self._counts[doc_id] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._counts[doc_id]
 
     def apply(
         self,

@@ -4,7 +4,9 @@ greedy reply.  The tiny model (byte tokens, 512 context) with an index of our ow
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,14 +75,22 @@ class FakeIndex:
         return hits[:k]
 
 
-@pytest.fixture
-def runner(tiny_dir: Path, brisk_data_dir: Path):
+@contextlib.contextmanager
+def engine_on(tiny_dir: Path, index: FakeIndex) -> Iterator[EngineRunner]:
+    """A new engine (a new process's, as far as the caches go) reading ``index``."""
     engine = EngineRunner(str(tiny_dir))
-    index = FakeIndex()
     engine.engine.documents = Documents(lambda: index)
     engine.index = index  # type: ignore[attr-defined]
-    yield engine
-    engine.close()
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+@pytest.fixture
+def runner(tiny_dir: Path, brisk_data_dir: Path) -> Iterator[EngineRunner]:
+    with engine_on(tiny_dir, FakeIndex()) as engine:
+        yield engine
 
 
 def ask(runner: EngineRunner, question: str, documents: tuple[str, ...] = (), **kw: object):  # noqa: ANN201
@@ -124,49 +134,31 @@ def test_the_order_of_attaching_does_not_change_the_prefix(runner: EngineRunner)
 def test_after_a_restart_the_document_kv_is_read_from_disk(tiny_dir: Path, brisk_data_dir: Path) -> None:
     index = FakeIndex()
     doc = index.add("rules.md", NOTE)
-    before = EngineRunner(str(tiny_dir))
-    before.engine.documents = Documents(lambda: index)
-    try:
+    with engine_on(tiny_dir, index) as before:
         ask(before, "How far ahead is the crane booked?", (doc,))
         identity = before.engine.prefix_cache.identity
-    finally:
-        before.close()
     files = kv_files(doc)
     assert len(files) == 1 and files[0].parent == document_kv_dir(identity)
-    after = EngineRunner(str(tiny_dir))
-    after.engine.documents = Documents(lambda: index)
-    after.index = index  # type: ignore[attr-defined]
-    try:
+    with engine_on(tiny_dir, index) as after:
         events, reply = ask(after, "What colour are the badges?", (doc,))
         assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
         assert token_ids(events) == rendered(after, "What colour are the badges?", (doc,))
-    finally:
-        after.close()
 
 
 def test_a_damaged_kv_file_is_a_warning_and_the_document_is_read_again(tiny_dir: Path, brisk_data_dir: Path) -> None:
     index = FakeIndex()
     doc = index.add("rules.md", NOTE)
-    first = EngineRunner(str(tiny_dir))
-    first.engine.documents = Documents(lambda: index)
-    try:
+    with engine_on(tiny_dir, index) as first:
         ask(first, "How far ahead is the crane booked?", (doc,))
-    finally:
-        first.close()
     (path,) = kv_files(doc)
     data = bytearray(path.read_bytes())
     data[-10:] = b"\xff" * 10  # the KV's last bytes: the checksum no longer matches
     path.write_bytes(bytes(data))
-    again = EngineRunner(str(tiny_dir))
-    again.engine.documents = Documents(lambda: index)
-    again.index = index  # type: ignore[attr-defined]
-    try:
+    with engine_on(tiny_dir, index) as again:
         events, reply = ask(again, "What colour are the badges?", (doc,))
         assert reply.metrics.document_reused == 0
         assert any(isinstance(w, Warning) and w.kind == "cache" for w in again.client.warnings)
         assert token_ids(events) == rendered(again, "What colour are the badges?", (doc,))
-    finally:
-        again.close()
 
 
 def test_a_changed_document_is_another_prefix_and_forgetting_removes_its_files(runner: EngineRunner) -> None:
@@ -245,16 +237,9 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
 
     index = FakeIndex()
     doc = index.add("rules.md", NOTE)
-    first = EngineRunner(str(tiny_dir))
-    first.engine.documents = Documents(lambda: index)
-    try:
+    with engine_on(tiny_dir, index) as first:
         ask(first, "How far ahead is the crane booked?", (doc,))
-    finally:
-        first.close()
-    typing = EngineRunner(str(tiny_dir))  # a restart: the user attaches nothing new and types a question
-    typing.engine.documents = Documents(lambda: index)
-    typing.index = index  # type: ignore[attr-defined]
-    try:
+    with engine_on(tiny_dir, index) as typing:  # a restart: the user attaches nothing new and types a question
         question = "What colour are the badges?"
         messages = (SYSTEM, {"role": "user", "content": question})
         for ids in ((doc,), (doc, "0" * 64)):  # the second draft also names a document gone from the index
@@ -266,5 +251,3 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
         events, reply = ask(typing, question, (doc,), conversation_id="typed")
         assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
         assert token_ids(events) == rendered(typing, question, (doc,))
-    finally:
-        typing.close()

@@ -182,11 +182,13 @@ def compare(
     cold: bool = False,
     progress: Callable[[str], None] | None = None,
     in_use: str = "",
+    documents: Sequence[str] = (),
 ) -> list[Result]:
     """Replay ``messages`` under each configuration; ``client`` holds ``spec`` loaded (reloaded as ``quant`` asks).
 
     ``in_use``: the mode the loaded model runs, where ``spec.quant`` does not say it (``auto``): a
-    configuration of that mode needs no reload.  Raises LoadError when a quantization mode cannot be loaded
+    configuration of that mode needs no reload.  ``documents``: the chat's attached documents (each replay
+    reads them as the chat's own request did).  Raises LoadError when a quantization mode cannot be loaded
     and RequestError when a reply fails.
     """
     if runs < 1:
@@ -211,6 +213,7 @@ def compare(
                 prefix_cache=config.prefix_cache,
                 speculative=config.speculative,
                 answer_cache=False,
+                documents=tuple(documents),
             )
 
         say(f"configuration {number} of {len(configs)} ({config.label()}): warm-up")

@@ -96,9 +96,11 @@ class CompareDialog(QDialog):
         base: ReplyConfig,
         parent: QWidget | None = None,
         in_use: str = "",
+        documents: Sequence[str] = (),
     ) -> None:
         super().__init__(parent)
         self.in_use = in_use  # the mode the loaded model runs when spec.quant is "auto" (no reload for it)
+        self.documents = tuple(documents)  # the chat's attached documents: every replay reads them
         self.setWindowTitle("Compare configurations")
         self.setObjectName("compareDialog")
         self.resize(900, 640)
@@ -230,7 +232,7 @@ class CompareDialog(QDialog):
         spec, messages, bridge = self.spec, self.messages, self.bridge
         runs, cold, max_tokens, say = self.runs.value(), self.cold.isChecked(), self.max_tokens.value(), self.progress
 
-        in_use = self.in_use
+        in_use, documents = self.in_use, self.documents
 
         def work() -> list[Result]:
             client, sink = bridge_client(bridge)
@@ -245,6 +247,7 @@ class CompareDialog(QDialog):
                     cold=cold,
                     progress=say.emit,
                     in_use=in_use,
+                    documents=documents,
                 )
             finally:
                 try:

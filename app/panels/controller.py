@@ -129,7 +129,8 @@ class LatencyController(QObject):
         in_use = window.loaded.info.quant if window.loaded is not None and spec.quant == "auto" else ""
         if in_use:  # start from the mode auto loaded: that row reloads nothing and is not float32
             base = dataclasses.replace(base, quant=in_use)
-        self.dialog = CompareDialog(window.bridge, spec, replayed, base, window, in_use=in_use)
+        documents = window.session.sent_ids()  # each replay reads the chat's documents, as its reply did
+        self.dialog = CompareDialog(window.bridge, spec, replayed, base, window, in_use=in_use, documents=documents)
         self.dialog.setWindowModality(Qt.WindowModality.WindowModal)  # no new turn while it replays
         self.dialog.show()
         return self.dialog

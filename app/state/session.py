@@ -230,8 +230,14 @@ class ChatSession:
             parallel_tools=self.settings.parallel_tools,
             answer_cache=self.settings.answer_cache,
             fresh=fresh,
-            documents=tuple(d["id"] for d in docs if d["id"] not in self.skip_documents),
+            documents=self.sent_ids(docs),
         )
+
+    def sent_ids(self, docs: Sequence[dict[str, Any]] | None = None) -> tuple[str, ...]:
+        """The document ids a request of the open chat sends (``docs``: these entries instead): the chat's
+        documents less those no longer in the index."""
+        entries = self.documents() if docs is None else docs
+        return tuple(d["id"] for d in entries if d["id"] not in self.skip_documents)
 
     def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
         conversation = self.store.get_conversation(conversation_id)

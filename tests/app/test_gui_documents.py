@@ -461,3 +461,17 @@ def test_a_document_too_long_for_the_context_says_it_is_searched(harness, qtbot,
     ]
     assert "passages that match it" in window.composer.chips.chips[1].toolTip()
     assert window.composer.context.text().startswith(f"Context: {handbook} of 1,024 tokens"), "only what goes whole"
+
+
+def test_compare_replays_a_message_with_the_chats_documents(harness, qtbot, monkeypatch, files: Path) -> None:  # noqa: ANN001
+    window = harness.open()
+    attach_with_paperclip(qtbot, window, monkeypatch, [files / "handbook.md"])
+    ids = tuple(attached_ids(window))
+    chat(qtbot, window, "When does the office open?")
+    dialog = window.latency.compare_message()
+    assert dialog is not None and dialog.documents == ids
+    before = len(fake(window).requests)
+    with qtbot.waitSignal(dialog.finished_run, timeout=10_000):
+        dialog.run_button.click()
+    replayed = fake(window).requests[before:]
+    assert replayed and all(r.documents == ids for r in replayed), "each replay reads what the reply read"

@@ -195,6 +195,12 @@ class DocumentsController(LibraryViews, QObject):
         self.run(work, lambda results: self._attached(job, results), lambda exc: self._attach_failed(job, exc))
         return True
 
+    def reading_for_open_chat(self) -> bool:
+        """Whether files are being read for the chat now open (or for the next new chat): a Send now would
+        go without them."""
+        session = self.window.session
+        return self.job is not None and self.job.target == (session.conversation_id or session.draft_id)
+
     def cancel(self) -> None:
         if self.job is not None:
             self.job.cancel.set()

@@ -49,6 +49,7 @@ class TurnActions:
     parameters: Any
     cache_tally: Any
     typing: Any
+    documents: Any
 
     def _on_reply_event(self, event: object) -> None:
         reply = self.session.apply(event)
@@ -74,6 +75,12 @@ class TurnActions:
     def send(self, text: str) -> bool:
         if not text.strip():
             self.composer.show_hint("Type a message first.")
+            return False
+        if self.documents.reading_for_open_chat():  # the message stays in the composer; nothing is lost
+            self.composer.show_hint(
+                "Still reading the files attached to this chat; send when they are in, or press Cancel to "
+                "send without them."
+            )
             return False
         try:
             turn = self.session.send(text)

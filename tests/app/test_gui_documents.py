@@ -24,7 +24,7 @@ from engine.api import Metrics
 from engine.storage import Settings, Store
 from engine.storage import store as store_module
 from tests.support.fake_engine import METRICS
-from tests.support.gui_harness import chat, fake, last_bubble
+from tests.support.gui_harness import chat, fake, last_bubble, type_and_send
 
 HANDBOOK = "# Handbook\n\nThe office opens at nine and closes at five. Coffee is free on Fridays.\n"
 NOTES = "Meeting notes.\n\n" + "\n\n".join(f"Part {n}: the budget line {n} was approved." for n in range(1, 9))
@@ -217,16 +217,38 @@ def test_a_big_folder_reads_in_the_background_with_progress_and_cancel(harness, 
     assert chips.progress_label.text() == "Reading note003.md\u2026 (file 4 of 300)"
     assert chips.isVisible() and chips.cancel_button.isEnabled()
     assert not window.documents.attach([str(folder)]), "one reading at a time"
-    chat(qtbot, window, "The chat stays usable")  # a reply while the folder is being read
-    assert fake(window).requests[-1].documents == ()
+    asked = len(fake(window).requests)
+    type_and_send(qtbot, window, "Is everything in?")  # a Send now would go without the files: held, not lost
+    assert len(fake(window).requests) == asked and "Still reading the files" in window.composer.hint.text()
+    assert window.composer.editor.toPlainText() == "Is everything in?"
     qtbot.mouseClick(chips.cancel_button, Qt.MouseButton.LeftButton)
     settle(qtbot, window)
     assert not chips.progress_row.isVisible()
     assert [d["name"] for d in window.session.documents()] == ["note000.md", "note001.md", "note002.md"]
-    # asked for in the new chat, which the message meanwhile made: they went to it
     assert window.composer.hint.text() == "Stopped reading files; 3 attached."
-    assert len(window.store.get_conversation(window.session.conversation_id or "").documents) == 3
     assert window.banner("documents") is None, "a cancel is not a problem with a file"
+    chat(qtbot, window, "Is everything in?")  # now it goes, with what was read
+    assert len(fake(window).requests[-1].documents) == 3
+    assert len(window.store.get_conversation(window.session.conversation_id or "").documents) == 3
+
+
+def test_other_chats_stay_usable_while_files_are_read(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for n in range(20):
+        write(folder, f"note{n:03}.md", f"Note {n}.\n")
+    library = GatedLibrary()
+    window = harness.open(document_library=lambda: library)
+    other = chat(qtbot, window, "An earlier chat")
+    window.new_chat()
+    assert window.documents.attach([str(folder)])
+    qtbot.waitUntil(library.reached.is_set, timeout=15_000)
+    window.open_conversation(other)
+    chat(qtbot, window, "A reply while the folder is being read")
+    assert fake(window).requests[-1].documents == ()
+    library.gate.set()  # the files go on being read, for the new chat they were attached in
+    settle(qtbot, window)
+    assert window.store.get_conversation(other).documents == [], "they never join the chat that was open"
 
 
 def test_a_reply_lists_its_sources_and_a_click_opens_the_passage(harness, qtbot, monkeypatch, files: Path) -> None:  # noqa: ANN001

@@ -56,9 +56,9 @@ class DocumentLibrary:
 
     def __init__(self, store: Any = None, embed: Callable[[list[str]], Any] | None = None) -> None:
         if store is None:
-            from engine.documents.store import DocumentStore
+            from engine.documents.store import shared_store
 
-            store = DocumentStore()
+            store = shared_store()  # the one the engine reads too
         self.store = store
         self._embed = embed if embed is not None else _shared_embed
 

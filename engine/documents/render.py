@@ -84,13 +84,17 @@ def passages_block(passages: Sequence[Passage]) -> str:
 
 
 def with_documents(
-    messages: Sequence[dict[str, Any]], whole: Sequence[Whole], passages: Sequence[Passage]
+    messages: Sequence[dict[str, Any]], whole: Sequence[Whole], passages: Sequence[Passage], into_user: bool = False
 ) -> list[dict[str, Any]]:
     """``messages`` with the whole documents after the system prompt (a system message is added when there
-    is none) and the passages ahead of the last user message's text; the messages given are not changed."""
+    is none; ``into_user``: at the start of the first user message instead, for a chat template with no
+    system role) and the passages ahead of the last user message's text; the messages given are not changed."""
     out = [dict(m) for m in messages]
     block = whole_block(whole)
-    if block:
+    first_user = next((m for m in out if m.get("role") == "user"), None)
+    if block and into_user and first_user is not None:
+        first_user["content"] = f"{block}\n\n{first_user.get('content', '')}"
+    elif block:
         if out and out[0].get("role") == "system":
             own = str(out[0].get("content", "")).strip()
             out[0]["content"] = f"{own}\n\n{block}" if own else block

@@ -543,3 +543,21 @@ def _damaged(path: Path) -> bool:
             conn.close()
     except sqlite3.DatabaseError as exc:
         return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (11, 26)
+
+
+_shared: dict[str, DocumentStore] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_store(path: str | Path | None = None) -> DocumentStore:
+    """The process's one store for the index at ``path`` (default: the data folder's): the window's library
+    and the engine read and write through the same object, so a damaged file moved aside by one is never
+    still used by the other, and their writes share one connection's lock."""
+    from engine.paths import data_dir
+
+    where = str(Path(path) if path is not None else data_dir() / "documents.db")
+    with _shared_lock:
+        store = _shared.get(where)
+        if store is None:
+            store = _shared[where] = DocumentStore(where)
+        return store

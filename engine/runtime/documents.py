@@ -5,9 +5,15 @@ content hashes in the document index, ``engine.documents.store``) into the
 messages the prompt is built from (``engine.documents.render``):
 
 * Documents that fit go in whole, after the system prompt, in a stable order.
-  "Fit" is a budget of the prompt (``WHOLE_SHARE`` of what the context leaves
-  after the reply's room), filled smallest document first, so which documents
-  go whole depends only on the set, never on the question.  Their prefix's KV
+  "Fit" is the smallest of three: what the prompt leaves once the messages
+  themselves are in (the reply's room, system prompt, history and question
+  come first, so documents never push the question out), ``PROMPT_SHARE`` of
+  the prompt (room for the chat to grow), and ``WHOLE_SHARE`` of the prefix
+  cache's bytes (a prefix the cache could not keep would be computed again for
+  every question).  It is filled smallest document first, so which documents
+  go whole depends on the set and the chat's length, never on the question
+  (a chat template with no system role gets them at the start of the first
+  user turn, reused within the chat only).  Their prefix's KV
   is computed once and kept under a key of its own (``DOCUMENTS`` + a hash of
   the prefix's tokens): in memory in the prefix cache, and on disk in a file of
   its own (``document_kv_dir``), read back when a later request (a new chat, a
@@ -16,8 +22,9 @@ messages the prompt is built from (``engine.documents.render``):
   is never used; its metadata lists the documents' ids, so removing a document
   removes every file that holds it (``engine.documents.kvfiles``).
 * The rest are searched: the question's best passages (``PASSAGES`` of them at
-  most, within ``PASSAGE_TOKENS``) go into the question's turn, numbered in
-  document order (BM25 and, when the embedder is ready, vectors; hybrid).
+  most, within ``PASSAGE_TOKENS`` and what the prompt has left) go into the
+  question's turn, numbered in document order (BM25 and, when the embedder is
+  ready, vectors; hybrid).
 
 A document id that is no longer in the index is left out with a warning; an
 index that cannot be opened fails the reply with a message saying what to do.
@@ -33,11 +40,12 @@ from typing import Any
 
 from engine.documents import render
 from engine.documents.kvfiles import DOCUMENTS, document_key, document_kv_file, forget_document, kv_files
-from engine.runtime.prompt import prompt_budget
 
 __all__ = ["DOCUMENTS", "Applied", "Documents", "document_key", "document_kv_file", "forget_document", "kv_files"]
 
-WHOLE_SHARE = 0.75  # of the prompt budget, at most this much goes to whole documents
+WHOLE_SHARE = 0.5  # of the prefix cache's bytes, at most this much KV is whole documents
+PROMPT_SHARE = 0.75  # of the prompt budget, at most this much is whole documents
+MARGIN = 16  # prompt tokens kept for a system message the documents add, and re-tokenisation at the seams
 PASSAGES = 6  # retrieved passages per question, at most
 PASSAGE_TOKENS = 1600  # and at most this many tokens of them
 
@@ -72,9 +80,9 @@ class Documents:
         with self._lock:
             if self._store is None:
                 if self._open_store is None:
-                    from engine.documents.store import DocumentStore
+                    from engine.documents.store import shared_store
 
-                    self._store = DocumentStore()
+                    self._store = shared_store()  # the same object the window's library writes through
                 else:
                     self._store = self._open_store()
             return self._store
@@ -91,16 +99,22 @@ class Documents:
         doc_ids: Sequence[str],
         messages: list[dict[str, Any]],
         tokenizer: Any,
-        context: int,
-        max_tokens: int,
+        room: int,
+        whole_limit: int,
         embed: Callable[[str], Any] | None = None,
         passages: bool = True,
+        into_user: bool = False,
     ) -> Applied:
-        """The messages with ``doc_ids``' documents (see the module's docstring); ``passages`` False leaves
-        out the retrieved passages (a draft being typed: only what no keystroke changes)."""
+        """The messages with ``doc_ids``' documents (see the module's docstring).
+
+        ``room``: the prompt tokens left for documents once the messages themselves are counted (the reply's
+        room, the system prompt, the history and the question come first: documents never push the question
+        out); ``whole_limit``: the most tokens that go in whole (what the prefix cache can keep); ``passages``
+        False leaves out the retrieved passages and touches nothing (a draft being typed); ``into_user``: the
+        chat template has no system role, so whole documents open the first user message instead."""
         store = self.store()
         warnings: list[str] = []
-        found = []
+        found: list[tuple[Any, str | None]] = []
         for doc_id in dict.fromkeys(doc_ids):
             info = store.get(doc_id)
             if info is None:
@@ -109,17 +123,27 @@ class Documents:
                     "attach the file again to use it."
                 )
                 continue
-            found.append(info)
-        budget = int(prompt_budget(context, max_tokens) * WHOLE_SHARE)
+            found.append((info, None))
+
+        def cost(text: str) -> int:
+            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        intro = cost(render.WHOLE_INTRO)
+        budget = max(0, min(whole_limit, room - intro))
         whole: list[render.Whole] = []
         searched: list[str] = []
         used = 0
-        for info in sorted(found, key=lambda i: (i.chars, i.id)):  # smallest first: the set decides, not the question
-            if used + info.chars // 8 > budget:  # far too long to fit (no token is shorter than 8 characters here)
+        for info, _ in sorted(found, key=lambda f: (f[0].chars, f[0].id)):  # smallest first: the set decides
+            if used + info.chars // 8 > budget:  # far too long to fit (no token is longer than 8 characters here)
                 searched.append(info.id)
                 continue
-            text = store.text(info.id)
-            tokens = self.count(tokenizer, info.id, text)
+            try:
+                text = store.text(info.id)
+            except KeyError:  # removed from the index a moment ago
+                warnings.append(f"{info.name} was removed from the document index; attach it again to use it.")
+                continue
+            tag = render.whole_block([render.Whole(info.id, info.name, "")]).removeprefix(render.WHOLE_INTRO)
+            tokens = self.count(tokenizer, info.id, text) + cost(tag)
             if used + tokens <= budget:
                 whole.append(render.Whole(info.id, info.name, text, info.path))
                 used += tokens
@@ -127,19 +151,37 @@ class Documents:
                 searched.append(info.id)
         chosen: list[render.Passage] = []
         passage_tokens = 0
+        limit = min(PASSAGE_TOKENS, room - used - cost(render.PASSAGES_INTRO + "\n\nQuestion: "))
         question = str(messages[-1].get("content", "")) if messages else ""
-        if searched and passages and question.strip():
+        if searched and passages and question.strip() and limit > 0:
             vector = embed(question) if embed is not None else None
             hits = store.search(question, searched, k=PASSAGES, query_vector=vector)
-            for hit in hits:  # best first, until the passages' budget is spent
-                cost = len(tokenizer(hit.text, add_special_tokens=False)["input_ids"])
-                if passage_tokens + cost > PASSAGE_TOKENS and chosen:
+            for hit in hits:  # best first, while they fit (each with its numbered header)
+                passage = render.Passage(hit.doc_id, hit.name, hit.idx, hit.start, hit.end, hit.text, hit.path)
+                spent = cost(render.passages_block([passage]).removeprefix(render.PASSAGES_INTRO) + "\n\n")
+                if passage_tokens + spent > limit:
                     break
-                chosen.append(render.Passage(hit.doc_id, hit.name, hit.idx, hit.start, hit.end, hit.text, hit.path))
-                passage_tokens += cost
-        if found:
+                chosen.append(passage)
+                passage_tokens += spent
+        elif searched and passages and question.strip():
+            warnings.append(
+                "The conversation leaves no room in the model's context for passages of the attached documents; "
+                "start a new chat to ask about them."
+            )
+        if found and passages:
             with contextlib.suppress(Exception):  # last use is a nicety, never the reply's end
-                store.touch([info.id for info in found])
+                store.touch([info.id for info, _ in found])
+        if whole:
+            used += intro  # the documents' part of the prompt: the introduction, the tags and the texts
+        if into_user:  # no system role: the documents open the first user turn (kept within the chat only)
+            return Applied(
+                render.with_documents(messages, whole, chosen, into_user=True),
+                (),
+                used,
+                passage_tokens,
+                render.sources(whole, chosen),
+                warnings,
+            )
         return Applied(
             render.with_documents(messages, whole, chosen),
             tuple(doc.doc_id for doc in render.whole_order(whole)),

@@ -36,6 +36,7 @@ is a ``ToolCall`` event and the text of every round is streamed.
 
 from __future__ import annotations
 
+import copy
 import functools
 import queue
 import threading
@@ -106,6 +107,8 @@ class Engine(Serving):
         self._later: deque[tuple[str, Any]] = deque()  # loads and calls that wait until no request is in flight
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._counter: tuple[LoadedModel, Any] | None = None  # count_tokens' own copy of the loaded tokenizer
         self.answer_gate = AnswerGate(
             self.options.answer_cache, on_event, self._queue.put, lambda r: not request_problems(r), self.cancel
         )
@@ -123,11 +126,17 @@ class Engine(Serving):
 
     def count_tokens(self, texts: list[str]) -> list[int] | None:
         """The loaded model's token count of each text (an attached document's chip), on the caller's thread;
-        None while no model is loaded."""
+        None while no model is loaded.  It counts with a copy of the tokenizer: a call sets options on the
+        tokenizer it uses (``split_special_tokens``), so sharing the engine's would let a count on another
+        thread change how the engine tokenises a prompt at that moment."""
         loaded = self.loaded
         if loaded is None:
             return None
-        return [len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        with self._count_lock:
+            if self._counter is None or self._counter[0] is not loaded:
+                self._counter = (loaded, copy.deepcopy(loaded.tokenizer))
+            tokenizer = self._counter[1]
+            return [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
 
     def hint(self, request: Request) -> None:
         """The request the window would send now (its draft as the last message): prefill its stable part
@@ -365,7 +374,7 @@ class Engine(Serving):
             messages = list(request.messages)
             whole: tuple[str, ...] = ()
             if request.documents:  # whole documents only: the passages depend on the words still being typed
-                applied = self._with_documents(request, messages, passages=False)
+                applied = self._with_documents(request, messages, schemas, passages=False)
                 messages, whole = applied.messages, applied.whole
             tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas, whole), messages)
             if whole:  # a restart's document KV, read while the question is typed

@@ -129,6 +129,16 @@ def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: li
     return common_prefix(sys_ids, ids)
 
 
+@functools.lru_cache(maxsize=8)
+def has_system_role(tokenizer: Any) -> bool:
+    """Whether the chat template takes a system message (Gemma's and some Mistral templates refuse one)."""
+    try:
+        render(tokenizer, [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
+    except Exception:  # the template raises (its own words) or the sandbox ends it: no system role
+        return False
+    return True
+
+
 def prompt_budget(context: int, max_tokens: int) -> int:
     """The prompt tokens that fit ``context`` and still leave room for the reply (at least half the context)."""
     return context - min(max_tokens, context // 2)

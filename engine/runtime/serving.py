@@ -19,6 +19,7 @@ the answer cache (else to the draft memory).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -35,12 +36,20 @@ from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.answers_bridge import AnswerGate, expected_failure
 from engine.runtime.decode import Decoder, DecodeResult
-from engine.runtime.documents import Applied, Documents, document_key, document_kv_file
+from engine.runtime.documents import (
+    MARGIN,
+    PROMPT_SHARE,
+    WHOLE_SHARE,
+    Applied,
+    Documents,
+    document_key,
+    document_kv_file,
+)
 from engine.runtime.hints import Hints
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
 from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
-from engine.runtime.prompt import Prompt, build_prompt, raw_prompt
+from engine.runtime.prompt import Prompt, build_prompt, has_system_role, prompt_budget, raw_prompt, render
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, HistoryDrafts, HistoryIndex, PromptLookup
@@ -114,7 +123,7 @@ class Serving:
         applied: Applied | None = None
         try:
             if request.documents and not request.raw:
-                applied = self._with_documents(request, messages)
+                applied = self._with_documents(request, messages, schemas)
                 messages = applied.messages
             whole = applied.whole if applied is not None else ()
             if request.raw:
@@ -196,20 +205,31 @@ class Serving:
         prompt = build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
         return dataclasses.replace(prompt, documents=documents) if documents and prompt.system_tokens else prompt
 
-    def _with_documents(self, request: Request, messages: list[dict[str, Any]], passages: bool = True) -> Applied:
-        """``messages`` with the request's documents (engine.runtime.documents); a document that is gone is a
-        warning (only for a reply: a draft being typed says nothing), an index that cannot be read a
-        ``ValueError`` (the reply fails saying so)."""
+    def _with_documents(
+        self,
+        request: Request,
+        messages: list[dict[str, Any]],
+        schemas: list[dict[str, Any]] | None,
+        passages: bool = True,
+    ) -> Applied:
+        """``messages`` with the request's documents (engine.runtime.documents), fitted to what the prompt
+        leaves; a document that is gone is a warning (only for a reply: a draft being typed says nothing), an
+        index that cannot be read a ``ValueError`` (the reply fails saying so)."""
         assert self.loaded is not None
+        tokenizer, context = self.loaded.tokenizer, self.loaded.context_length
+        budget = prompt_budget(context, request.sampling.max_tokens)
+        room = budget - len(render(tokenizer, messages, tools=schemas)) - MARGIN
+        whole_limit = min(int(budget * PROMPT_SHARE), self._cache_tokens(WHOLE_SHARE))
         try:
             applied = self.documents.apply(
                 request.documents,
                 messages,
-                self.loaded.tokenizer,
-                self.loaded.context_length,
-                request.sampling.max_tokens,
+                tokenizer,
+                room,
+                whole_limit,
                 _question_vector,
                 passages,
+                into_user=not has_system_role(tokenizer),
             )
         except Exception as exc:
             if type(exc).__name__ != "StoreError":
@@ -219,17 +239,35 @@ class Serving:
             self.on_event(Warning("documents", message))
         return applied
 
+    def _cache_tokens(self, share: float) -> int:
+        """How many positions of KV ``share`` of the prefix cache holds (a large number when not known)."""
+        assert self.loaded is not None
+        layout = kv_layout(self.loaded.model)
+        cache = self.prefix_cache
+        if layout is None or cache is None:
+            return 1 << 30
+        layers, heads, dim = layout
+        itemsize = getattr(getattr(self.loaded.model, "dtype", None), "itemsize", 4) or 4
+        return int(cache.budget_bytes * share) // max(1, 2 * layers * heads * dim * itemsize)
+
     def _documents_kv(self, prompt: Prompt) -> None:
-        """Before a lookup: read the KV of the prompt's whole documents from disk when it is not in memory."""
+        """Before a lookup: read the KV of the prompt's whole documents from disk when it is not in memory.
+        A file that does not check out is deleted (the reply computes the KV again and saves a new one)."""
         cache = self.prefix_cache
         if not prompt.documents or cache is None or cache.budget_bytes <= 0 or self.loaded is None:
+            return
+        if not self.options.persist_prefixes:
             return
         key = document_key(prompt.ids[: prompt.system_tokens])
         if key in cache.entries:
             return
         path = document_kv_file(cache.identity, key)
         if path.is_file() and not cache.load_entry(path, key, kv_layout(self.loaded.model)):
-            self.on_event(Warning("cache", "; ".join(cache.load_problems) + " (the documents are read again)."))
+            why = "; ".join(cache.load_problems) or f"{path.name} does not fit the prompt cache's size"
+            if cache.load_problems:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            self.on_event(Warning("cache", f"{why} (the documents are read again)."))
 
     def _fit(self) -> tuple[Any, int]:
         """What tool results are measured and cut against: the tokenizer and the context length."""

@@ -159,6 +159,17 @@ def test_a_damaged_kv_file_is_a_warning_and_the_document_is_read_again(tiny_dir:
         assert reply.metrics.document_reused == 0
         assert any(isinstance(w, Warning) and w.kind == "cache" for w in again.client.warnings)
         assert token_ids(events) == rendered(again, "What colour are the badges?", (doc,))
+    (fresh,) = kv_files(doc)  # the damaged file was replaced by a good one, which the next start reads
+    with engine_on(tiny_dir, index) as third:
+        _, reply = ask(third, "How far ahead is the crane booked?", (doc,))
+        assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
+        assert not [w for w in third.client.warnings if w.kind == "cache"]
+
+
+def test_chip_counts_use_a_copy_of_the_tokenizer(runner: EngineRunner) -> None:
+    engine = runner.engine
+    assert engine.count_tokens(["abc", "hello there"]) == [3, 11]  # byte tokens
+    assert engine._counter is not None and engine._counter[1] is not engine.loaded.tokenizer
 
 
 def test_a_changed_document_is_another_prefix_and_forgetting_removes_its_files(runner: EngineRunner) -> None:
@@ -251,3 +262,47 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
         events, reply = ask(typing, question, (doc,), conversation_id="typed")
         assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
         assert token_ids(events) == rendered(typing, question, (doc,))
+
+
+def test_documents_never_push_the_question_out_of_the_prompt(runner: EngineRunner) -> None:
+    index = runner.index  # type: ignore[attr-defined]
+    doc = index.add("rules.md", "Rule: " + "the crane is booked three days ahead; " * 9)  # fits alone, not with this
+    question = "Please tell me, in the fewest words you can manage, " * 4 + "how far ahead is the crane booked?"
+    messages = [SYSTEM, {"role": "user", "content": question}]
+    events = runner.run(messages, sampling=GREEDY, answer_cache=False, documents=(doc,))
+    reply = done(events)
+    assert not reply.metrics.truncated, "the question and the system prompt come first; documents get the rest"
+    labels = [s["label"] for s in reply.metrics.sources]
+    assert labels and all(label.startswith("[") for label in labels), "too long to go whole here: searched"
+    assert 0 < reply.metrics.document_tokens < len(index.texts[doc][1])
+
+
+def test_a_template_with_no_system_role_gets_the_documents_in_the_first_user_turn(
+    tiny_dir: Path, brisk_data_dir: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from engine.runtime.prompt import has_system_role
+
+    folder = tmp_path / "no-system"
+    shutil.copytree(tiny_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+        "'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+    )
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    with engine_on(folder, index) as engine:
+        assert not has_system_role(engine.engine.loaded.tokenizer)
+        messages = [{"role": "user", "content": "How far ahead is the crane booked?"}]
+        reply = done(engine.run(messages, sampling=GREEDY, answer_cache=False, documents=(doc,)))
+        assert reply.metrics.document_tokens >= len(NOTE) and reply.metrics.sources[0]["name"] == "rules.md"
+    whole = [render.Whole(doc, "rules.md", NOTE)]
+    into = render.with_documents(messages, whole, [], into_user=True)
+    assert [m["role"] for m in into] == ["user"] and into[0]["content"].endswith("How far ahead is the crane booked?")

@@ -99,8 +99,9 @@ class ChatSession:
 
     # -- conversations ----------------------------------------------------------
     def open(self, conversation_id: str | None) -> list[Message]:
+        """Open a chat (None: a new one).  Documents attached to the next new chat stay with it meanwhile."""
         self.conversation_id = conversation_id
-        self.pending_system, self.pending_params, self.pending_documents = None, {}, []
+        self.pending_system, self.pending_params = None, {}
         return self.messages()
 
     @property

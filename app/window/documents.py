@@ -261,6 +261,10 @@ class DocumentsController(LibraryViews, QObject):
         chat; None when that chat is gone)."""
         session = self.window.session
         conversation: str | None
+        if target == session.draft_id and session.conversation_id is not None:  # the next new chat's, not open now
+            docs, added = merged(session.pending_documents, entries)
+            session.pending_documents = docs
+            return added, " to the new chat"
         if target == session.conversation_id or (session.conversation_id is None and target == session.draft_id):
             conversation, where = session.conversation_id, ""
         else:

@@ -314,8 +314,14 @@ class DocumentStore:
         def begin(db: Database) -> bool:
             """Write the document (True) or refresh a known one's facts (False)."""
             sets = ", ".join(f"{k} = ?" for k in meta)
-            if db.execute("SELECT 1 FROM documents WHERE id = ?", [doc_id]).fetchone():
-                db.execute(f"UPDATE documents SET {sets} WHERE id = ?", [*meta.values(), doc_id])
+            row = db.execute("SELECT path FROM documents WHERE id = ?", [doc_id]).fetchone()
+            if row:
+                if row[0] != path and Path(str(row[0])).is_file():
+                    # the same text from another file (a copy): the document keeps its first name and path,
+                    # which its chats' prompts (and their KV) and its sources are made of
+                    db.execute("UPDATE documents SET last_used = ? WHERE id = ?", [now, doc_id])
+                else:
+                    db.execute(f"UPDATE documents SET {sets} WHERE id = ?", [*meta.values(), doc_id])
                 return False
             if not spans and text.strip():  # added by another process between our look and this write
                 raise _Again

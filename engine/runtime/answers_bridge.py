@@ -220,6 +220,8 @@ class AnswerGate:
             return False
         if request.raw or request.client_tools:  # not what an entry's key holds: never answered from it
             return False
+        if request.documents:  # a reply about documents lists its sources, which a cached answer does not hold
+            return False
         if time.monotonic() < self._paused_until:  # the file failed a moment ago (locked): do not wait on it again
             return False
         if not self.valid(request) or has_slash_calls(request) or request.messages[-1].get("role") != "user":

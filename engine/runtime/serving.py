@@ -397,7 +397,8 @@ class Serving:
         if finish != "cancelled" and not rounds.tools_ran:
             self.history.add(result.ids)  # drafts for any later question
         # a raw prompt or a client's tools are not what the answer cache keys on: not kept there
-        kept_elsewhere = request.raw or bool(request.client_tools)
+        # nor are replies about documents: their sources are not kept with an answer
+        kept_elsewhere = request.raw or bool(request.client_tools) or bool(request.documents)
         if finish not in ("stop", "length", "repetition") or rounds.tools_ran or kept_elsewhere or not self.identity:
             if finish != "cancelled" and not rounds.tools_ran:
                 self.answers.add(str(request.messages[-1].get("content", "")), result.ids)

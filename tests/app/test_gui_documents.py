@@ -249,6 +249,11 @@ def test_other_chats_stay_usable_while_files_are_read(harness, qtbot, tmp_path: 
     library.gate.set()  # the files go on being read, for the new chat they were attached in
     settle(qtbot, window)
     assert window.store.get_conversation(other).documents == [], "they never join the chat that was open"
+    assert window.banner("documents") is None and "to the new chat" in window.composer.hint.text()
+    window.new_chat()  # they wait there, and go with its first message
+    assert len(window.session.documents()) == 20
+    chat(qtbot, window, "What do the notes say?")
+    assert len(fake(window).requests[-1].documents) == 20
 
 
 def test_a_reply_lists_its_sources_and_a_click_opens_the_passage(harness, qtbot, monkeypatch, files: Path) -> None:  # noqa: ANN001

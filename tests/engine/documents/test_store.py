@@ -477,3 +477,19 @@ def test_memory_and_default_locations(tmp_path: Path, monkeypatch: pytest.Monkey
     default = DocumentStore()
     assert default.path == tmp_path / "data" / "documents.db" and default.path.is_file()
     default.close()
+
+
+def test_a_copy_of_an_indexed_text_keeps_the_first_name_and_path(tmp_path: Path) -> None:
+    from engine.documents.convert import convert
+    from engine.documents.store import DocumentStore
+
+    first, copy = tmp_path / "notes.md", tmp_path / "copy of notes.md"
+    first.write_text("The office opens at nine.\n", encoding="utf-8")
+    copy.write_text("The office opens at nine.\n", encoding="utf-8")
+    store = DocumentStore(tmp_path / "documents.db")
+    original = store.add(convert(first))
+    again = store.add(convert(copy))
+    assert again.id == original.id and (again.name, again.path) == ("notes.md", str(first))
+    first.unlink()  # the first file moved away: the copy's place is where the text lives now
+    moved = store.add(convert(copy))
+    assert (moved.name, moved.path) == ("copy of notes.md", str(copy))

@@ -306,3 +306,21 @@ def test_a_template_with_no_system_role_gets_the_documents_in_the_first_user_tur
     whole = [render.Whole(doc, "rules.md", NOTE)]
     into = render.with_documents(messages, whole, [], into_user=True)
     assert [m["role"] for m in into] == ["user"] and into[0]["content"].endswith("How far ahead is the crane booked?")
+
+
+def test_replies_about_documents_are_not_answered_from_the_answer_cache(tiny_dir: Path, brisk_data_dir: Path) -> None:
+    from engine.api import AnswerCacheSettings
+
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    engine = EngineRunner(str(tiny_dir), answer_cache=AnswerCacheSettings(enabled=True, semantic=False))
+    engine.engine.documents = Documents(lambda: index)
+    try:
+        messages = [SYSTEM, {"role": "user", "content": "How far ahead is the crane booked?"}]
+        for _ in range(2):
+            reply = done(engine.run(messages, sampling=GREEDY, documents=(doc,)))
+            assert reply.metrics.answer_cache is None and reply.metrics.sources[0]["name"] == "rules.md"
+        plain = [done(engine.run(messages, sampling=GREEDY)) for _ in range(2)]  # without documents it still hits
+        assert plain[1].metrics.answer_cache == "exact"
+    finally:
+        engine.close()

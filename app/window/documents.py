@@ -330,7 +330,7 @@ class DocumentsController(LibraryViews, QObject):
         window.show_context(messages)
         if check and ids and session.conversation_id is not None:
             self._check(session.conversation_id, ids)
-        self.count([i for i in ids if not isinstance(self._token_count(docs, i), int)])
+        self.count(ids)  # in this model's tokens (a count kept from another model is shown until then)
 
     def searched(self, docs: list[dict[str, Any]]) -> set[str]:
         """The ids of ``docs`` too long to go whole into the loaded model's prompt (searched for passages)."""
@@ -343,10 +343,6 @@ class DocumentsController(LibraryViews, QObject):
             return searched_ids(sent, length, self.window.session.max_tokens())
         except StoreError:
             return set()
-
-    @staticmethod
-    def _token_count(docs: list[dict[str, Any]], doc_id: str) -> int | None:
-        return next((d.get("tokens") for d in docs if d["id"] == doc_id), None)
 
     def _check(self, conversation: str, ids: list[str]) -> None:
         def work() -> tuple[set[str], dict[str, dict[str, Any]], list[str]]:

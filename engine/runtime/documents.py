@@ -60,6 +60,7 @@ class Applied:
     passage_tokens: int = 0
     sources: tuple[dict[str, Any], ...] = ()
     warnings: list[str] = field(default_factory=list)
+    base_ids: list[int] = field(default_factory=list)  # the prompt without the documents (where they begin)
 
     @property
     def tokens(self) -> int:

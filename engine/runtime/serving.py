@@ -30,7 +30,7 @@ from typing import Any
 
 from engine.answer_cache import ModelIdentity
 from engine.api import SOURCES, Done, Metrics, Request, Sampling, Started, Token, Warning
-from engine.model.kv import KVState
+from engine.model.kv import KVState, common_prefix
 from engine.model.loader import LoadedModel
 from engine.runtime import tool_turns
 from engine.runtime.answers import AnswerMemory
@@ -218,7 +218,8 @@ class Serving:
         assert self.loaded is not None
         tokenizer, context = self.loaded.tokenizer, self.loaded.context_length
         budget = prompt_budget(context, request.sampling.max_tokens)
-        room = budget - len(render(tokenizer, messages, tools=schemas)) - MARGIN
+        base_ids = render(tokenizer, messages, tools=schemas)
+        room = budget - len(base_ids) - MARGIN
         whole_limit = min(int(budget * PROMPT_SHARE), self._cache_tokens(WHOLE_SHARE))
         try:
             applied = self.documents.apply(
@@ -237,6 +238,7 @@ class Serving:
             raise ValueError(f"The attached documents could not be read ({exc}).") from exc
         for message in applied.warnings if passages else ():
             self.on_event(Warning("documents", message))
+        applied.base_ids = base_ids
         return applied
 
     def _cache_tokens(self, share: float) -> int:
@@ -430,7 +432,7 @@ def _with_document_metrics(metrics: Metrics, applied: Applied, prompt: Prompt, c
     """``metrics`` with the documents' tokens, those whose KV was reused, and the sources."""
     reused = 0
     if applied.whole_tokens and prompt.documents:
-        start = max(0, prompt.system_tokens - applied.whole_tokens)  # where the documents begin, near enough
+        start = common_prefix(applied.base_ids, prompt.ids)  # where the documents begin: the prompts part there
         reused = max(0, min(cached, prompt.system_tokens) - start)
         reused = min(reused, applied.whole_tokens)
     return dataclasses.replace(metrics, document_tokens=applied.tokens, document_reused=reused, sources=applied.sources)

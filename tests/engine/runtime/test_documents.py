@@ -230,7 +230,9 @@ def test_the_bundled_model_answers_the_same_from_a_reused_document(bundled_engin
     bundled_engine.engine.documents = Documents(lambda: index)
     bundled_engine.index = index  # type: ignore[attr-defined]
     try:
-        ask(bundled_engine, "How far ahead is the crane booked?", (doc,))
+        ask(bundled_engine, "Hello there")  # the system prompt's own KV is kept: its tokens are no document's
+        _, first = ask(bundled_engine, "How far ahead is the crane booked?", (doc,))
+        assert first.metrics.cached_tokens > 0 and first.metrics.document_reused == 0
         for question in ("What colour are the badges?", "When does the north workshop open?"):
             events, reply = ask(bundled_engine, question, (doc,))
             assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
@@ -324,3 +326,13 @@ def test_replies_about_documents_are_not_answered_from_the_answer_cache(tiny_dir
         assert plain[1].metrics.answer_cache == "exact"
     finally:
         engine.close()
+
+
+def test_the_system_prompt_reused_before_the_documents_is_not_counted_as_documents(runner: EngineRunner) -> None:
+    ask(runner, "Hello there")  # the system prompt's own KV is kept
+    doc = runner.index.add("rules.md", NOTE)  # type: ignore[attr-defined]
+    _, first = ask(runner, "How far ahead is the crane booked?", (doc,))
+    assert first.metrics.cached_tokens > 0, "the system prompt's tokens come from the cache"
+    assert first.metrics.document_reused == 0, "but none of the document's"
+    _, second = ask(runner, "What colour are the badges?", (doc,))
+    assert second.metrics.document_reused == second.metrics.document_tokens > 0

@@ -142,12 +142,10 @@ class PrefixCache:
             return False
         try:
             with safe_open(str(path), "pt") as fh:
-                meta = fh.metadata() or {}
-                if meta.get("format") != FILE_FORMAT or meta.get("identity") != self.identity:
-                    self.load_problems.append(f"{path.name}: another model's or an older format's file; not used")
+                entries = self._entries_of(fh, path)
+                if entries is None:
                     return False
-                entries = json.loads(meta.get("entries", ""))
-                if not isinstance(entries, dict) or key not in entries:
+                if key not in entries:
                     self.load_problems.append(f"{path.name}: it does not hold the prompt asked for; not used")
                     return False
                 tokens, snapshot = self._read_entry(fh, set(fh.keys()), key, entries[key], layout)
@@ -190,13 +188,8 @@ class PrefixCache:
         loaded = 0
         try:
             with safe_open(str(path), "pt") as fh:
-                meta = fh.metadata() or {}
-                if meta.get("format") != FILE_FORMAT or meta.get("identity") != self.identity:
-                    self.load_problems.append(f"{path.name}: another model's or an older format's file; not used")
-                    return 0
-                entries = json.loads(meta.get("entries", ""))
-                if not isinstance(entries, dict):
-                    self.load_problems.append(f"{path.name}: its list of entries is damaged; not used")
+                entries = self._entries_of(fh, path)
+                if entries is None:
                     return 0
                 names = set(fh.keys())
                 for key, info in entries.items():
@@ -211,6 +204,19 @@ class PrefixCache:
             self.load_problems.append(f"{path.name} could not be read ({exc}); not used")
         self.evict()
         return loaded
+
+    def _entries_of(self, fh: Any, path: Path) -> dict[str, Any] | None:
+        """A saved file's entries by key, or None (the reason in ``load_problems``) when the file is another
+        model's, of another format, or its list of entries is damaged.  Raises ``ValueError`` on bad JSON."""
+        meta = fh.metadata() or {}
+        if meta.get("format") != FILE_FORMAT or meta.get("identity") != self.identity:
+            self.load_problems.append(f"{path.name}: another model's or an older format's file; not used")
+            return None
+        entries = json.loads(meta.get("entries", ""))
+        if not isinstance(entries, dict):
+            self.load_problems.append(f"{path.name}: its list of entries is damaged; not used")
+            return None
+        return entries
 
     def _read_entry(
         self, fh: Any, names: set[str], key: object, info: object, layout: Layout | None
@@ -246,10 +252,15 @@ def checksum(identity: str, tokens: list[int], snapshot: Snapshot) -> str:
     digest = hashlib.sha256(json.dumps([identity, tokens]).encode())
     for pair in snapshot:
         for tensor in pair:
-            data = tensor.detach().to("cpu").contiguous()
-            digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
-            digest.update(data.reshape(-1).view(torch.uint8).numpy().data)  # in place, not a copy
+            _hash_tensor(digest, tensor)
     return digest.hexdigest()
+
+
+def _hash_tensor(digest: Any, tensor: torch.Tensor) -> None:
+    """Add a tensor's dtype, shape and bytes to ``digest`` (the bytes in place, not a copy of them)."""
+    data = tensor.detach().to("cpu").contiguous()
+    digest.update(f"{data.dtype}{tuple(data.shape)}".encode())
+    digest.update(data.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def tensors_checksum(identity: str, tokens: list[int], snapshot: Snapshot, threads: int = 2) -> str:
@@ -258,9 +269,8 @@ def tensors_checksum(identity: str, tokens: list[int], snapshot: Snapshot, threa
     half the time :func:`checksum` takes on two cores (161 MB: about 45 against 90 ms)."""
 
     def one(tensor: torch.Tensor) -> bytes:
-        data = tensor.detach().to("cpu").contiguous()
-        digest = hashlib.sha256(f"{data.dtype}{tuple(data.shape)}".encode())
-        digest.update(data.reshape(-1).view(torch.uint8).numpy().data)
+        digest = hashlib.sha256()
+        _hash_tensor(digest, tensor)
         return digest.digest()
 
     tensors = [tensor for pair in snapshot for tensor in pair]

@@ -178,6 +178,15 @@ def test_files_that_cannot_be_read_are_each_named_and_the_others_attached(
     assert len(fake(window).requests[-1].documents) == 2 and window.store.get_conversation(cid).documents
 
 
+def notes_folder(tmp_path: Path, count: int) -> Path:
+    """A folder of ``count`` short Markdown notes, ``note000.md`` on."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for n in range(count):
+        write(folder, f"note{n:03}.md", f"Note {n}: something worth keeping, number {n}.\n")
+    return folder
+
+
 class GatedLibrary:
     """The real library, held before its fourth file until the test lets it go (or Cancel is pressed)."""
 
@@ -204,10 +213,7 @@ class GatedLibrary:
 
 
 def test_a_big_folder_reads_in_the_background_with_progress_and_cancel(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for n in range(300):
-        write(folder, f"note{n:03}.md", f"Note {n}: something worth keeping, number {n}.\n")
+    folder = notes_folder(tmp_path, 300)
     library = GatedLibrary()
     window = harness.open(document_library=lambda: library)
     assert window.documents.attach([str(folder)])
@@ -233,10 +239,7 @@ def test_a_big_folder_reads_in_the_background_with_progress_and_cancel(harness, 
 
 
 def test_other_chats_stay_usable_while_files_are_read(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    for n in range(20):
-        write(folder, f"note{n:03}.md", f"Note {n}.\n")
+    folder = notes_folder(tmp_path, 20)
     library = GatedLibrary()
     window = harness.open(document_library=lambda: library)
     other = chat(qtbot, window, "An earlier chat")

@@ -15,6 +15,7 @@ import pytest
 from engine.api import Sampling, Warning
 from engine.documents import render
 from engine.documents.kvfiles import document_kv_dir, forget_document, kv_files
+from engine.documents.retrieval import Hit
 from engine.runtime.documents import Documents
 from tests.support.engine_runner import EngineRunner, done, token_ids
 
@@ -28,17 +29,6 @@ class Info:
     name: str
     path: str
     chars: int
-
-
-@dataclass
-class Hit:
-    doc_id: str
-    name: str
-    path: str
-    idx: int
-    start: int
-    end: int
-    text: str
 
 
 class FakeIndex:
@@ -71,7 +61,7 @@ class FakeIndex:
             name, text = self.texts[doc_id]
             for idx in (2, 0):  # best first: the third slice, then the first
                 start, end = idx * 40, idx * 40 + 40
-                hits.append(Hit(doc_id, name, f"/docs/{name}", idx, start, end, text[start:end]))
+                hits.append(Hit(doc_id, name, f"/docs/{name}", idx, start, end, text[start:end], 0.0, None, None))
         return hits[:k]
 
 

@@ -1,4 +1,5 @@
-"""Headless commands: ``brisk ask``, ``brisk chat``, ``brisk compare``, ``brisk doctor``, ``brisk bench``.
+"""Headless commands: ``brisk ask``, ``brisk chat``, ``brisk compare``, ``brisk doctor``, ``brisk bench``,
+``brisk models``, ``brisk documents``, ``brisk serve``.
 
 ``build_parser()`` is the whole command line (``app.cli`` adds the window).
 Each command lives in a module of its own; ``engine.cli.common`` has what
@@ -27,6 +28,7 @@ from engine.cli.chat import cmd_ask, cmd_chat
 from engine.cli.common import EXIT_MODEL, EXIT_REQUEST, add_model_args, add_request_args, emit_json
 from engine.cli.compare import add_compare_parser
 from engine.cli.documents import add_documents_parser
+from engine.cli.models import add_models_parser
 from engine.cli.serve import add_serve_parser
 
 __all__ = ["EXIT_MODEL", "EXIT_REQUEST", "build_parser"]
@@ -64,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compare_parser(sub)
     add_serve_parser(sub)
     add_documents_parser(sub)
+    add_models_parser(sub)
     doctor = sub.add_parser("doctor", help="report on this machine: torch, devices, dtypes, quantization")
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)

@@ -122,13 +122,27 @@ def add_request_args(parser: argparse.ArgumentParser) -> None:
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     """The model the command line asks for (defaults for what it leaves out)."""
     return ModelSpec(
-        source=getattr(args, "model", None) or "",
+        source=library_source(getattr(args, "model", None) or ""),
         device=getattr(args, "device", None) or "auto",
         dtype=getattr(args, "dtype", None) or "auto",
         draft=getattr(args, "draft_model", "") or "",
         draft_quant=getattr(args, "draft_quant", None) or "none",
         quant=getattr(args, "quant", None) or "auto",
     )
+
+
+def library_source(source: str) -> str:
+    """``source`` as given, or the path of the library's model of that name (``brisk models`` lists them) when
+    it is not a file or folder: a hub id that is in the Hugging Face cache loads from there, offline."""
+    if not source or Path(source).expanduser().exists():
+        return source
+    from engine.library.scan import lookup, scan
+
+    try:
+        entry = lookup(source, scan(Settings.load().model_folders))
+    except Exception:  # noqa: BLE001 - a library that cannot be scanned: the source is used as given
+        return source
+    return entry.path if entry is not None and entry.source != "bundled" else source
 
 
 def load_settings(as_json: bool) -> Settings:

@@ -83,6 +83,7 @@ class Settings:
     servers: list[dict[str, str]] = dataclasses.field(default_factory=list)  # {name, base_url, model}; no keys
     serve: bool = False  # the window serves its model to other programs (engine.server) while it runs
     serve_port: int = 8765  # on 127.0.0.1; `brisk serve --host` for other machines (with a key)
+    model_folders: list[str] = dataclasses.field(default_factory=list)  # folders the model library also scans
     theme: str = "system"  # the window's colours: "system" (dark when the system's scheme is), "light", "dark"
 
     @classmethod
@@ -263,6 +264,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "engine": lambda v: None if isinstance(v, str) and v else f"engine must be {LOCAL!r} or a server's name, not {v!r}",
     "servers": _servers,
     "theme": _choice("theme", THEMES),
+    "model_folders": _texts("model_folders"),
     "serve": _flag("serve"),
     "serve_port": lambda v: None
     if isinstance(v, int) and not isinstance(v, bool) and 1024 <= v <= 65535

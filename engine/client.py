@@ -268,3 +268,24 @@ def document_library() -> Any:
 
             _library = DocumentLibrary()
         return _library
+
+
+def model_library(folders: list[str] | tuple[str, ...] = ()) -> Any:
+    """The models on disk (``engine.library.scan.Library``: entries with what each needs; reads headers only)."""
+    from engine.library.scan import scan
+
+    return scan(list(folders))
+
+
+def model_drafts(target: Any, library: Any) -> list[Any]:
+    """The library's models that can draft for ``target`` (same vocabulary, smaller), smallest first."""
+    from engine.library.scan import drafts_for
+
+    return drafts_for(target, library)
+
+
+def pull_model(repo: str, file: str | None, quant: str | None, progress: Any, cancel: threading.Event) -> Any:
+    """Download ``repo`` from the Hugging Face hub (``engine.library.pull.pull``); raises its ``PullError``."""
+    from engine.library.pull import pull
+
+    return pull(repo, file, quant, progress=progress, cancel=cancel)

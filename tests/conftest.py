@@ -59,3 +59,16 @@ def brisk_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     data.mkdir()
     monkeypatch.setenv("BRISK_DATA_DIR", str(data))
     return data
+
+
+@pytest.fixture
+def library_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brisk_data_dir: Path) -> Path:
+    """An empty HOME for the model library's tests: no other app's models, the hub cache under it
+    (``tests/support/model_library.py`` fills it)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / ".cache" / "huggingface" / "hub"))
+    for name in ("HF_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "OLLAMA_MODELS", "LOCALAPPDATA"):
+        monkeypatch.delenv(name, raising=False)
+    return home

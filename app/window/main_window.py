@@ -59,6 +59,7 @@ from PySide6.QtWidgets import (
 
 from app.bridge import EngineBridge
 from app.dialogs.about import AboutDialog
+from app.dialogs.models import ModelsDialog
 from app.dialogs.settings import SettingsDialog, needs_reload
 from app.dialogs.tools import ToolsDialog
 from app.engines import engine_choice
@@ -83,7 +84,7 @@ from app.window.serving import ServerSwitch
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
 from app.window.typing import TypingPrefill
 from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ServedReply, Tuning, Warning
-from engine.storage import Settings, Store, StoreError
+from engine.storage import LOCAL, Settings, Store, StoreError
 from engine.storage.params import PresetFile
 
 __all__ = ["MainWindow"]
@@ -130,6 +131,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self._build()
         self.cache_tally = CacheTally()  # answer-cache hits of this session, for the panel
         self.tools_dialog: ToolsDialog | None = None
+        self.models_dialog: ModelsDialog | None = None
         self.latency = LatencyController(self)  # the latency panel's dock, switches and compare
         self.latency.stream, self.latency.parallel_tools = settings.stream, settings.parallel_tools
         self.latency.settings_changed()
@@ -227,6 +229,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             "Attach a folder\u2026", QKeySequence("Ctrl+Shift+O"), lambda: self.documents.choose(folder=True)
         )
         self._action("Documents\u2026", QKeySequence("Ctrl+Shift+D"), lambda: self.documents.open_view())
+        self._action("Models\u2026", QKeySequence("Ctrl+Shift+M"), self.open_models)
 
     def _build_menus(self) -> None:
         """Chat, View, Tools and Help menus over the actions (their shortcuts work with the menu bar hidden)."""
@@ -253,7 +256,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.reset_layout_action = view.addAction("Reset layout")
         self.reset_layout_action.triggered.connect(self.reset_layout)
         tools = bar.addMenu("&Tools")
-        for name in ("Settings", "Tools", "Server\u2026", "Documents\u2026"):
+        for name in ("Models\u2026", "Settings", "Tools", "Server\u2026", "Documents\u2026"):
             tools.addAction(named[name])
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(named["About this machine"])
@@ -481,6 +484,25 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         dialog = SettingsDialog(self.settings, self, loaded=self.loaded, report=self.bridge.machine_report)
         if dialog.exec() == QDialog.DialogCode.Accepted:
             self.apply_settings(dialog.result_settings())
+
+    def open_models(self) -> ModelsDialog:
+        """Open (or raise) the Models view; Load, Use as draft and Add folder apply through :meth:`apply_settings`."""
+        if self.models_dialog is None:
+            dialog = ModelsDialog(self.settings.model, self.settings.model_folders, self)
+            dialog.load_requested.connect(
+                lambda path: self.apply_settings(dataclasses.replace(self.settings, model=path, engine=LOCAL))
+            )
+            dialog.draft_requested.connect(
+                lambda path: self.apply_settings(dataclasses.replace(self.settings, draft_model=path))
+            )
+            dialog.folders_changed.connect(
+                lambda folders: self.apply_settings(dataclasses.replace(self.settings, model_folders=list(folders)))
+            )
+            self.models_dialog = dialog
+        self.models_dialog.show()
+        self.models_dialog.raise_()
+        self.models_dialog.activateWindow()
+        return self.models_dialog
 
     def open_tools(self) -> ToolsDialog:
         """Open the Tools dialog (window-modal, not blocking); Save applies it through :meth:`apply_tools`."""

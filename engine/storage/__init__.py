@@ -13,10 +13,11 @@ from engine.datafiles import StateError, load_state
 from engine.paths import atomic_write, data_dir, database_path
 from engine.storage import params
 from engine.storage.db import NotFoundError, Schema, SQLiteFile, StoreError, connect
-from engine.storage.settings import Settings
+from engine.storage.settings import LOCAL, Settings
 from engine.storage.store import Conversation, Message, SearchHit, Store, StreamSaver
 
 __all__ = [
+    "LOCAL",
     "Conversation",
     "Message",
     "NotFoundError",

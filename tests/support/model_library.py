@@ -108,3 +108,30 @@ def ollama_add(root: Path, name: str, tag: str, blob_source: Path | None, digest
     ]
     manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
     return manifest
+
+
+def build_library(home: Path, tiny_dir: Path) -> dict[str, Path]:
+    """Models in every place the library looks; returns the interesting paths."""
+    from engine.model.source import bundled_model_path
+
+    bundled = bundled_model_path()
+    hub = Path(os.environ["HF_HUB_CACHE"])
+    paths = {"hf_folder": hf_cache_add_folder(hub, "Org/tiny-chat", tiny_dir)}
+    gguf_src = write_gguf(home / "src" / "qwen.gguf", "qwen2", [f"w{i}" for i in range(40)])
+    snap = hf_cache_add(hub, "Org/qwen-GGUF", {"qwen-q4_k_m.gguf": gguf_src, "README.md": gguf_src})
+    paths["hf_gguf"] = snap / "qwen-q4_k_m.gguf"
+    lms = home / ".lmstudio" / "models" / "bartowski" / "SmolLM2-GGUF"
+    paths["lmstudio"] = link_or_copy(bundled, lms / "SmolLM2-135M-Instruct-Q4_1.gguf")
+    write_gguf(lms / "mmproj-model-f16.gguf", "clip")  # a vision projector: not a model
+    write_gguf(lms / "big-00002-of-00002.gguf", "llama")  # a later part of a split file
+    paths["gpt4all"] = write_gguf(home / ".local" / "share" / "nomic.ai" / "GPT4All" / "rwkv.gguf", "rwkv6")
+    ollama = home / ".ollama" / "models"
+    ollama_add(ollama, "smollm2", "135m", bundled)
+    ollama_add(ollama, "ghost", "latest", None)
+    mine = home / "my-models"
+    paths["mine"] = link_or_copy(tiny_dir / "config.json", mine / "deep" / "tiny" / "config.json").parent
+    for p in tiny_dir.iterdir():
+        if p.name != "config.json":
+            link_or_copy(p, paths["mine"] / p.name)
+    paths["mine_root"] = mine
+    return paths

@@ -13,7 +13,7 @@ from engine.library.scan import drafts_for, lookup, scan
 from engine.model.headers import HeaderError, describe, fingerprint
 from engine.model.source import bundled_model_path
 from tests.support.brisk_cli import brisk
-from tests.support.model_library import hf_cache_add, hf_cache_add_folder, link_or_copy, ollama_add, write_gguf
+from tests.support.model_library import build_library, hf_cache_add_folder, link_or_copy, write_gguf
 from tests.support.tiny import make_tiny_model
 
 REQUIRED = {
@@ -27,18 +27,6 @@ REQUIRED = {
     "fast_path",
     "native_step",
 }
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brisk_data_dir: Path) -> Path:
-    """An empty HOME: no other app's models, the hub cache under it."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("HF_HUB_CACHE", str(home / ".cache" / "huggingface" / "hub"))
-    for name in ("HF_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "OLLAMA_MODELS", "LOCALAPPDATA"):
-        monkeypatch.delenv(name, raising=False)
-    return home
 
 
 @pytest.fixture(scope="module")
@@ -111,33 +99,8 @@ def test_folder_problems_are_said_before_loading(tiny_dir: Path, tmp_path: Path)
     assert "no weights" in describe(empty).problem
 
 
-def build_library(home: Path, tiny_dir: Path) -> dict[str, Path]:
-    """Models in every place the library looks; returns the interesting paths."""
-    bundled = bundled_model_path()
-    hub = Path(os.environ["HF_HUB_CACHE"])
-    paths = {"hf_folder": hf_cache_add_folder(hub, "Org/tiny-chat", tiny_dir)}
-    gguf_src = write_gguf(home / "src" / "qwen.gguf", "qwen2", [f"w{i}" for i in range(40)])
-    snap = hf_cache_add(hub, "Org/qwen-GGUF", {"qwen-q4_k_m.gguf": gguf_src, "README.md": gguf_src})
-    paths["hf_gguf"] = snap / "qwen-q4_k_m.gguf"
-    lms = home / ".lmstudio" / "models" / "bartowski" / "SmolLM2-GGUF"
-    paths["lmstudio"] = link_or_copy(bundled, lms / "SmolLM2-135M-Instruct-Q4_1.gguf")
-    write_gguf(lms / "mmproj-model-f16.gguf", "clip")  # a vision projector: not a model
-    write_gguf(lms / "big-00002-of-00002.gguf", "llama")  # a later part of a split file
-    paths["gpt4all"] = write_gguf(home / ".local" / "share" / "nomic.ai" / "GPT4All" / "rwkv.gguf", "rwkv6")
-    ollama = home / ".ollama" / "models"
-    ollama_add(ollama, "smollm2", "135m", bundled)
-    ollama_add(ollama, "ghost", "latest", None)
-    mine = home / "my-models"
-    paths["mine"] = link_or_copy(tiny_dir / "config.json", mine / "deep" / "tiny" / "config.json").parent
-    for p in tiny_dir.iterdir():
-        if p.name != "config.json":
-            link_or_copy(p, paths["mine"] / p.name)
-    paths["mine_root"] = mine
-    return paths
-
-
-def test_scan_finds_models_of_every_app(home: Path, tiny_dir: Path) -> None:
-    paths = build_library(home, tiny_dir)
+def test_scan_finds_models_of_every_app(library_home: Path, tiny_dir: Path) -> None:
+    paths = build_library(library_home, tiny_dir)
     library = scan([str(paths["mine_root"])])
     by_name = {e.name: e for e in library.entries}
     sources = {e.source for e in library.entries}
@@ -160,8 +123,8 @@ def test_scan_finds_models_of_every_app(home: Path, tiny_dir: Path) -> None:
     assert lookup("SmolLM2-135M-Instruct-Q4_1.gguf", library) is lms
 
 
-def test_second_scan_reads_no_headers_until_a_model_changes(home: Path, tiny_dir: Path) -> None:
-    paths = build_library(home, tiny_dir)
+def test_second_scan_reads_no_headers_until_a_model_changes(library_home: Path, tiny_dir: Path) -> None:
+    paths = build_library(library_home, tiny_dir)
     first = scan([str(paths["mine_root"])])
     assert first.described >= 7
     again = scan([str(paths["mine_root"])])
@@ -173,8 +136,8 @@ def test_second_scan_reads_no_headers_until_a_model_changes(home: Path, tiny_dir
     assert next(e for e in changed.entries if e.path == str(paths["gpt4all"])).architecture == "qwen2"
 
 
-def test_a_damaged_library_cache_is_read_again(home: Path, tiny_dir: Path, brisk_data_dir: Path) -> None:
-    build_library(home, tiny_dir)
+def test_a_damaged_library_cache_is_read_again(library_home: Path, tiny_dir: Path, brisk_data_dir: Path) -> None:
+    build_library(library_home, tiny_dir)
     first = scan()
     cache = brisk_data_dir / "cache" / "library.json"
     cache.write_text('{"version": 1, "models": [1, 2')
@@ -183,15 +146,17 @@ def test_a_damaged_library_cache_is_read_again(home: Path, tiny_dir: Path, brisk
     assert [e.name for e in again.entries] == [e.name for e in first.entries]
 
 
-def test_a_model_bigger_than_memory_says_so(home: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    build_library(home, tiny_dir)
+def test_a_model_bigger_than_memory_says_so(
+    library_home: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build_library(library_home, tiny_dir)
     monkeypatch.setattr(library_scan, "available_memory", lambda: 64 << 20)
     entry = next(e for e in scan(remember=False).entries if e.source == "bundled")
     assert entry.fits == []
     assert "Needs about" in entry.problem and "free" in entry.problem
 
 
-def test_drafts_share_the_vocabulary_and_are_smaller(home: Path, tiny_pair: tuple[Path, Path]) -> None:
+def test_drafts_share_the_vocabulary_and_are_smaller(library_home: Path, tiny_pair: tuple[Path, Path]) -> None:
     big, small = tiny_pair
     hub = Path(os.environ["HF_HUB_CACHE"])
     hf_cache_add_folder(hub, "Org/big", big)
@@ -206,8 +171,8 @@ def test_drafts_share_the_vocabulary_and_are_smaller(home: Path, tiny_pair: tupl
     assert drafts_for(bundled, library) == []  # another vocabulary
 
 
-def test_cli_lists_uses_and_chats_with_a_listed_model(home: Path, tiny_dir: Path, brisk_data_dir: Path) -> None:
-    build_library(home, tiny_dir)
+def test_cli_lists_uses_and_chats_with_a_listed_model(library_home: Path, tiny_dir: Path, brisk_data_dir: Path) -> None:
+    build_library(library_home, tiny_dir)
     listed = brisk("models", "--json", data_dir=str(brisk_data_dir))
     assert listed.returncode == 0, listed.stderr
     rows = [json.loads(line) for line in listed.stdout.splitlines()]

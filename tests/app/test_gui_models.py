@@ -1,0 +1,88 @@
+"""The Models view: models from LM Studio, Ollama and the Hugging Face cache listed, loaded, drafted, downloaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtWidgets import QApplication
+
+from app.dialogs.models import ModelsDialog
+from engine.api import Loaded
+from tests.support.gui_harness import fake
+from tests.support.model_library import build_library, hf_cache_add_folder
+from tests.support.tiny import make_tiny_model
+
+
+def scanned(qtbot, dialog: ModelsDialog) -> ModelsDialog:  # noqa: ANN001
+    qtbot.waitUntil(lambda: dialog.library is not None and dialog.table.rowCount() > 0, timeout=30_000)
+    return dialog
+
+
+def row_named(dialog: ModelsDialog, name: str) -> int:
+    return next(i for i, row in enumerate(dialog.rows) if row.entry.name == name)
+
+
+def test_models_view_lists_every_app_and_says_why_one_cannot_load(qtbot, library_home: Path, tiny_dir: Path) -> None:  # noqa: ANN001
+    build_library(library_home, tiny_dir)
+    dialog = scanned(qtbot, ModelsDialog("", [], None))
+    qtbot.addWidget(dialog)
+    names = [dialog.table.item(r, 0).text() for r in range(dialog.table.rowCount())]
+    assert "SmolLM2-135M-Instruct (bundled) (in use)" in names
+    assert {"Org/tiny-chat", "smollm2:135m", "ghost:latest"} <= set(names)
+    sources = {dialog.table.item(r, 1).text() for r in range(dialog.table.rowCount())}
+    assert {"Hugging Face cache", "LM Studio", "Ollama", "GPT4All", "Bundled with Brisk"} <= sources
+    assert "models on this computer" in dialog.summary.text() and "memory free" in dialog.summary.text()
+
+    dialog.table.selectRow(row_named(dialog, "ghost:latest"))
+    assert not dialog.load_button.isEnabled()
+    assert "ollama pull ghost:latest" in dialog.details.text()
+    assert dialog.table.item(row_named(dialog, "ghost:latest"), 7).text() == "Cannot load"
+
+    dialog.table.selectRow(row_named(dialog, "Org/tiny-chat"))
+    assert dialog.load_button.isEnabled()
+    with qtbot.waitSignal(dialog.load_requested) as loaded:
+        dialog.load_button.click()
+    assert loaded.args[0].endswith("snapshots/" + "a" * 40)
+    assert dialog.table.item(row_named(dialog, "Org/tiny-chat"), 0).text() == "Org/tiny-chat (in use)"
+
+    dialog.filter_edit.setText("ollama")
+    assert sorted(row.entry.name for row in dialog.rows) == ["ghost:latest", "smollm2:135m"]
+
+
+def test_a_smaller_model_of_the_same_vocabulary_is_offered_as_draft(qtbot, library_home: Path, tmp_path: Path) -> None:  # noqa: ANN001
+    import os
+
+    hub = Path(os.environ["HF_HUB_CACHE"])
+    big = hf_cache_add_folder(hub, "Org/big", make_tiny_model(tmp_path / "big", seed=1, layers=3, hidden=96))
+    hf_cache_add_folder(hub, "Org/small", make_tiny_model(tmp_path / "small", seed=2, layers=1))
+    dialog = scanned(qtbot, ModelsDialog(str(big), [], None))
+    qtbot.addWidget(dialog)
+    dialog.table.selectRow(row_named(dialog, "Org/big"))
+    assert "Can draft for it" in dialog.details.text() and "Org/small" in dialog.details.text()
+    assert not dialog.draft_button.isEnabled()  # the loaded model cannot draft for itself
+    dialog.table.selectRow(row_named(dialog, "SmolLM2-135M-Instruct (bundled)"))
+    assert not dialog.draft_button.isEnabled()  # another vocabulary
+    dialog.table.selectRow(row_named(dialog, "Org/small"))
+    assert dialog.draft_button.isEnabled()
+    with qtbot.waitSignal(dialog.draft_requested) as drafted:
+        dialog.draft_button.click()
+    assert drafted.args[0].endswith("snapshots/" + "a" * 40) and "models--Org--small" in drafted.args[0]
+
+
+def test_window_loads_the_model_picked_in_the_models_view(harness, library_home: Path, tiny_dir: Path) -> None:  # noqa: ANN001
+    build_library(library_home, tiny_dir)
+    window = harness.open()
+    assert "Models\u2026" in [a.text() for a in window.menuBar().actions()[3].menu().actions()]
+    dialog = scanned(harness.qtbot, window.open_models())
+    dialog.table.selectRow(row_named(dialog, "Org/tiny-chat"))
+    with harness.qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Loaded), timeout=10_000):
+        dialog.load_button.click()
+    assert window.settings.model.endswith("snapshots/" + "a" * 40)
+    assert fake(window).loads[-1].source == window.settings.model
+    reopened = harness.open(settings=type(window.settings).load(), load=False)
+    assert reopened.settings.model == window.settings.model  # remembered
+    folder = library_home / "more"
+    folder.mkdir()
+    dialog.add_folder_path(str(folder))
+    assert window.settings.model_folders == [str(folder)]
+    QApplication.processEvents()

@@ -423,6 +423,7 @@ class ModelInfo:
     draft_quant: str = "none"
     endpoint: str = ""  # a remote engine's base URL ("" for the local model)
     context_length: int = 0  # tokens the model can attend to (0: not known, e.g. a remote server)
+    fast_path: str = ""  # which of Brisk's forward paths runs it, or why the fast one does not (engine.model.support)
 
 
 @dataclass(frozen=True)

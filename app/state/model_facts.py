@@ -58,6 +58,7 @@ LABELS: dict[str, str] = {
     "draft_quant": "Draft quantization",
     "endpoint": "Server",
     "context_length": "Context length (tokens)",
+    "fast_path": "Fast path",
 }
 EMPTY = "\u2014"
 

@@ -55,7 +55,9 @@ GGML_TYPES = {
     12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16",
 }  # fmt: skip
 SAFETENSORS_DTYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "F64": "F64", "I8": "I8", "U8": "U8"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tiktoken.model", "qwen.tiktoken",
+)  # fmt: skip
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not one
 RUNTIME_BYTES = 600 << 20  # Python, torch, the window and Brisk's caches, measured as RSS before a model loads
 KV_CONTEXT = 4096  # the KV cache counted: one conversation of this many tokens, float32

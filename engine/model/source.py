@@ -185,14 +185,40 @@ def _converted(target: Path) -> bool:
     return True
 
 
-def converted_dir(gguf: Path, progress: Progress) -> Path:
-    """Return a safetensors folder for ``gguf``, converting it the first time (one process at a time)."""
+def preflight(path: Path, memory: bool = True) -> None:
+    """Refuse, before anything is read or converted, a model whose headers say it cannot load (an architecture
+    transformers cannot read from GGUF, no tokenizer or chat template, MLX or GPTQ weights) or whose loading
+    needs more memory than this machine has free (``engine.model.headers.load_peak``: de-quantizing to float32)."""
+    from engine.model.headers import HeaderError, available_memory, describe, load_peak
+
+    try:
+        facts = describe(path, vocab=False)
+    except HeaderError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if facts.problem:
+        raise ModelLoadError(f"{path.name}: {facts.problem}")
+    free, need = available_memory(), load_peak(facts)
+    if memory and free and need > free:
+        raise ModelLoadError(
+            f"{path.name} needs about {need / 2**30:.1f} GB of memory to load ({facts.parameters / 1e9:.1f} billion "
+            f"parameters, read in float32) and this machine has {free / 2**30:.1f} GB free. Close other programs, "
+            "or pick a smaller model (Tools > Models lists what each needs)."
+        )
+
+
+def converted_dir(gguf: Path, progress: Progress, check: bool = False) -> Path:
+    """Return a safetensors folder for ``gguf``, converting it the first time (one process at a time);
+    ``check``: run :func:`preflight` on it first (its memory check only where a conversion will run)."""
     check_gguf(gguf)
+    if check:
+        preflight(gguf, memory=False)
     progress(0.05, "Checking model file")
     digest = file_sha256(gguf)
     target = cache_dir() / "models" / digest
     if _converted(target):
         return target
+    if check:
+        preflight(gguf)
     from engine.quant.cache import remove_tree, waiting  # imports torch: only where a conversion may run
 
     try:
@@ -476,10 +502,11 @@ def resolve(source: str, progress: Progress) -> tuple[str, str]:
         return str(converted_dir(gguf, progress)), "SmolLM2-135M-Instruct (bundled)"
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf" or path.is_file():
-        return str(converted_dir(path, progress)), path.stem
+        return str(converted_dir(path, progress, check=True)), path.stem
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")
+        preflight(path)
         return str(path), path.name
     if source.startswith((".", "/", "~")) or os.sep in source and source.count("/") != 1:
         raise ModelLoadError(f"Model not found: {source}. Check the path.")

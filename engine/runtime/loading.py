@@ -26,6 +26,7 @@ from pathlib import Path
 
 from engine.api import ModelInfo, ModelSpec, Warning
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
+from engine.model.support import support
 from engine.paths import cache_dir
 from engine.quant import native
 from engine.runtime.decode import Decoder
@@ -100,6 +101,19 @@ def build(
             warnings.append(Warning("draft", f"Draft model not used: {exc}"))
     dtype = str(loaded.dtype).removeprefix("torch.")
     loaded.info["context_length"] = loaded.context_length
+    loaded.info["fast_path"] = fast_path_text(loaded.model)
     known = {f.name for f in dataclasses.fields(ModelInfo)}
     info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
     return Built(loaded, decoder, prefix_cache, draft, dtype, info, warnings)
+
+
+def fast_path_text(model: object) -> str:
+    """What ``ModelInfo.fast_path`` says: the paths that run ``model``, or why the fast ones do not."""
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return ""
+    verdict = support(to_dict())
+    if verdict.fast_path and verdict.native_step:
+        return "lean forward and native decode step"
+    return f"lean forward; {verdict.reason}" if verdict.fast_path else verdict.reason

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SLOWER = "it runs on transformers' forward (slower)"
+SLOWER = "this model runs on transformers' forward (slower)"
+EAGER = "its decode steps run on the eager fast path"
 # The model types taken, with the layout each one runs and a name for messages.
 FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "Llama"),
@@ -54,15 +55,15 @@ GGUF_ARCHITECTURES = {
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
 }
-# Names for some model types declined, so the message says what the model is.
+# Some model types declined, named so the message says what the model is.
 OTHER_NAMES = {
-    "gemma": "Gemma (the first)",
-    "gemma3": "Gemma 3 with its vision tower",
-    "mixtral": "Mixtral",
-    "qwen2_moe": "Qwen2-MoE",
-    "qwen3_moe": "Qwen3-MoE",
-    "phi": "Phi-2",
-    "llama4": "Llama 4",
+    "gemma": "Gemma (1) models",
+    "gemma3": "Gemma 3 models with a vision tower",
+    "mixtral": "Mixtral models",
+    "qwen2_moe": "Qwen2-MoE models",
+    "qwen3_moe": "Qwen3-MoE models",
+    "phi": "Phi-2 models",
+    "llama4": "Llama 4 models",
 }
 
 
@@ -95,7 +96,7 @@ def support_for_gguf(arch: str) -> Support:
     """As :func:`support`, for a GGUF file's ``general.architecture`` (with that layout's usual settings)."""
     model_type = GGUF_ARCHITECTURES.get(arch)
     if model_type is None:
-        return Support(False, False, f"GGUF models of architecture {arch!r} are not on the fast path; {SLOWER}")
+        return Support(False, False, f"GGUF models of architecture {arch!r} are not on the fast path yet; {SLOWER}")
     return support({"model_type": model_type})
 
 
@@ -103,18 +104,19 @@ def layout(config: Mapping[str, Any]) -> tuple[Layout | None, Support]:
     """The layout the fast path runs for ``config`` (None when it declines) and what :func:`support` says."""
     model_type = str(config.get("model_type") or "")
     if model_type not in FAMILIES:
-        name = OTHER_NAMES.get(model_type, f"{model_type!r}" if model_type else "This model")
-        what = f"{name} models are" if model_type else "This model (its config names no model_type) is"
-        return None, Support(False, False, f"{what} not on the fast path yet; {SLOWER}")
+        if not model_type:
+            return None, Support(False, False, f"A config without a model_type is not on the fast path; {SLOWER}")
+        name = OTHER_NAMES.get(model_type, f"Models of type {model_type!r}")
+        return None, Support(False, False, f"{name} are not on the fast path yet; {SLOWER}")
     family, name = FAMILIES[model_type]
     try:
         found = _layout(config, family)
     except _Declined as why:
-        return None, Support(False, False, f"{name}: {why} is not on the fast path yet; {SLOWER}")
+        return None, Support(False, False, f"{name} with {why} is not on the fast path yet; {SLOWER}")
     if family not in NATIVE_LAYOUTS:
-        native = f"{name}'s layout is not in the native decode step yet; its decode steps run on the eager fast path"
+        native = f"{name}'s layout is not in the native decode step yet; {EAGER}"
     elif found.partial_rotary:
-        native = f"{name}: a rotary embedding over part of each head is not in the native decode step yet"
+        native = f"{name} with a rotary embedding over part of each head is not in the native decode step yet; {EAGER}"
     else:
         native = ""
     return found, Support(True, not native, native)
@@ -166,7 +168,7 @@ def _rope(config: Mapping[str, Any], family: str) -> bool:
     for p in nested or [params]:
         kind = p.get("rope_type") or p.get("type") or "default"
         if kind not in STATIC_ROPE:
-            raise _Declined(f"the rotary scaling {kind!r} (it changes with the sequence's length)")
+            raise _Declined(f"the rotary scaling {kind!r} (which changes with the sequence's length)")
         factors.append(p.get("partial_rotary_factor"))
     factors.append(config.get("partial_rotary_factor"))
     partial = any(f is not None and float(f) != 1.0 for f in factors)

@@ -10,8 +10,11 @@ At batch 1 on a small CPU, the Python between kernels costs as much as the kerne
 (measured on the bundled model: about half of a 40 ms step is the interpreter calling
 modules and small ops); the native step removes it.  It takes a model whose linears
 are all fbgemm fp16 layers (``engine.quant.kernels.Fp16Linear``, q/k/v and gate/up fused
-by ``engine.quant.apply.fuse_fp16``) or all q8 layers (``Q8Linear``), a ``FastForward``
-layout, float32, layers of one shape, RMS norms with one epsilon.  The weights are
+by ``engine.quant.apply.fuse_fp16``, or fused already as Phi-3's ``qkv_proj`` and
+``gate_up_proj``) or all q8 layers (``Q8Linear``), a ``FastForward`` layout the native step
+takes (its ``FastForward`` makes a ``NativeDecode`` only for those: Llama's, Qwen3's with
+its per-head q/k norms, Phi-3's), float32, layers of one shape, RMS norms with one epsilon;
+sliding windows per layer (``FastForward.plan.windows``) go to the step as they are.  The weights are
 collected once into one checked structure (``_collected``) and collected again only when
 the model's layers were swapped or fused (``engine.quant.apply.layout_version``), its head
 changed, a collected layer took new weights (its ``version``) or a norm's weight is not
@@ -57,6 +60,7 @@ class NativeDecode:
         self._writable: tuple[int, int] | None = None  # (id, length) of the last cache.layers found writable
         self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
         self._rotary: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
+        self._head_norms: list[torch.Tensor] = []  # Qwen3: each layer's q_norm and k_norm weights (from collect)
 
     @classmethod
     def for_model(cls, model: Any, fast: Any) -> NativeDecode | None:
@@ -75,7 +79,7 @@ class NativeDecode:
         layers it read (``_parts``) and their versions.
         """
         inner = self.model.model
-        if type(inner.layers[0].self_attn.q_proj) is Q8Linear:
+        if type(inner.layers[0].self_attn.o_proj) is Q8Linear:
             return self._collect_q8()
         self.kind = "fp16"
         norms: list[torch.Tensor] = []
@@ -88,30 +92,31 @@ class NativeDecode:
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 norms.append(self._norm(norm, eps))
                 modules.append(norm)
-            qkv = self._group(attn.q_proj, attn.k_proj, attn.v_proj)
-            gate_up = self._group(mlp.gate_proj, mlp.up_proj)
-            weights += [qkv.packed, self._packed(attn.o_proj, Fp16Linear), gate_up.packed]
+            if hasattr(attn, "qkv_proj"):  # Phi-3: fused in the checkpoint already, packed as one layer each
+                qkv_packed, gate_up_packed = (
+                    self._packed(attn.qkv_proj, Fp16Linear),
+                    self._packed(mlp.gate_up_proj, Fp16Linear),
+                )
+                q_size, kv_size = self.fast.q_size, self.fast.kv_size
+                if attn.qkv_proj.out_features != q_size + 2 * kv_size or mlp.gate_up_proj.out_features % 2:
+                    raise ValueError("q/k/v or gate/up not of the widths of the model's heads")
+                intermediate = mlp.gate_up_proj.out_features // 2
+            else:
+                qkv = self._group(attn.q_proj, attn.k_proj, attn.v_proj)
+                gate_up = self._group(mlp.gate_proj, mlp.up_proj)
+                if qkv.sizes[1] != qkv.sizes[2] or gate_up.sizes[0] != gate_up.sizes[1]:
+                    raise ValueError("keys and values, or gate and up, of different widths")
+                qkv_packed, gate_up_packed = qkv.packed, gate_up.packed
+                q_size, kv_size, intermediate = qkv.sizes[0], qkv.sizes[1], gate_up.sizes[0]
+            weights += [qkv_packed, self._packed(attn.o_proj, Fp16Linear), gate_up_packed]
             weights.append(self._packed(mlp.down_proj, Fp16Linear))
-            widths.add((qkv.sizes[0], qkv.sizes[1], gate_up.sizes[0]))
-            if qkv.sizes[1] != qkv.sizes[2] or gate_up.sizes[0] != gate_up.sizes[1]:
-                raise ValueError("keys and values, or gate and up, of different widths")
+            widths.add((q_size, kv_size, intermediate))
         norms.append(self._norm(inner.norm, eps))
         modules.append(inner.norm)
+        modules += self._collect_head_norms(eps)
         self._norm_params = [m._parameters for m in modules]  # a dict lookup a step, not Module.__getattr__
         weights.append(self._packed(self.model.lm_head, Fp16Linear))
-        self._parts = [
-            p
-            for layer in inner.layers
-            for p in (
-                layer.self_attn.q_proj,
-                layer.self_attn.k_proj,
-                layer.self_attn.v_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_proj,
-                layer.mlp.up_proj,
-                layer.mlp.down_proj,
-            )
-        ]
+        self._parts = [p for layer in inner.layers for p in self._projections(layer)]
         self._parts.append(self.model.lm_head)
         self._parts_version = sum(p.version for p in self._parts)
         self._changes = (Fp16Linear.changes, Q8Linear.changes)
@@ -142,6 +147,12 @@ class NativeDecode:
             for norm in (layer.input_layernorm, layer.post_attention_layernorm):
                 norms.append(self._norm(norm, eps))
                 modules.append(norm)
+            if hasattr(attn, "qkv_proj"):  # Phi-3: one projection each, q/k/v and gate/up side by side
+                weights += [flat(attn.qkv_proj), flat(attn.o_proj), flat(mlp.gate_up_proj), flat(mlp.down_proj)]
+                if attn.qkv_proj.out_features != self.fast.q_size + 2 * self.fast.kv_size:
+                    raise ValueError("q/k/v not of the widths of the model's heads")
+                widths.add((self.fast.q_size, self.fast.kv_size, mlp.gate_up_proj.out_features // 2))
+                continue
             weights += [flat(attn.q_proj, attn.k_proj, attn.v_proj), flat(attn.o_proj)]
             weights += [flat(mlp.gate_proj, mlp.up_proj), flat(mlp.down_proj)]
             widths.add((attn.q_proj.out_features, attn.k_proj.out_features, mlp.gate_proj.out_features))
@@ -151,6 +162,7 @@ class NativeDecode:
                 raise ValueError("keys and values, or gate and up, of different widths")
         norms.append(self._norm(inner.norm, eps))
         modules.append(inner.norm)
+        modules += self._collect_head_norms(eps)
         self._norm_params = [m._parameters for m in modules]
         weights.append(flat(self.model.lm_head))
         self._parts = parts
@@ -159,6 +171,23 @@ class NativeDecode:
         if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
             raise ValueError("layers of different shapes or epsilons, or not float32")
         return norms, weights, widths.pop(), eps.pop()
+
+    def _collect_head_norms(self, eps: set[float]) -> list[Any]:
+        """Qwen3's per-head q/k norms (``self._head_norms``, two a layer), or none; their modules."""
+        self._head_norms = []
+        if not getattr(self.fast, "head_norms", False):
+            return []
+        modules = [n for layer in self.model.model.layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
+        self._head_norms = [self._norm(n, eps) for n in modules]
+        return modules
+
+    @staticmethod
+    def _projections(layer: Any) -> tuple[Any, ...]:
+        """A decoder layer's projections: Phi-3's fused two and the output and down ones, or all seven."""
+        attn, mlp = layer.self_attn, layer.mlp
+        if hasattr(attn, "qkv_proj"):
+            return (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
 
     @staticmethod
     def _group(*parts: Any) -> Any:
@@ -178,7 +207,8 @@ class NativeDecode:
                 return False
             self._changes = changes
         return all(
-            p.get("weight") is w and w.dtype == torch.float32 for p, w in zip(self._norm_params, norms, strict=True)
+            p.get("weight") is w and w.dtype == torch.float32
+            for p, w in zip(self._norm_params, norms + self._head_norms, strict=True)
         )
 
     @staticmethod
@@ -237,6 +267,11 @@ class NativeDecode:
                 step = make(
                     norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
                 )
+                if self._head_norms:
+                    step.set_head_norms(self._head_norms)
+                windows = [w or 0 for w in getattr(getattr(self.fast, "plan", None), "windows", ())]
+                if any(windows):
+                    step.set_windows(windows)
             except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): the eager path runs
                 log.warning("native decode step not used for this model: %s", str(exc).splitlines()[0])
                 step = None

@@ -11,9 +11,15 @@
 // ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (prefill), so a
 // prompt and a decode step multiply alike.
 //
+// Layouts: Llama's (llama, mistral, qwen2: q/k/v biases live in the projections), Qwen3's (an RMS
+// norm on each query and key head before the rotary embedding: ``set_head_norms``) and Phi-3's
+// (its fused q/k/v and gate/up projections are this step's layout already).  Any layer may attend
+// through a sliding window (``set_windows``: the last ``window`` positions only).
+//
 // Every token (row) is computed by the same code whatever the number of rows, each attending
-// to exactly the positions before it, so verifying k drafts in one call gives bit for bit the
-// logits that k one-token calls would: speculative decoding cannot change a greedy reply.
+// to exactly the positions before it (within its layer's window), so verifying k drafts in one
+// call gives bit for bit the logits that k one-token calls would: speculative decoding cannot
+// change a greedy reply.
 // The loops are written so that the compiler vectorizes them (built with -O3 -march=native),
 // and sums use fixed lanes, so results do not depend on the number of threads.
 
@@ -458,6 +464,26 @@ class Stepper {
   }
 
  public:
+  // Qwen3: an RMS norm over each query head and each key head (after the projection, before the
+  // rotary embedding), two weights [head_dim] a layer (queries', keys'), with the step's epsilon.
+  void set_head_norms(std::vector<at::Tensor> norms) {
+    const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
+    TORCH_CHECK(norms.empty() || static_cast<int64_t>(norms.size()) == 2 * layers,
+                "head norms: none, or two a layer (queries', keys')");
+    for (const auto& t : norms)
+      TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.scalar_type() == at::kFloat && t.device().is_cpu() &&
+                      t.size(0) == head_dim_,
+                  "head norms: contiguous float32 [head_dim] on the CPU");
+    head_norms_ = std::move(norms);
+  }
+
+  // Sliding windows: one a layer, the number of last positions a row attends to (0: all of them).
+  void set_windows(std::vector<int64_t> windows) {
+    TORCH_CHECK(windows.empty() || windows.size() == norms_.size() / 2, "windows: none, or one a layer");
+    for (const int64_t w : windows) TORCH_CHECK(w >= 0, "windows: 0 (none) or a positive number of positions");
+    windows_ = std::move(windows);
+  }
+
   // Logits [rows, vocab] for tokens ``ids`` [n] (rows of ``embedding``) at positions past..past+n-1;
   // rows = n if all_rows else 1 (the last).  Writes keys and values of those positions into
   // ``keys``/``values`` (one [1, kv heads, capacity, head_dim] float32 buffer per layer).
@@ -551,6 +577,12 @@ class Stepper {
         float* row_q = qp + r * stride;
         const float* c = cp + r * hd;
         const float* s = sp + r * hd;
+        if (!head_norms_.empty()) {  // Qwen3: each query head, then each key head, normed in place
+          const float* qn = head_norms_[2 * i].data_ptr<float>();
+          const float* kn = head_norms_[2 * i + 1].data_ptr<float>();
+          for (int64_t head = 0; head < q_heads_ + kv_heads_; ++head)
+            rms_rows(row_q + head * hd, head < q_heads_ ? qn : kn, row_q + head * hd, 1, hd, eps_);
+        }
         for (int64_t head = 0; head < q_heads_ + kv_heads_; ++head) {  // rotate queries and keys
           float* v = row_q + head * hd;
           for (int64_t d = 0; d < half; ++d) {
@@ -568,6 +600,7 @@ class Stepper {
       // One head's attention over L positions takes about 4 ns a position here; below some 8,000
       // positions' work in all, waking the other threads costs more than it saves.
       const int64_t grain = std::max<int64_t>(1, 8192 / longest);
+      const int64_t window = windows_.empty() ? 0 : windows_[i];
       at::parallel_for(0, n * q_heads_, grain, [&](int64_t begin, int64_t end) {
         std::vector<float> scores(longest);
         float acc[1024];
@@ -577,7 +610,11 @@ class Stepper {
           const float* query = qp + r * stride + head * hd;
           const float* K = kbs[q] + g * cap * hd;
           const float* V = vbs[q] + g * cap * hd;
-          const int64_t len = pos_of[r] + 1;  // this row sees its sequence's positions up to its own
+          // this row sees its sequence's positions up to its own, the last ``window`` of them if windowed
+          const int64_t first = window > 0 ? std::max<int64_t>(0, pos_of[r] + 1 - window) : 0;
+          const int64_t len = pos_of[r] + 1 - first;
+          K += first * hd;
+          V += first * hd;
           float top = -INFINITY;
           for (int64_t j = 0; j < len; ++j) {
             scores[j] = key_dot(query, K + j * hd, hd) * scaling_;
@@ -641,6 +678,8 @@ class Stepper {
   }
 
   std::vector<at::Tensor> norms_;
+  std::vector<at::Tensor> head_norms_;            // Qwen3: queries' and keys' head norms, two a layer; or none
+  std::vector<int64_t> windows_;                  // sliding windows, one a layer (0: none); or none
   std::vector<c10::IValue> weights_;              // fp16-cpu: fbgemm's packed weights
   std::vector<std::vector<Q8Part>> q8_;          // q8-cpu: each projection's parts
   int64_t head_dim_, q_heads_, kv_heads_, intermediate_;
@@ -654,6 +693,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Stepper>(m, "Stepper")
       .def(py::init<std::vector<at::Tensor>, const std::vector<py::object>&, int64_t, int64_t, int64_t, int64_t,
                     double, double>())
+      .def("set_head_norms", &Stepper::set_head_norms)
+      .def("set_windows", &Stepper::set_windows)
       .def("forward", &Stepper::forward, py::call_guard<py::gil_scoped_release>())
       .def("forward_batch", &Stepper::forward_batch, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");

@@ -72,3 +72,21 @@ def library_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, brisk_data_dir
     for name in ("HF_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "OLLAMA_MODELS", "LOCALAPPDATA"):
         monkeypatch.delenv(name, raising=False)
     return home
+
+
+@pytest.fixture
+def empty_hub(library_home: Path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """A fake Hugging Face hub with no repos yet (``tests/support/fake_hub.py``; add them with ``add_repo``):
+    HF_ENDPOINT points at it, downloads allowed, into ``library_home``'s hub cache, no retry waits."""
+    from huggingface_hub import constants
+
+    from engine.library import pull as pull_module
+    from tests.support.fake_hub import FakeHub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # huggingface_hub read the variable when imported
+    monkeypatch.setattr(pull_module, "_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    with FakeHub() as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        yield hub

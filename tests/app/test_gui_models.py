@@ -86,3 +86,43 @@ def test_window_loads_the_model_picked_in_the_models_view(harness, library_home:
     dialog.add_folder_path(str(folder))
     assert window.settings.model_folders == [str(folder)]
     QApplication.processEvents()
+
+
+def test_download_shows_progress_and_lists_the_model(qtbot, empty_hub, tmp_path: Path) -> None:  # noqa: ANN001
+    from tests.support.model_library import write_gguf
+
+    data = write_gguf(tmp_path / "q.gguf", "qwen2", [f"w{i}" for i in range(4000)], hidden=256).read_bytes()
+    empty_hub.add_repo("Org/Tiny-Qwen-GGUF", {"tiny-qwen-Q4_K_M.gguf": data, "tiny-qwen-Q8_0.gguf": data[:-1]})
+    empty_hub.delay["tiny-qwen-Q4_K_M.gguf"] = 0.002  # slow enough for the bar to move
+    dialog = scanned(qtbot, ModelsDialog("", [], None))
+    qtbot.addWidget(dialog)
+    seen: list[int] = []
+    dialog.progress.valueChanged.connect(seen.append)
+    dialog.repo_edit.setText("Org/Tiny-Qwen-GGUF")
+    dialog.quant_edit.setText("Q4_K_M")
+    dialog.download_button.click()
+    assert dialog.cancel_button.isEnabled() and not dialog.download_button.isEnabled()
+    qtbot.waitUntil(lambda: dialog._cancel is None, timeout=60_000)
+    assert dialog.progress_label.text().startswith("Downloaded Org/Tiny-Qwen-GGUF")
+    assert seen == sorted(seen) and seen[-1] == 1000
+    qtbot.waitUntil(lambda: any(r.entry.name.startswith("Org/Tiny-Qwen-GGUF/") for r in dialog.rows), timeout=30_000)
+    row = next(r for r in dialog.rows if r.entry.name.startswith("Org/Tiny-Qwen-GGUF/"))
+    assert row.entry.quant == "Q4_K_M" and row.entry.source == "huggingface"
+
+
+def test_a_cancelled_download_says_it_resumes(qtbot, empty_hub, tmp_path: Path) -> None:  # noqa: ANN001
+    from tests.support.model_library import write_gguf
+
+    data = write_gguf(tmp_path / "q.gguf", "qwen2", [f"w{i}" for i in range(4000)], hidden=256).read_bytes()
+    empty_hub.add_repo("Org/Stalled-GGUF", {"stalled-Q4_K_M.gguf": data})
+    release = empty_hub.hold_after("stalled-Q4_K_M.gguf", len(data) // 2)
+    dialog = scanned(qtbot, ModelsDialog("", [], None))
+    qtbot.addWidget(dialog)
+    dialog.repo_edit.setText("Org/Stalled-GGUF")
+    dialog.download_button.click()
+    qtbot.waitUntil(lambda: dialog.progress.value() > 0, timeout=30_000)
+    dialog.cancel_button.click()
+    release.set()
+    qtbot.waitUntil(lambda: dialog._cancel is None, timeout=30_000)
+    assert "cancel" in dialog.progress_label.text().lower() or "stopped" in dialog.progress_label.text().lower()
+    assert dialog.download_button.isEnabled() and not dialog.cancel_button.isEnabled()

@@ -1,0 +1,498 @@
+"""Model downloads from the Hugging Face hub into the standard hub cache, resumable, cancellable and checked.
+
+``plan(repo, file, quant)`` asks the hub which files a pull would fetch and how big they are; nothing is written.
+``pull`` fetches them into the hub cache (``scan.hf_cache_root()``, or ``cache_dir``) so that ``scan_cache_dir`` and
+``hf_hub_download(..., local_files_only=True)`` find them afterwards, and returns a ``PullResult`` whose ``path`` is
+the GGUF file or, for a safetensors repo, the snapshot folder.
+
+Which files: a repo of GGUF files gives one model, chosen by ``file``, else by ``quant`` ("Q4_K_M", matched in the
+file name, case-insensitive), else by ``GGUF_PREFERENCE``; a split GGUF (``-00001-of-00003``) brings all its parts.
+A safetensors repo gives its top-level config, tokenizer and ``*.safetensors`` files (``.bin`` weights only when it
+has no safetensors; never ``onnx/`` or ``original/``).
+
+How: ``huggingface_hub`` 2.4 finds the files (``model_info``, ``get_hf_file_metadata``) and lays out the cache
+(``hf_hub_download`` links a blob that is already there into the snapshot). The bytes themselves are fetched here,
+because ``hf_hub_download`` deletes a partial file when a download fails, so it cannot resume after a restart or a
+cancel. Each file streams into ``blobs/<etag>.incomplete`` (the name the hub's cache scan reports as an unfinished
+download); a later pull continues it with a ``Range`` request; a cut connection is retried the same way
+(``_RETRY_DELAYS``). The file's SHA-256 (LFS files) or git blob id (small files) is checked against the hub's before it
+becomes a blob, so a blob is never half-written or wrong. The free disk space is checked before anything is written.
+
+Errors a user can act on are ``PullError`` with a message meant for them; ``cancel`` (a ``threading.Event``, checked
+after every network read) raises ``PullCancelled`` and keeps the partial file for the next pull.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import httpx2
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    get_session,
+    hf_hub_download,
+    hf_hub_url,
+    try_to_load_from_cache,
+)
+from huggingface_hub.errors import (
+    FileMetadataError,
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import WeakFileLock, build_hf_headers, hf_raise_for_status
+
+from engine.library.scan import SPLIT, hf_cache_root
+
+# The GGUF picked when neither a file nor a quantization is named: the usual quality-for-size sweet spot first.
+GGUF_PREFERENCE = (
+    "Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q5_K_S", "Q5_0", "Q6_K", "Q8_0",
+    "IQ4_XS", "IQ4_NL", "Q3_K_M", "BF16", "F16", "F32",
+)  # fmt: skip
+# The files besides the weights that transformers reads from a safetensors repo.
+_MODEL_FILES = frozenset({
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+    "chat_template.json", "preprocessor_config.json", "processor_config.json",
+})  # fmt: skip
+_DISK_MARGIN = 100 * 2**20  # kept free beyond the download, so the pull does not fill the disk to the last byte
+_RETRY_DELAYS = (0.5, 2.0, 5.0)  # seconds before each retry of a broken transfer; then the pull fails
+_PROGRESS_EVERY_S = 0.1
+_SPEED_WINDOW_S = 3.0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """How far a pull is: bytes of all its files on disk, the speed over the last few seconds, the time left."""
+
+    done_bytes: int
+    total_bytes: int
+    speed_bps: float
+    eta_s: float | None
+    file: str
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """A finished pull: ``path`` is the GGUF file (first part if split) or the snapshot folder of a safetensors repo.
+
+    ``bytes`` is the size of all its files, ``downloaded_bytes`` what came over the network this time, and
+    ``resumed_bytes`` what was kept from an interrupted transfer (an earlier pull or a cut connection).
+    """
+
+    repo: str
+    path: Path
+    files: tuple[str, ...]
+    bytes: int
+    resumed_bytes: int
+    downloaded_bytes: int = 0
+
+
+class PullError(Exception):
+    """A pull that failed; the message is meant for the user and says what to do."""
+
+
+class PullCancelled(PullError):
+    """The pull was cancelled; what was downloaded is kept, and the next pull resumes it."""
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    """One file a pull fetches, with what the hub says about it: size and checksum."""
+
+    name: str
+    size: int
+    sha256: str | None  # LFS files
+    blob_id: str | None  # the git object id, the checksum of a small file
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``pull`` would fetch: the repo at one commit, the kind of model and its files."""
+
+    repo: str
+    revision: str
+    kind: Literal["gguf", "safetensors", "file"]
+    files: tuple[PlannedFile, ...]
+    endpoint: str
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def plan(
+    repo: str, file: str | None = None, quant: str | None = None, *, endpoint: str | None = None,
+    token: str | None = None,
+) -> Plan:  # fmt: skip
+    """Ask the hub which files ``pull`` would fetch for these arguments, and their sizes; downloads nothing."""
+    endpoint = _endpoint(endpoint)
+    with _hub_errors(repo, endpoint):
+        info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
+    siblings = {s.rfilename: s for s in info.siblings or []}
+    kind, names = choose_files(repo, list(siblings), file, quant)
+    files = tuple(
+        PlannedFile(
+            name=n,
+            size=siblings[n].size or 0,
+            sha256=(lfs.sha256 if (lfs := siblings[n].lfs) else None),
+            blob_id=siblings[n].blob_id,
+        )
+        for n in names
+    )
+    return Plan(repo=repo, revision=info.sha or "main", kind=kind, files=files, endpoint=endpoint)
+
+
+def choose_files(
+    repo: str, names: list[str], file: str | None, quant: str | None
+) -> tuple[Literal["gguf", "safetensors", "file"], list[str]]:
+    """The files of ``repo`` (given its file ``names``) that make the model asked for; PullError if none fits."""
+    models = _gguf_models(names)
+    if file is not None:
+        for parts in models.values():
+            if file in parts:
+                return "gguf", parts
+        if file in names:
+            return "file", [file]
+        raise PullError(f"{repo} has no file {file}.{_listing(models or names)}")
+    if models:
+        return "gguf", models[_pick_gguf(repo, models, quant)]
+    if quant is not None:
+        raise PullError(f"{repo} has no GGUF files, so there is no {quant} to pick.{_listing(names)}")
+    top = [n for n in names if "/" not in n]
+    weights = [n for n in top if n.endswith(".safetensors") and not n.startswith("consolidated")]
+    index = "model.safetensors.index.json"
+    if not weights:
+        weights = [n for n in top if re.fullmatch(r"pytorch_model.*\.bin", n)]
+        index = "pytorch_model.bin.index.json"
+    if not weights:
+        raise PullError(f"{repo} holds neither GGUF nor safetensors weights, so Brisk cannot run it.{_listing(names)}")
+    return "safetensors", sorted(n for n in top if n in _MODEL_FILES or n == index) + sorted(weights)
+
+
+def _gguf_models(names: list[str]) -> dict[str, list[str]]:
+    """The GGUF models among ``names``, by the name of their first file: one file each, or all parts of a split."""
+    models: dict[str, list[str]] = {}
+    for name in sorted(names):
+        base = name.rsplit("/", 1)[-1].lower()
+        if not base.endswith(".gguf") or "mmproj" in base:  # mmproj: a vision projector, not a model
+            continue
+        if m := SPLIT.search(name):
+            models.setdefault(f"{name[: m.start()]}-00001-of-{m[2]}.gguf", []).append(name)
+        else:
+            models[name] = [name]
+    return models
+
+
+def _pick_gguf(repo: str, models: dict[str, list[str]], quant: str | None) -> str:
+    """The model named by ``quant``, else the first of ``GGUF_PREFERENCE`` there, else the only one."""
+    if quant is None:
+        for preferred in GGUF_PREFERENCE:
+            if found := _matching(models, preferred, exact=True):
+                return found[0]
+        if len(models) == 1:
+            return next(iter(models))
+        raise PullError(
+            f"{repo} has several GGUF files and none of the usual quantizations: pick one.{_listing(models)}"
+        )
+    found = _matching(models, quant, exact=True) or _matching(models, quant, exact=False)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise PullError(f"{repo} has no GGUF file for {quant}.{_listing(models)}")
+    raise PullError(f"{repo} has several GGUF files for {quant}: pick one with its file name.{_listing(found)}")
+
+
+def _matching(models: dict[str, list[str]], quant: str, *, exact: bool) -> list[str]:
+    """Models whose file name holds ``quant``: as a whole word (exact), or anywhere."""
+    word = re.escape(quant)
+    pattern = re.compile(rf"(?<![a-z0-9]){word}(?![a-z0-9_])" if exact else word, re.IGNORECASE)
+    return [name for name in models if pattern.search(name.rsplit("/", 1)[-1])]
+
+
+def _listing(names: dict[str, list[str]] | list[str]) -> str:
+    shown = list(names)
+    more = f"\n  … and {len(shown) - 30} more" if len(shown) > 30 else ""
+    label = "GGUF files there" if isinstance(names, dict) else "files there"
+    return f"\n{label.capitalize()}:\n  " + "\n  ".join(shown[:30]) + more if shown else f"\nThere are no {label}."
+
+
+@dataclass
+class _Job:
+    """One file of a pull still to fetch: where its blob goes and how much of it is already on disk."""
+
+    file: PlannedFile
+    blob: Path
+    have: int
+    kept: int = 0  # bytes kept from an interrupted transfer: the offset of the last Range the server honoured
+
+
+def pull(
+    repo: str,
+    file: str | None = None,
+    quant: str | None = None,
+    *,
+    progress: Callable[[PullProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    cache_dir: Path | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+) -> PullResult:
+    """Download the model ``plan`` picks into the hub cache and return where it is; see the module docstring."""
+    todo = plan(repo, file, quant, endpoint=endpoint, token=token)
+    root = Path(cache_dir) if cache_dir is not None else hf_cache_root()
+    storage = root / repo_folder_name(repo_id=repo, repo_type="model")
+    jobs: list[_Job] = []
+    with _hub_errors(repo, todo.endpoint):
+        for f in todo.files:
+            if isinstance(try_to_load_from_cache(repo, f.name, cache_dir=root, revision=todo.revision), str):
+                continue
+            url = hf_hub_url(repo, f.name, revision=todo.revision, endpoint=todo.endpoint)
+            meta = get_hf_file_metadata(url, token=token, endpoint=todo.endpoint)
+            blob = storage / "blobs" / (meta.etag or f.sha256 or f.blob_id or f.name)
+            have = 0 if blob.exists() else _size_of(_partial(blob))
+            jobs.append(_Job(f, blob, min(have, f.size)))
+    fetch = [j for j in jobs if not j.blob.exists()]
+    _check_disk(repo, root, sum(j.file.size - j.have for j in fetch))
+    meter = _Meter(todo.total_bytes - sum(j.file.size - j.have for j in fetch), todo.total_bytes, progress)
+    headers = build_hf_headers(token=token, headers={"Accept-Encoding": "identity"})
+    with _hub_errors(repo, todo.endpoint):
+        for job in fetch:
+            if cancel is not None and cancel.is_set():
+                raise PullCancelled(f"Cancelled before downloading {job.file.name}.")
+            url = hf_hub_url(repo, job.file.name, revision=todo.revision, endpoint=todo.endpoint)
+            lock = root / ".locks" / storage.name / f"{job.blob.name}.lock"
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            with WeakFileLock(lock):
+                if not job.blob.exists():
+                    _fetch(url, job, headers, meter, cancel)
+        for job in jobs:  # huggingface_hub links each blob into the snapshot, its way (symlink, or copy on Windows)
+            hf_hub_download(
+                repo, job.file.name, revision=todo.revision, cache_dir=root, endpoint=todo.endpoint, token=token
+            )
+    _write_ref(storage, todo.revision)
+    meter.finish()
+    snapshot = storage / "snapshots" / todo.revision
+    return PullResult(
+        repo=repo,
+        path=snapshot if todo.kind == "safetensors" else snapshot / todo.files[0].name,
+        files=tuple(f.name for f in todo.files),
+        bytes=todo.total_bytes,
+        resumed_bytes=sum(j.kept for j in jobs),
+        downloaded_bytes=meter.received,
+    )
+
+
+def _fetch(url: str, job: _Job, headers: dict[str, str], meter: _Meter, cancel: threading.Event | None) -> None:
+    """Stream one file into its ``.incomplete`` file, resuming and retrying with Range; check it; make it the blob."""
+    name, size = job.file.name, job.file.size
+    partial = _partial(job.blob)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    check = _Checksum(job.file)
+    if partial.exists() and partial.stat().st_size > size:
+        partial.unlink()
+    with partial.open("ab") as out:
+        check.feed_file(partial)
+        failures = 0
+        while True:
+            try:
+                if out.tell() < size:
+                    _stream(url, headers, out, check, meter, cancel, job)
+                if out.tell() >= size:  # more than expected fails the checksum below
+                    break
+                raise httpx2.RemoteProtocolError(f"the server sent {out.tell()} of {size} bytes")
+            except httpx2.TransportError:
+                out.flush()
+                if failures == len(_RETRY_DELAYS):
+                    raise PullError(
+                        f"The connection broke while downloading {name} ({_size(out.tell())} of {_size(size)} kept): "
+                        "run the pull again to continue where it stopped."
+                    ) from None
+                if (cancel or threading.Event()).wait(_RETRY_DELAYS[failures]):
+                    raise PullCancelled(f"Cancelled while downloading {name}; the next pull continues it.") from None
+                failures += 1
+    if not check.matches():
+        partial.unlink()
+        raise PullError(f"The download of {name} was corrupt (its checksum does not match the hub's): run it again.")
+    os.replace(partial, job.blob)
+
+
+def _stream(
+    url: str, headers: dict[str, str], out: BinaryIO, check: _Checksum, meter: _Meter, cancel: threading.Event | None,
+    job: _Job,
+) -> None:  # fmt: skip
+    """One GET of the rest of a file, appended to ``out``; notes in ``job.kept`` a Range the server honoured."""
+    offset = out.tell()
+    ranged = {**headers, "Range": f"bytes={offset}-"} if offset else headers
+    with get_session().stream(
+        "GET", url, headers=ranged, follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT
+    ) as response:
+        hf_raise_for_status(response)
+        if offset and response.status_code == 206:
+            job.kept = offset
+        elif offset:  # the server ignored the Range: start again from the first byte
+            out.seek(0)
+            out.truncate()
+            check.reset()
+            meter.add(-offset, job.file.name)
+        for chunk in response.iter_bytes():
+            out.write(chunk)
+            check.update(chunk)
+            meter.add(len(chunk), job.file.name)
+            if cancel is not None and cancel.is_set():
+                raise PullCancelled(f"Cancelled while downloading {job.file.name}; the next pull continues it.")
+
+
+class _Checksum:
+    """The running checksum of a file against the hub's: SHA-256 for an LFS file, the git blob id for a small one."""
+
+    def __init__(self, file: PlannedFile) -> None:
+        self.file = file
+        self.reset()
+
+    def reset(self) -> None:
+        if self.file.sha256:
+            self._hash = hashlib.sha256()
+        else:  # git hashes "blob <size>\0" then the content
+            self._hash = hashlib.sha1(b"blob %d\0" % self.file.size)
+
+    def update(self, data: bytes) -> None:
+        self._hash.update(data)
+
+    def feed_file(self, path: Path) -> None:
+        with path.open("rb") as f:
+            while chunk := f.read(2**20):
+                self._hash.update(chunk)
+
+    def matches(self) -> bool:
+        expected = self.file.sha256 or self.file.blob_id
+        return expected is None or self._hash.hexdigest() == expected.lower()
+
+
+class _Meter:
+    """Turns bytes received into ``PullProgress`` events: at most every ``_PROGRESS_EVERY_S``, and a last one."""
+
+    def __init__(self, done: int, total: int, progress: Callable[[PullProgress], None] | None) -> None:
+        self.done, self.total, self.progress = done, total, progress
+        self.received = 0  # bytes that came over the network
+        self.file = ""
+        self.samples: deque[tuple[float, int]] = deque([(time.perf_counter(), done)])
+        self.last_emit = 0.0
+
+    def add(self, n: int, file: str) -> None:
+        self.done += n
+        self.received += max(n, 0)
+        self.file = file
+        now = time.perf_counter()
+        self.samples.append((now, self.done))
+        while len(self.samples) > 2 and now - self.samples[1][0] > _SPEED_WINDOW_S:
+            self.samples.popleft()
+        if now - self.last_emit >= _PROGRESS_EVERY_S:
+            self._emit(now)
+
+    def finish(self) -> None:
+        self._emit(time.perf_counter())
+
+    def _emit(self, now: float) -> None:
+        self.last_emit = now
+        if self.progress is None:
+            return
+        start, start_done = self.samples[0]
+        speed = (self.done - start_done) / (now - start) if now > start else 0.0
+        eta = (self.total - self.done) / speed if speed > 0 else None
+        self.progress(PullProgress(self.done, self.total, max(speed, 0.0), eta, self.file))
+
+
+@contextmanager
+def _hub_errors(repo: str, endpoint: str) -> Iterator[None]:
+    """Turn what ``huggingface_hub`` and the network raise into a ``PullError`` that says what to do."""
+    login = "log in with `hf auth login` or set HF_TOKEN"
+    try:
+        yield
+    except PullError:
+        raise
+    except OfflineModeIsEnabled:
+        raise PullError("Downloads are switched off (HF_HUB_OFFLINE is set): unset it to pull models.") from None
+    except GatedRepoError:
+        raise PullError(
+            f"{repo} is gated: accept its terms on {endpoint}/{repo}, then {login}, with an account that did."
+        ) from None
+    except RepositoryNotFoundError:
+        raise PullError(
+            f"There is no model {repo} on {endpoint}, or it is private: check the name, or {login}."
+        ) from None
+    except (RevisionNotFoundError, RemoteEntryNotFoundError) as e:
+        raise PullError(
+            f"{repo} changed on the hub while pulling it ({e.server_message or e}): run it again."
+        ) from None
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "?"
+        if status in (401, 403):
+            raise PullError(f"The hub refused access to {repo} (HTTP {status}): {login}.") from None
+        raise PullError(f"The hub answered HTTP {status} for {repo}: try again later.") from None
+    except FileMetadataError as e:
+        raise PullError(f"{endpoint} did not answer like the Hugging Face hub ({e}): check HF_ENDPOINT.") from None
+    except (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError):
+        raise PullError(
+            f"Could not reach the Hugging Face hub at {endpoint}: check the internet connection (or HF_ENDPOINT)."
+        ) from None
+
+
+def _check_disk(repo: str, root: Path, needed: int) -> None:
+    """Refuse a pull whose files (``needed`` bytes still to fetch) would not fit on the cache's disk."""
+    if needed <= 0:
+        return
+    where = root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if needed + _DISK_MARGIN > free:
+        raise PullError(
+            f"Not enough disk space to pull {repo}: it needs {_size(needed)} and {where} has {_size(free)} free "
+            f"(Brisk keeps {_size(_DISK_MARGIN)} spare). Free some space, or pick a smaller quantization."
+        )
+
+
+def _write_ref(storage: Path, commit: str) -> None:
+    """Point ``refs/main`` at the commit pulled, as ``hf_hub_download(revision="main")`` does."""
+    ref = storage / "refs" / "main"
+    if not ref.exists() or ref.read_text() != commit:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+
+
+def _endpoint(endpoint: str | None) -> str:
+    # read at call time: huggingface_hub reads HF_ENDPOINT once, when it is imported
+    return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _partial(blob: Path) -> Path:
+    return blob.with_name(blob.name + ".incomplete")
+
+
+def _size_of(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

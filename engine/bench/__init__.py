@@ -12,7 +12,8 @@ valid rate, time, forced tokens), ``typing`` (prefill while typing: TTFT after S
 messages typed and pasted at a person's pace; ``--text-file F``, ``--json``), ``serve`` (the server under
 1, 2, 4 and 8 concurrent clients: aggregate tokens/s, TTFT and TPOT; ``--clients``), ``documents`` (the first
 and second question about a 3,000-token document, in a new chat and after a restart; indexing and retrieval
-on 1,000 notes), ``all``.  Variants are
+on 1,000 notes), ``models`` (each architecture's load time, decode speed and agreement on Brisk's paths
+against transformers' forward; the model library's scan of 200 folders), ``all``.  Variants are
 compared side by side in one run; we report medians.  Each scenario lives in a module of its own.
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
@@ -51,6 +52,7 @@ SCENARIOS: dict[str, str] = {
     "typing": "engine.bench.typing_prefill",
     "serve": "engine.bench.serve",
     "documents": "engine.bench.documents",
+    "models": "engine.bench.models",
 }
 
 

@@ -17,9 +17,9 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
+from engine.bench.tiny import write_gguf
 
-CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+__all__ = ["build_library", "hf_cache_add", "hf_cache_add_folder", "link_or_copy", "ollama_add", "write_gguf"]
 
 
 def link_or_copy(source: Path, target: Path) -> Path:
@@ -30,44 +30,6 @@ def link_or_copy(source: Path, target: Path) -> Path:
     except OSError:
         shutil.copyfile(source, target)
     return target
-
-
-def write_gguf(
-    path: Path,
-    arch: str = "qwen2",
-    tokens: list[str] | None = None,
-    chat_template: str | None = CHATML,
-    file_type: int = 15,
-    layers: int = 2,
-    hidden: int = 64,
-) -> Path:
-    """A small GGUF file with the metadata llama.cpp writes (architecture, sizes, tokenizer, file type) and
-    float32 tensors of the shapes it names: loadable headers, not a useful model."""
-    import gguf
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tokens = tokens if tokens is not None else [f"t{i}" for i in range(32)]
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_context_length(2048)
-    writer.add_embedding_length(hidden)
-    writer.add_block_count(layers)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_file_type(file_type)
-    if tokens:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_token_list(tokens)
-    if chat_template:
-        writer.add_chat_template(chat_template)
-    writer.add_tensor("token_embd.weight", np.zeros((max(len(tokens), 1), hidden), dtype=np.float32))
-    for i in range(layers):
-        writer.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((hidden, hidden), dtype=np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", np.zeros((hidden * 2, hidden), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def hf_cache_add(cache: Path, repo_id: str, files: dict[str, Path], commit: str = "a" * 40) -> Path:

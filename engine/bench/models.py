@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SHAPE = {"vocab_size": 259, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8}
+SHAPE: dict[str, Any] = {"vocab_size": 259, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8}
 SHAPE |= {"max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 LAYERS = 4
 PROMPT, NEW = 48, 64

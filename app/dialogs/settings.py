@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
+    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -42,6 +43,7 @@ from app.dialogs.about import AboutDialog, Report
 from app.dialogs.engines import EngineSection
 from app.dialogs.speed import SpeedSection, browse_model
 from engine.api import DEVICES, DTYPES, Loaded
+from engine.client import model_note
 from engine.storage import Settings
 
 THEME_TEXT = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
@@ -115,6 +117,12 @@ class SettingsDialog(QDialog):
         gguf.clicked.connect(self._browse_file)
         browse_row.addWidget(gguf)
         model_form.addRow("Model", browse_row)
+        self.model_note = QLabel(model_note(settings.model))
+        self.model_note.setObjectName("modelNote")
+        self.model_note.setWordWrap(True)
+        self.model_note.setToolTip("Read from the model's files: what it is, what it needs, which path runs it")
+        self.model_edit.editingFinished.connect(lambda: self.model_note.setText(model_note(self.model_edit.text())))
+        model_form.addRow("", self.model_note)
         self.device_combo = _combo(DEVICES, settings.device)
         model_form.addRow("Device", self.device_combo)
         self.dtype_combo = _combo(DTYPES, settings.dtype)
@@ -222,6 +230,8 @@ class SettingsDialog(QDialog):
 
     def _browse_folder(self) -> None:
         browse_model(self, self.model_edit, folder=True, title="Choose a model folder")
+        self.model_note.setText(model_note(self.model_edit.text()))
 
     def _browse_file(self) -> None:
         browse_model(self, self.model_edit, folder=False, title="Choose a GGUF model file")
+        self.model_note.setText(model_note(self.model_edit.text()))

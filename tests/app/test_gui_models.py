@@ -126,3 +126,22 @@ def test_a_cancelled_download_says_it_resumes(qtbot, empty_hub, tmp_path: Path) 
     qtbot.waitUntil(lambda: dialog._cancel is None, timeout=30_000)
     assert "cancel" in dialog.progress_label.text().lower() or "stopped" in dialog.progress_label.text().lower()
     assert dialog.download_button.isEnabled() and not dialog.cancel_button.isEnabled()
+
+
+def test_settings_say_what_the_model_is_and_which_path_runs_it(qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    from app.dialogs.settings import SettingsDialog
+    from engine.storage import Settings
+    from tests.support.model_library import write_gguf
+
+    dialog = SettingsDialog(Settings(), None)
+    qtbot.addWidget(dialog)
+    assert "llama" in dialog.model_note.text() and "fast path and native decode step" in dialog.model_note.text()
+    gemma = write_gguf(tmp_path / "gemma.gguf", "gemma2")
+    dialog.model_edit.setText(str(gemma))
+    dialog.model_edit.editingFinished.emit()
+    assert "gemma2" in dialog.model_note.text() and "native decode step" in dialog.model_note.text()
+    assert "not in the native decode step" in dialog.model_note.text()
+    rwkv = write_gguf(tmp_path / "rwkv.gguf", "rwkv6")
+    dialog.model_edit.setText(str(rwkv))
+    dialog.model_edit.editingFinished.emit()
+    assert dialog.model_note.text().startswith("Cannot load:") and "rwkv6" in dialog.model_note.text()

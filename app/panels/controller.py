@@ -27,12 +27,15 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt
 
+from app.background import in_background
 from app.dialogs.compare import CompareDialog, replay_messages
 from app.panels.latency import LatencyPanel
 from app.panels.trace import ReplyTrace
 from app.state.config import ReplyConfig
+from app.state.model_library import in_use
 from app.state.session import Turn, model_spec
 from engine.api import Done, Error, Loaded, LoadFailed, LoadProgress, Request
+from engine.client import model_drafts, model_library
 from engine.storage import StoreError
 
 NO_MESSAGE = "Send a message first; compare replays one of your messages."
@@ -73,6 +76,26 @@ class LatencyController(QObject):
                 self.panel.show_reload(0.0, f"Reloading the model with {new.quant}\u2026")
             self.window.apply_settings(new)
 
+    def _offer_draft(self, loaded: Loaded) -> None:
+        """With no draft model set, look (on a worker) for a model on disk that could draft for the loaded one,
+        so the greyed "Draft model" says where to find it."""
+        settings = self.window.settings
+        if settings.draft_model.strip() or loaded.device == "remote":
+            return
+        model, folders = settings.model, list(settings.model_folders)
+
+        def find() -> str:
+            library = model_library(folders)
+            target = next((e for e in library.entries if in_use(e, model)), None)
+            drafts = model_drafts(target, library) if target is not None else []
+            return str(drafts[0].name) if drafts else ""
+
+        def show(owner: QObject, offer: object) -> None:
+            if isinstance(offer, str) and not self.window.settings.draft_model.strip():
+                self.panel.switches.set_draft_available(False, offer)
+
+        in_background(self.panel, find, show)
+
     def settings_changed(self) -> None:
         self.panel.switches.set_draft_available(bool(self.window.settings.draft_model.strip()))
         self.panel.switches.set_config(self.config())
@@ -92,6 +115,7 @@ class LatencyController(QObject):
         elif isinstance(event, Loaded):
             self.reloading = None
             self.panel.show_reload(None)
+            self._offer_draft(event)
             self.panel.numbers.show_model(event)
             self.panel.switches.set_remote(event.info.endpoint)
             self.settings_changed()

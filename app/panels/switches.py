@@ -126,15 +126,21 @@ class SwitchesView(QWidget):
             widget.setEnabled(not endpoint)
             widget.setToolTip(f"The server at {endpoint} decides this itself." if endpoint else TIPS[key])
 
-    def set_draft_available(self, available: bool) -> None:
-        """Grey "Draft model" out, with the reason, while Settings names no draft model (every reply would fail)."""
+    def set_draft_available(self, available: bool, offer: str = "") -> None:
+        """Grey "Draft model" out, with the reason, while Settings names no draft model (every reply would fail);
+        ``offer``: a model on disk the library found that could draft for the loaded one."""
         index = self.speculative.findData("draft")
         item = self.speculative.model().item(index) if index >= 0 else None  # type: ignore[attr-defined]
         if item is None:
             return
         item.setEnabled(available)
         tip = SOURCE_TEXT.get("draft", ("draft", ""))[1]
-        item.setToolTip(tip if available else f"{tip} Set a draft model in Settings first.".strip())
+        if available:
+            item.setToolTip(tip)
+        elif offer:
+            item.setToolTip(f"{tip} No draft model is set: Tools > Models offers {offer} (same vocabulary, smaller).")
+        else:
+            item.setToolTip(f"{tip} No draft model is set, and no model on disk shares this one's vocabulary.".strip())
 
     def set_config(self, config: ReplyConfig) -> None:
         """Show ``config`` without emitting ``changed``."""

@@ -151,7 +151,7 @@ def test_draft_model_is_greyed_with_the_reason_until_one_is_set(harness) -> None
     window = harness.open()
     combo = window.latency.panel.switches.speculative
     draft = combo.model().item(combo.findData("draft"))
-    assert not draft.isEnabled() and "Set a draft model in Settings first" in draft.toolTip()
+    assert not draft.isEnabled() and "No draft model is set" in draft.toolTip()
     window.apply_settings(dataclasses.replace(window.settings, draft_model="/models/tiny-draft"))
     assert draft.isEnabled() and "Set a draft model" not in draft.toolTip()
 

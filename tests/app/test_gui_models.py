@@ -145,3 +145,20 @@ def test_settings_say_what_the_model_is_and_which_path_runs_it(qtbot, tmp_path: 
     dialog.model_edit.setText(str(rwkv))
     dialog.model_edit.editingFinished.emit()
     assert dialog.model_note.text().startswith("Cannot load:") and "rwkv6" in dialog.model_note.text()
+
+
+def test_greyed_draft_source_names_a_model_on_disk_that_could_draft(
+    harness, library_home: Path, tmp_path: Path
+) -> None:  # noqa: ANN001
+    import os
+
+    from engine.storage import Settings
+
+    hub = Path(os.environ["HF_HUB_CACHE"])
+    big = hf_cache_add_folder(hub, "Org/big", make_tiny_model(tmp_path / "big", seed=1, layers=3, hidden=96))
+    hf_cache_add_folder(hub, "Org/small", make_tiny_model(tmp_path / "small", seed=2, layers=1))
+    window = harness.open(settings=Settings(model=str(big)))
+    switches = window.latency.panel.switches
+    item = switches.speculative.model().item(switches.speculative.findData("draft"))
+    harness.qtbot.waitUntil(lambda: "Org/small" in item.toolTip(), timeout=30_000)
+    assert not item.isEnabled() and "Tools > Models offers Org/small" in item.toolTip()

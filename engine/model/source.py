@@ -495,6 +495,24 @@ def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> None:
     (folder / SOURCE_RECORD).write_text(json.dumps({"gguf": str(gguf), "sha256": digest}))
 
 
+def ollama_name(blob: Path) -> str:
+    """``model:tag`` of an Ollama blob (``.../models/blobs/sha256-<hex>``), read from the manifests beside it;
+    "" for any other file or a blob no manifest names."""
+    name = blob.name
+    if not (name.startswith("sha256-") and len(name) == 71 and blob.parent.name == "blobs"):
+        return ""
+    digest = "sha256:" + name.removeprefix("sha256-")
+    manifests = blob.parent.parent / "manifests"
+    try:
+        for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
+            if digest in manifest.read_text(encoding="utf-8", errors="replace"):
+                *where, model, tag = manifest.relative_to(manifests).parts
+                return f"{model}:{tag}"
+    except (OSError, ValueError):
+        return ""
+    return ""
+
+
 def resolve(source: str, progress: Progress) -> tuple[str, str]:
     """Return (path or hub id to load, display name)."""
     if not source:
@@ -502,7 +520,7 @@ def resolve(source: str, progress: Progress) -> tuple[str, str]:
         return str(converted_dir(gguf, progress)), "SmolLM2-135M-Instruct (bundled)"
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf" or path.is_file():
-        return str(converted_dir(path, progress, check=True)), path.stem
+        return str(converted_dir(path, progress, check=True)), ollama_name(path) or path.stem
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")

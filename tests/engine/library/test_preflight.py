@@ -51,3 +51,14 @@ def test_a_model_bigger_than_memory_is_refused_before_loading(
 
 def test_the_loaded_model_says_which_path_runs_it(tiny_engine) -> None:  # noqa: ANN001
     assert tiny_engine.load_event.info.fast_path == "lean forward and native decode step"
+
+
+def test_an_ollama_blob_is_named_as_ollama_names_it(tmp_path: Path) -> None:
+    from engine.model.source import ollama_name
+    from tests.support.model_library import ollama_add
+
+    blob_source = write_gguf(tmp_path / "m.gguf", "llama")
+    ollama_add(tmp_path / "ollama", "smollm2", "135m", blob_source)
+    blob = next((tmp_path / "ollama" / "blobs").iterdir())
+    assert ollama_name(blob) == "smollm2:135m"
+    assert ollama_name(blob_source) == ""

@@ -277,6 +277,14 @@ def model_library(folders: list[str] | tuple[str, ...] = ()) -> Any:
     return scan(list(folders))
 
 
+def models_elsewhere(folders: list[str] | tuple[str, ...] = ()) -> bool:
+    """Whether a library scan could find more than the bundled model (a user's folder, the hub cache, another
+    app's folder exists); cheap: a few ``stat`` calls."""
+    from engine.library.scan import elsewhere
+
+    return elsewhere(list(folders))
+
+
 def model_drafts(target: Any, library: Any) -> list[Any]:
     """The library's models that can draft for ``target`` (same vocabulary, smaller), smallest first."""
     from engine.library.scan import drafts_for

@@ -35,7 +35,7 @@ from app.state.config import ReplyConfig
 from app.state.model_library import in_use
 from app.state.session import Turn, model_spec
 from engine.api import Done, Error, Loaded, LoadFailed, LoadProgress, Request
-from engine.client import model_drafts, model_library
+from engine.client import model_drafts, model_library, models_elsewhere
 from engine.storage import StoreError
 
 NO_MESSAGE = "Send a message first; compare replays one of your messages."
@@ -85,6 +85,8 @@ class LatencyController(QObject):
         model, folders = settings.model, list(settings.model_folders)
 
         def find() -> str:
+            if not models_elsewhere(folders):
+                return ""  # only the bundled model: nothing to scan (and nothing written to the data folder)
             library = model_library(folders)
             target = next((e for e in library.entries if in_use(e, model)), None)
             drafts = model_drafts(target, library) if target is not None else []

@@ -131,6 +131,13 @@ def roots() -> dict[str, list[Path]]:
     }
 
 
+def elsewhere(folders: Sequence[str] = ()) -> bool:
+    """Whether any place other than the bundled model could hold models (a folder of the user's, the hub
+    cache, another app's folder): without one, a scan would list the bundled model alone."""
+    places = [hf_cache_root(), *(p for paths in roots().values() for p in paths)]
+    return bool(folders) or any(p.is_dir() for p in places)
+
+
 def _is_model_gguf(path: Path) -> bool:
     name = path.name.lower()
     if not name.endswith(".gguf") or name.startswith("mmproj") or "mmproj" in name:

@@ -21,6 +21,10 @@ A config the fast path takes is one of these decoder layouts:
 
 Any layer may attend through a sliding window (only the last ``sliding_window``
 positions).  Missing keys take the value transformers would give them.
+
+The native decode step runs every one of these layouts, windows, soft-capping and
+Gemma 3's two rotary bases included; it declines only Phi-3 with a rotary embedding
+over part of each head (that runs on the eager fast path).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "gemma2": ("gemma2", "Gemma 2"),
     "gemma3_text": ("gemma3", "Gemma 3"),
 }
-# Layouts whose decode steps the native step takes (fp16-cpu, q8-cpu).
-NATIVE_LAYOUTS = ("llama", "qwen3", "phi3")
+# Layouts whose decode steps the native step takes (fp16-cpu, q8-cpu): all of them.
+NATIVE_LAYOUTS = ("llama", "qwen3", "phi3", "gemma2", "gemma3")
 # Rotary types whose cos/sin of a position do not depend on the sequence's length.
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # A GGUF file's general.architecture -> the model_type it corresponds to (Mistral GGUFs say "llama").

@@ -13,8 +13,11 @@ are all fbgemm fp16 layers (``engine.quant.kernels.Fp16Linear``, q/k/v and gate/
 by ``engine.quant.apply.fuse_fp16``, or fused already as Phi-3's ``qkv_proj`` and
 ``gate_up_proj``) or all q8 layers (``Q8Linear``), a ``FastForward`` layout the native step
 takes (its ``FastForward`` makes a ``NativeDecode`` only for those: Llama's, Qwen3's with
-its per-head q/k norms, Phi-3's), float32, layers of one shape, RMS norms with one epsilon;
-sliding windows per layer (``FastForward.plan.windows``) go to the step as they are.  The weights are
+its per-head q/k norms, Phi-3's, Gemma 2's and Gemma 3's), float32, layers of one shape, RMS
+norms with one epsilon; sliding windows per layer (``FastForward.plan.windows``), soft caps
+(``plan.softcap``, ``plan.final_softcap``) and Gemma 3's rotary table per layer type
+(``FastForward.rope_types``) go to the step as they are.  Gemma's norms go as the module's own
+weights: the step adds their ``1 + w`` itself.  The weights are
 collected once into one checked structure (``_collected``) and collected again only when
 the model's layers were swapped or fused (``engine.quant.apply.layout_version``), its head
 changed, a collected layer took new weights (its ``version``) or a norm's weight is not
@@ -40,6 +43,8 @@ from engine.quant.kernels import Fp16Linear, Q8Linear
 log = logging.getLogger(__name__)
 # Rotary types whose cos/sin of a position do not depend on the sequence's length (tabled once)
 STATIC_ROPE = ("default", "linear", "llama3")
+# The norms that multiply by (1 + w), which the step takes in Gemma models
+GEMMA_NORMS = ("Gemma2RMSNorm", "Gemma3RMSNorm")
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
@@ -59,8 +64,9 @@ class NativeDecode:
         self._norm_params: list[dict[str, Any]] = []  # the norms' parameter dicts, in the order of _collected[0]
         self._writable: tuple[int, int] | None = None  # (id, length) of the last cache.layers found writable
         self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
-        self._rotary: tuple[tuple[int, int, int], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
-        self._head_norms: list[torch.Tensor] = []  # Qwen3: each layer's q_norm and k_norm weights (from collect)
+        self._rotary: tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None = None  # (key, cos, sin)
+        self._head_norms: list[torch.Tensor] = []  # Qwen3, Gemma 3: each layer's q_norm and k_norm weights
+        self._output_norms: list[torch.Tensor] = []  # Gemma: each layer's post-attention and post-feedforward norms
 
     @classmethod
     def for_model(cls, model: Any, fast: Any) -> NativeDecode | None:
@@ -82,16 +88,12 @@ class NativeDecode:
         if type(inner.layers[0].self_attn.o_proj) is Q8Linear:
             return self._collect_q8()
         self.kind = "fp16"
-        norms: list[torch.Tensor] = []
         weights: list[Any] = []
         eps: set[float] = set()
         widths: set[tuple[int, int, int]] = set()
-        modules: list[Any] = []
+        norms = self._collect_norms(eps)
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norms.append(self._norm(norm, eps))
-                modules.append(norm)
             if hasattr(attn, "qkv_proj"):  # Phi-3: fused in the checkpoint already, packed as one layer each
                 qkv_packed, gate_up_packed = (
                     self._packed(attn.qkv_proj, Fp16Linear),
@@ -111,10 +113,6 @@ class NativeDecode:
             weights += [qkv_packed, self._packed(attn.o_proj, Fp16Linear), gate_up_packed]
             weights.append(self._packed(mlp.down_proj, Fp16Linear))
             widths.add((q_size, kv_size, intermediate))
-        norms.append(self._norm(inner.norm, eps))
-        modules.append(inner.norm)
-        modules += self._collect_head_norms(eps)
-        self._norm_params = [m._parameters for m in modules]  # a dict lookup a step, not Module.__getattr__
         weights.append(self._packed(self.model.lm_head, Fp16Linear))
         self._parts = [p for layer in inner.layers for p in self._projections(layer)]
         self._parts.append(self.model.lm_head)
@@ -129,12 +127,11 @@ class NativeDecode:
         projection is a flat list of (weights, scales, bias) parts, q/k/v and gate/up side by side."""
         self.kind = "q8"
         inner = self.model.model
-        norms: list[torch.Tensor] = []
         weights: list[Any] = []
         eps: set[float] = set()
         widths: set[tuple[int, int, int]] = set()
-        modules: list[Any] = []
         parts: list[Any] = []
+        norms = self._collect_norms(eps)
 
         def flat(*layers: Any) -> list[torch.Tensor]:
             if not all(type(p) is Q8Linear for p in layers):
@@ -144,9 +141,6 @@ class NativeDecode:
 
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-                norms.append(self._norm(norm, eps))
-                modules.append(norm)
             if hasattr(attn, "qkv_proj"):  # Phi-3: one projection each, q/k/v and gate/up side by side
                 weights += [flat(attn.qkv_proj), flat(attn.o_proj), flat(mlp.gate_up_proj), flat(mlp.down_proj)]
                 if attn.qkv_proj.out_features != self.fast.q_size + 2 * self.fast.kv_size:
@@ -160,10 +154,6 @@ class NativeDecode:
                 mlp.gate_proj.out_features != mlp.up_proj.out_features
             ):
                 raise ValueError("keys and values, or gate and up, of different widths")
-        norms.append(self._norm(inner.norm, eps))
-        modules.append(inner.norm)
-        modules += self._collect_head_norms(eps)
-        self._norm_params = [m._parameters for m in modules]
         weights.append(flat(self.model.lm_head))
         self._parts = parts
         self._parts_version = sum(p.version for p in parts)
@@ -172,14 +162,29 @@ class NativeDecode:
             raise ValueError("layers of different shapes or epsilons, or not float32")
         return norms, weights, widths.pop(), eps.pop()
 
-    def _collect_head_norms(self, eps: set[float]) -> list[Any]:
-        """Qwen3's per-head q/k norms (``self._head_norms``, two a layer), or none; their modules."""
-        self._head_norms = []
-        if not getattr(self.fast, "head_norms", False):
-            return []
-        modules = [n for layer in self.model.model.layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
-        self._head_norms = [self._norm(n, eps) for n in modules]
-        return modules
+    def _collect_norms(self, eps: set[float]) -> list[torch.Tensor]:
+        """The norm weights the step is made with: two a layer (the input norm, then the one before the
+        MLP), then the final norm.  Beside them, Gemma's output norms (``_output_norms``: the attention's
+        and the MLP's, two a layer) and Qwen3's and Gemma 3's per-head q/k norms (``_head_norms``, two a
+        layer), or none.  Every one is the module's own weight tensor, not a copy: Gemma's ``1 + w`` is
+        added in the step, so :meth:`_current` notices a new weight by identity and the step reads an
+        in-place change as it is.  Remembers the modules' parameter dicts in that order (``_norm_params``)."""
+        inner = self.model.model
+        gemma = bool(getattr(self.fast, "gemma", False))
+
+        def pairs(first: str, second: str) -> list[Any]:
+            return [layer.get_submodule(name) for layer in inner.layers for name in (first, second)]
+
+        main = pairs("input_layernorm", "pre_feedforward_layernorm" if gemma else "post_attention_layernorm")
+        main.append(inner.norm)
+        outputs = pairs("post_attention_layernorm", "post_feedforward_layernorm") if gemma else []
+        heads = pairs("self_attn.q_norm", "self_attn.k_norm") if getattr(self.fast, "head_norms", False) else []
+        modules = main + outputs + heads
+        weights = [self._norm(n, eps, gemma) for n in modules]
+        self._norm_params = [m._parameters for m in modules]  # a dict lookup a step, not Module.__getattr__
+        self._output_norms = weights[len(main) : len(main) + len(outputs)]
+        self._head_norms = weights[len(main) + len(outputs) :]
+        return weights[: len(main)]
 
     @staticmethod
     def _projections(layer: Any) -> tuple[Any, ...]:
@@ -208,14 +213,20 @@ class NativeDecode:
             self._changes = changes
         return all(
             p.get("weight") is w and w.dtype == torch.float32
-            for p, w in zip(self._norm_params, norms + self._head_norms, strict=True)
+            for p, w in zip(self._norm_params, norms + self._output_norms + self._head_norms, strict=True)
         )
 
     @staticmethod
-    def _norm(norm: Any, eps: set[float]) -> torch.Tensor:
-        if not type(norm).__name__.endswith("RMSNorm") or norm.weight.dtype != torch.float32:
-            raise TypeError(f"{type(norm).__name__} is not a float32 RMS norm")
-        eps.add(float(norm.variance_epsilon))
+    def _norm(norm: Any, eps: set[float], gemma: bool) -> torch.Tensor:
+        """A norm's weight, its epsilon added to ``eps``; Gemma's norms (which multiply by ``1 + w``) only
+        in a Gemma model, and only there."""
+        name = type(norm).__name__
+        if not name.endswith("RMSNorm") or norm.weight.dtype != torch.float32:
+            raise TypeError(f"{name} is not a float32 RMS norm")
+        if (name in GEMMA_NORMS) != gemma:
+            raise TypeError(f"{name} in a {'Gemma' if gemma else 'non-Gemma'} model")
+        value = getattr(norm, "variance_epsilon", None)
+        eps.add(float(norm.eps if value is None else value))
         return norm.weight
 
     @staticmethod
@@ -269,30 +280,72 @@ class NativeDecode:
                 )
                 if self._head_norms:
                     step.set_head_norms(self._head_norms)
-                windows = [w or 0 for w in getattr(getattr(self.fast, "plan", None), "windows", ())]
+                if self._output_norms:
+                    step.set_gemma(self._output_norms)
+                plan = getattr(self.fast, "plan", None)
+                windows = [w or 0 for w in getattr(plan, "windows", ())]
                 if any(windows):
                     step.set_windows(windows)
+                caps = (getattr(plan, "softcap", None) or 0.0, getattr(plan, "final_softcap", None) or 0.0)
+                if any(caps):
+                    step.set_soft_caps(*caps)
+                kinds, tables = self._rope_kinds()
+                if len(kinds) > 1:
+                    step.set_rotary_tables(tables)
             except RuntimeError as exc:  # a shape it does not take (e.g. head_dim over 1024): the eager path runs
                 log.warning("native decode step not used for this model: %s", str(exc).splitlines()[0])
                 step = None
             self._native = (self._collected, step)
         return self._native[1]
 
+    def _rope_kinds(self) -> tuple[list[str | None], list[int]]:
+        """The rotary tables (Gemma 3: one a layer type, sorted; else one, None) and each layer's table."""
+        types = getattr(self.fast, "rope_types", None)
+        if not types:
+            return [None], []
+        kinds: list[str | None] = sorted(set(types))
+        return kinds, [kinds.index(t) for t in types]
+
     def _cos_sin(self, past: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [n, head_dim] of positions past..past+n-1, from a table kept while the rotary module is."""
+        """cos and sin [n, head_dim] of positions past..past+n-1 ([tables, n, head_dim] where layers rotate
+        with tables of their own: Gemma 3), from a table kept while the rotary module is."""
         rotary = self.model.model.rotary_emb
-        inv = getattr(rotary, "inv_freq", None)
-        if getattr(rotary, "rope_type", None) not in STATIC_ROPE or not isinstance(inv, torch.Tensor):
-            like = self.model.model.embed_tokens.weight[:1][None]
-            cos, sin = rotary(like, torch.arange(past, past + n).unsqueeze(0))  # it depends on the length
-            return cos[0].contiguous(), sin[0].contiguous()
-        key = (id(rotary), inv.data_ptr(), inv._version)
-        if self._rotary is None or self._rotary[0] != key or self._rotary[1].shape[0] < past + n:
+        kinds, _ = self._rope_kinds()
+        like = self.model.model.embed_tokens.weight[:1][None]
+
+        def tables(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            pairs = [rotary(like, positions) if k is None else rotary(like, positions, k) for k in kinds]
+            cos, sin = torch.stack([c[0] for c, _ in pairs]), torch.stack([s[0] for _, s in pairs])
+            return (cos[0], sin[0]) if len(kinds) == 1 else (cos, sin)
+
+        key: list[int] = [id(rotary)]
+        for kind in kinds:
+            rope_type = getattr(rotary, "rope_type", None)
+            rope_type = rope_type.get(kind) if isinstance(rope_type, dict) else rope_type
+            inv = getattr(rotary, "inv_freq" if kind is None else f"{kind}_inv_freq", None)
+            if rope_type not in STATIC_ROPE or not isinstance(inv, torch.Tensor):
+                return tables(torch.arange(past, past + n).unsqueeze(0))  # it depends on the length
+            key += [inv.data_ptr(), inv._version]
+        if self._rotary is None or self._rotary[0] != tuple(key) or self._rotary[1].shape[-2] < past + n:
             size = max(2 * (past + n), 4096)
-            like = self.model.model.embed_tokens.weight[:1][None]
-            cos, sin = rotary(like, torch.arange(size).unsqueeze(0))  # position by position, as for one
-            self._rotary = (key, cos[0].contiguous(), sin[0].contiguous())
-        return self._rotary[1][past : past + n], self._rotary[2][past : past + n]
+            cos, sin = tables(torch.arange(size).unsqueeze(0))  # position by position, as for one
+            self._rotary = (tuple(key), cos.contiguous(), sin.contiguous())
+        cos, sin = self._rotary[1][..., past : past + n, :], self._rotary[2][..., past : past + n, :]
+        return (cos, sin) if len(kinds) == 1 else (cos.contiguous(), sin.contiguous())
+
+    def _embedding(self) -> tuple[torch.Tensor, float] | None:
+        """The embedding's weight and the scale its module multiplies rows by (Gemma's sqrt(hidden), in the
+        weight's dtype as its module multiplies; else 1); None for an embedding the step does not know."""
+        embed = self.model.model.embed_tokens
+        weight = embed.weight
+        if weight.dtype != torch.float32 or not weight.is_contiguous():
+            return None
+        if not getattr(self.fast, "gemma", False):
+            return (weight, 1.0) if type(embed) is torch.nn.Embedding else None
+        scale = embed._buffers.get("embed_scale")
+        if not type(embed).__name__.endswith("ScaledWordEmbedding") or not isinstance(scale, torch.Tensor):
+            return None
+        return weight, float(scale.to(weight.dtype))
 
     def rows(self, ids: torch.Tensor, cache: Any, all_rows: bool) -> torch.Tensor | None:
         """Logits [1, rows, vocab] for decode tokens ``ids`` [1, n] by the native step; None where it cannot run.
@@ -317,12 +370,10 @@ class NativeDecode:
                 return None
             fitted.append(layers)
         step = self._stepper()
-        embed = self.model.model.embed_tokens
-        embedding = embed.weight
-        if step is None or self._collected is None or type(embed) is not torch.nn.Embedding:
+        embedded = self._embedding()
+        if step is None or self._collected is None or embedded is None:
             return None
-        if embedding.dtype != torch.float32 or not embedding.is_contiguous():
-            return None
+        embedding, scale = embedded
         head_dim = self.fast.head_dim
         kv_heads = self._collected[2][1] // head_dim
         ids, coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], [], []
@@ -340,8 +391,10 @@ class NativeDecode:
             counts.append(n)
             alls.append(all_rows)
         try:
-            cos, sin = (coss[0], sins[0]) if len(items) == 1 else (torch.cat(coss), torch.cat(sins))  # a lone step
-            logits = step.forward_batch(torch.tensor(ids), embedding, cos, sin, keys, values, pasts, counts, alls)
+            cos, sin = (coss[0], sins[0]) if len(items) == 1 else (torch.cat(coss, -2), torch.cat(sins, -2))
+            logits = step.forward_batch(
+                torch.tensor(ids), embedding, cos, sin, keys, values, pasts, counts, alls, scale
+            )
         except RuntimeError as exc:  # its checks failed: nothing counted in the caches; the other paths run
             log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
             self._native = (self._collected, None)

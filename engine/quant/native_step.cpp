@@ -7,14 +7,18 @@
 // at run time to 15-bit integers per group, summed exactly in int32 per group by the CPU's integer
 // dot product (AVX-512 VNNI, else AVX2's madd) and in float32 across groups.
 // Everything between the projections (RMS norms, rotary embedding, writing keys and values into
-// the KV cache, attention, SiLU, residual adds) is plain C++ here instead of some 45 small torch
-// ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (prefill), so a
+// the KV cache, attention, SiLU or GELU, residual adds) is plain C++ here instead of some 45 small
+// torch ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (prefill), so a
 // prompt and a decode step multiply alike.
 //
 // Layouts: Llama's (llama, mistral, qwen2: q/k/v biases live in the projections), Qwen3's (an RMS
 // norm on each query and key head before the rotary embedding: ``set_head_norms``) and Phi-3's
-// (its fused q/k/v and gate/up projections are this step's layout already).  Any layer may attend
-// through a sliding window (``set_windows``: the last ``window`` positions only).
+// (its fused q/k/v and gate/up projections are this step's layout already), and Gemma 2's and
+// Gemma 3's (``set_gemma``): an embedding scaled by sqrt(hidden), (1 + w) norms, a norm on the
+// attention's and on the MLP's output before each residual add, GELU (tanh) in the MLP;
+// ``set_soft_caps`` for Gemma 2's soft-capped attention scores and logits; Gemma 3's q/k head
+// norms (``set_head_norms``) and its sliding layers' own rotary base (``set_rotary_tables``).
+// Any layer may attend through a sliding window (``set_windows``: the last ``window`` positions only).
 //
 // Every token (row) is computed by the same code whatever the number of rows, each attending
 // to exactly the positions before it (within its layer's window), so verifying k drafts in one
@@ -88,30 +92,59 @@ inline float sum(const float* a, int64_t n) {
   return s;
 }
 
-// exp(x) for x <= 0 in place (Cephes' expf polynomial), in a form the compiler vectorizes.
-inline void exp_nonpositive(float* s, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    const float x = std::max(s[j], -87.0f);
-    const float k = std::floor(x * 1.44269504088896341f + 0.5f);
-    const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t e = (static_cast<int32_t>(k) + 127) << 23;
-    s[j] = p * __builtin_bit_cast(float, e);
-  }
+// exp(x) for x <= 0 (Cephes' expf polynomial), inlined into loops that the compiler vectorizes.
+inline float exp_le0(float v) {
+  const float x = std::max(v, -87.0f);
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(k) + 127) << 23;
+  return p * __builtin_bit_cast(float, e);
 }
 
-void rms_rows(const float* h, const float* w, float* out, int64_t rows, int64_t width, float eps) {
+// exp(x) for x <= 0 in place.
+inline void exp_nonpositive(float* s, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) s[j] = exp_le0(s[j]);
+}
+
+// tanh(x) as Cephes' tanhf (an odd polynomial below 0.625, else 1 - 2 / (exp(2|x|) + 1)), branch-free
+// so that loops over it vectorize: std::tanh would be a library call per element, and Gemma takes one
+// for every MLP input and, soft-capped, every attention score and logit.
+inline float tanh_of(float x) {
+  const float a = std::fabs(x);
+  const float e = exp_le0(-2.0f * a);
+  const float far = (1.0f - e) / (1.0f + e);
+  const float s = a * a;
+  const float near =
+      ((((-5.70498872745E-3f * s + 2.06390887954E-2f) * s - 5.37397155531E-2f) * s + 1.33314422036E-1f) * s -
+       3.33332819422E-1f) * s * a + a;
+  return std::copysign(a < 0.625f ? near : far, x);
+}
+
+// x = tanh(x / cap) * cap in place: Gemma 2's soft-capping of attention scores and of the logits.
+inline void soft_cap(float* x, int64_t n, float cap) {
+  for (int64_t j = 0; j < n; ++j) x[j] = tanh_of(x[j] / cap) * cap;
+}
+
+// RMS norm of each row times its weight w, or times (1 + w) with ``offset`` (Gemma's norms keep
+// their weights as offsets from 1; 1 + w is added here, in float32 as transformers adds it, so the
+// weights stay the model's own tensors and a change to them is seen at the next call).
+void rms_rows(const float* h, const float* w, float* out, int64_t rows, int64_t width, float eps,
+              bool offset = false) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = h + r * width;
     float* y = out + r * width;
     const float inv = 1.0f / std::sqrt(dot(x, x, width) / static_cast<float>(width) + eps);
-    for (int64_t j = 0; j < width; ++j) y[j] = w[j] * (x[j] * inv);
+    if (offset)
+      for (int64_t j = 0; j < width; ++j) y[j] = (1.0f + w[j]) * (x[j] * inv);
+    else
+      for (int64_t j = 0; j < width; ++j) y[j] = w[j] * (x[j] * inv);
   }
 }
 
@@ -477,6 +510,36 @@ class Stepper {
     head_norms_ = std::move(norms);
   }
 
+  // Gemma 2 and 3: every norm (the constructor's, the head norms and these) multiplies by (1 + w), each
+  // layer's attention output and MLP output are normed before their residual adds (``output_norms``: two
+  // a layer, the attention's then the MLP's; the constructor's two a layer are then the input norm and
+  // the pre-feedforward norm), and the MLP is gelu_tanh(gate) * up instead of silu(gate) * up.
+  void set_gemma(std::vector<at::Tensor> output_norms) {
+    TORCH_CHECK(output_norms.size() == norms_.size() - 1, "output norms: two a layer (attention's, the MLP's)");
+    for (const auto& t : output_norms)
+      TORCH_CHECK(t.dim() == 1 && t.is_contiguous() && t.scalar_type() == at::kFloat && t.device().is_cpu() &&
+                      t.size(0) == norms_[0].size(0),
+                  "output norms: contiguous float32 on the CPU, all of the hidden width");
+    output_norms_ = std::move(output_norms);
+    gemma_ = true;
+  }
+
+  // Soft-capping, x -> tanh(x / cap) * cap (0: none): of the attention scores before the softmax and of
+  // the logits after the head (Gemma 2).
+  void set_soft_caps(double attention, double logits) {
+    TORCH_CHECK(attention >= 0 && logits >= 0, "soft caps: 0 (none) or positive");
+    attention_cap_ = static_cast<float>(attention);
+    logit_cap_ = static_cast<float>(logits);
+  }
+
+  // Rotary tables: layer i rotates its queries and keys by table ``tables[i]`` of forward's cos/sin
+  // [tables, n, head_dim] (Gemma 3's sliding layers have a rotary base of their own); none: one table.
+  void set_rotary_tables(std::vector<int64_t> tables) {
+    TORCH_CHECK(tables.empty() || tables.size() == norms_.size() / 2, "rotary tables: none, or one a layer");
+    for (const int64_t t : tables) TORCH_CHECK(t >= 0, "rotary tables: an index of 0 or more");
+    tables_ = std::move(tables);
+  }
+
   // Sliding windows: one a layer, the number of last positions a row attends to (0: all of them).
   void set_windows(std::vector<int64_t> windows) {
     TORCH_CHECK(windows.empty() || windows.size() == norms_.size() / 2, "windows: none, or one a layer");
@@ -484,26 +547,29 @@ class Stepper {
     windows_ = std::move(windows);
   }
 
-  // Logits [rows, vocab] for tokens ``ids`` [n] (rows of ``embedding``) at positions past..past+n-1;
-  // rows = n if all_rows else 1 (the last).  Writes keys and values of those positions into
-  // ``keys``/``values`` (one [1, kv heads, capacity, head_dim] float32 buffer per layer).
+  // Logits [rows, vocab] for tokens ``ids`` [n] (rows of ``embedding``, times ``embed_scale``: Gemma's
+  // sqrt(hidden), else 1) at positions past..past+n-1; rows = n if all_rows else 1 (the last).  Writes
+  // keys and values of those positions into ``keys``/``values`` (one [1, kv heads, capacity, head_dim]
+  // float32 buffer per layer).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, int64_t past,
-                     bool all_rows) const {
-    return forward_batch(ids, embedding, cos, sin, {keys}, {values}, {past}, {ids.numel()}, {all_rows});
+                     bool all_rows, double embed_scale) const {
+    return forward_batch(ids, embedding, cos, sin, {keys}, {values}, {past}, {ids.numel()}, {all_rows}, embed_scale);
   }
 
   // Several sequences in one call (continuous batching): ``ids`` [n] are the rows of sequence 0, then of
   // sequence 1..., ``counts[s]`` of them for sequence s, at its positions pasts[s]..pasts[s]+counts[s]-1,
   // its keys and values in ``keys[s]``/``values[s]`` (one buffer per layer, as above); ``cos``/``sin``
-  // [n, head_dim] are each row's own.  Returns the logits of every row of a sequence with all_rows[s],
-  // else of its last row, in sequence order.  Each row is computed by the same code as in a call of its
-  // own (each projection row by row alike, each row attending to its own sequence only), so a
-  // sequence's logits do not depend on the others in the batch.
+  // [n, head_dim] are each row's own ([tables, n, head_dim] with ``set_rotary_tables``).  Returns the
+  // logits of every row of a sequence with all_rows[s], else of its last row, in sequence order.  Each
+  // row is computed by the same code as in a call of its own (each projection row by row alike, each
+  // row attending to its own sequence only), so a sequence's logits do not depend on the others in the
+  // batch.
   at::Tensor forward_batch(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos,
                            const at::Tensor& sin, const std::vector<std::vector<at::Tensor>>& keys,
                            const std::vector<std::vector<at::Tensor>>& values, const std::vector<int64_t>& pasts,
-                           const std::vector<int64_t>& counts, const std::vector<bool>& all_rows) const {
+                           const std::vector<int64_t>& counts, const std::vector<bool>& all_rows,
+                           double embed_scale) const {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.numel() > 0, "ids: [n] int64");
     TORCH_CHECK(embedding.dim() == 2 && embedding.is_contiguous() && embedding.scalar_type() == at::kFloat,
                 "embedding: contiguous float32 [vocab, hidden]");
@@ -516,10 +582,13 @@ class Stepper {
     TORCH_CHECK(seqs > 0 && pasts.size() == seqs && keys.size() == seqs && values.size() == seqs &&
                     all_rows.size() == seqs,
                 "one past, count, KV list and all_rows flag a sequence");
-    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == n && cos.size(1) == hd &&
-                    cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat &&
-                    sin.scalar_type() == at::kFloat && cos.device().is_cpu() && sin.device().is_cpu(),
-                "cos/sin: [n, head_dim] contiguous float32 on the CPU");
+    const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
+    TORCH_CHECK(cos.sizes() == sin.sizes() && (cos.dim() == 2 || (cos.dim() == 3 && tables > 0)) &&
+                    cos.size(-2) == n && cos.size(-1) == hd && cos.is_contiguous() && sin.is_contiguous() &&
+                    cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.device().is_cpu() &&
+                    sin.device().is_cpu(),
+                "cos/sin: [n, head_dim] or [tables, n, head_dim] contiguous float32 on the CPU");
+    for (const int64_t t : tables_) TORCH_CHECK(t < tables, "cos/sin: fewer tables than the layers use");
     TORCH_CHECK(ids.device().is_cpu(), "ids: on the CPU");
     std::vector<int64_t> seq_of(n), pos_of(n), kept;
     int64_t row = 0, longest = 0;
@@ -551,6 +620,10 @@ class Stepper {
       TORCH_CHECK(token >= 0 && token < vocab, "token id out of range");
       std::memcpy(hp + r * width, embedding.data_ptr<float>() + token * width, width * sizeof(float));
     }
+    const float scale = static_cast<float>(embed_scale);  // float32 times float32, as Gemma's embedding module
+    if (scale != 1.0f)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < width; ++j) hp[r * width + j] *= scale;
     at::Tensor x = at::empty({n, width}, h.options());
     at::Tensor attended = at::empty({n, q_size}, h.options());
     at::Tensor mid = at::empty({n, intermediate_}, h.options());
@@ -563,7 +636,7 @@ class Stepper {
     std::vector<int64_t> caps(seqs);
 
     for (int64_t i = 0; i < layers; ++i) {
-      rms_rows(hp, norms_[2 * i].data_ptr<float>(), xp, n, width, eps_);
+      rms_rows(hp, norms_[2 * i].data_ptr<float>(), xp, n, width, eps_, gemma_);
       at::Tensor qkv = linear(x, 4 * i);
       TORCH_CHECK(qkv.is_contiguous() && qkv.size(1) == q_size + 2 * kv_size, "q/k/v: unexpected width");
       float* qp = qkv.data_ptr<float>();
@@ -575,13 +648,14 @@ class Stepper {
       }
       for (int64_t r = 0; r < n; ++r) {
         float* row_q = qp + r * stride;
-        const float* c = cp + r * hd;
-        const float* s = sp + r * hd;
-        if (!head_norms_.empty()) {  // Qwen3: each query head, then each key head, normed in place
+        const int64_t table = tables_.empty() ? 0 : tables_[i];
+        const float* c = cp + (table * n + r) * hd;
+        const float* s = sp + (table * n + r) * hd;
+        if (!head_norms_.empty()) {  // Qwen3, Gemma 3: each query head, then each key head, normed in place
           const float* qn = head_norms_[2 * i].data_ptr<float>();
           const float* kn = head_norms_[2 * i + 1].data_ptr<float>();
           for (int64_t head = 0; head < q_heads_ + kv_heads_; ++head)
-            rms_rows(row_q + head * hd, head < q_heads_ ? qn : kn, row_q + head * hd, 1, hd, eps_);
+            rms_rows(row_q + head * hd, head < q_heads_ ? qn : kn, row_q + head * hd, 1, hd, eps_, gemma_);
         }
         for (int64_t head = 0; head < q_heads_ + kv_heads_; ++head) {  // rotate queries and keys
           float* v = row_q + head * hd;
@@ -615,11 +689,10 @@ class Stepper {
           const int64_t len = pos_of[r] + 1 - first;
           K += first * hd;
           V += first * hd;
+          for (int64_t j = 0; j < len; ++j) scores[j] = key_dot(query, K + j * hd, hd) * scaling_;
+          if (attention_cap_ > 0.f) soft_cap(scores.data(), len, attention_cap_);
           float top = -INFINITY;
-          for (int64_t j = 0; j < len; ++j) {
-            scores[j] = key_dot(query, K + j * hd, hd) * scaling_;
-            top = std::max(top, scores[j]);
-          }
+          for (int64_t j = 0; j < len; ++j) top = std::max(top, scores[j]);
           for (int64_t j = 0; j < len; ++j) scores[j] -= top;
           exp_nonpositive(scores.data(), len);
           const float inv = 1.0f / sum(scores.data(), len);
@@ -633,23 +706,33 @@ class Stepper {
           for (int64_t d = 0; d < hd; ++d) out[d] = acc[d] * inv;
         }
       });
-      add(hp, linear(attended, 4 * i + 1), n * width);
-      rms_rows(hp, norms_[2 * i + 1].data_ptr<float>(), xp, n, width, eps_);
+      residual(hp, linear(attended, 4 * i + 1), n, width, gemma_ ? output_norms_[2 * i].data_ptr<float>() : nullptr);
+      rms_rows(hp, norms_[2 * i + 1].data_ptr<float>(), xp, n, width, eps_, gemma_);
       at::Tensor gate_up = linear(x, 4 * i + 2);
       TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(1) == 2 * intermediate_, "gate/up: unexpected width");
       const float* gp = gate_up.data_ptr<float>();
       for (int64_t r = 0; r < n; ++r) {
         const float* gate = gp + r * 2 * intermediate_;
         const float* up = gate + intermediate_;
-        silu_times(mp + r * intermediate_, gate, up, intermediate_);
+        if (gemma_)
+          gelu_tanh_times(mp + r * intermediate_, gate, up, intermediate_);
+        else
+          silu_times(mp + r * intermediate_, gate, up, intermediate_);
       }
-      add(hp, linear(mid, 4 * i + 3), n * width);
+      residual(hp, linear(mid, 4 * i + 3), n, width, gemma_ ? output_norms_[2 * i + 1].data_ptr<float>() : nullptr);
     }
     const int64_t rows = static_cast<int64_t>(kept.size());
     at::Tensor y = at::empty({rows, width}, h.options());
     for (int64_t k = 0; k < rows; ++k)
-      rms_rows(hp + kept[k] * width, norms_.back().data_ptr<float>(), y.data_ptr<float>() + k * width, 1, width, eps_);
-    return linear(y, projections() - 1);
+      rms_rows(hp + kept[k] * width, norms_.back().data_ptr<float>(), y.data_ptr<float>() + k * width, 1, width, eps_,
+               gemma_);
+    at::Tensor logits = linear(y, projections() - 1);
+    if (logit_cap_ > 0.f) {  // row by row, so that a row's elements meet the same (vector or scalar) code
+      TORCH_CHECK(logits.is_contiguous() && logits.dim() == 2 && logits.size(0) == rows, "head: unexpected shape");
+      const int64_t vocab_out = logits.size(1);
+      for (int64_t k = 0; k < rows; ++k) soft_cap(logits.data_ptr<float>() + k * vocab_out, vocab_out, logit_cap_);
+    }
+    return logits;
   }
 
  private:
@@ -661,10 +744,12 @@ class Stepper {
   }
   size_t projections() const { return q8_.empty() ? weights_.size() : q8_.size(); }
 
-  static void add(float* h, const at::Tensor& y, int64_t count) {
-    TORCH_CHECK(y.is_contiguous() && y.numel() == count, "projection: unexpected shape");
-    const float* yp = y.data_ptr<float>();
-    for (int64_t j = 0; j < count; ++j) h[j] += yp[j];
+  // h += y [n, width], a projection's output; normed first (in place, a (1 + w) norm) where ``norm`` is given.
+  void residual(float* h, const at::Tensor& y, int64_t n, int64_t width, const float* norm) const {
+    TORCH_CHECK(y.is_contiguous() && y.numel() == n * width, "projection: unexpected shape");
+    float* yp = y.data_ptr<float>();
+    if (norm != nullptr) rms_rows(yp, norm, yp, n, width, eps_, true);
+    for (int64_t j = 0; j < n * width; ++j) h[j] += yp[j];
   }
 
   // m = silu(gate) * up, silu(a) = a / (1 + exp(-a)); exp(-a) is exp(-|a|), inverted where a < 0.
@@ -677,9 +762,22 @@ class Stepper {
     }
   }
 
+  // m = gelu_tanh(gate) * up, with torch's formula: 0.5 a (1 + tanh(sqrt(2 / pi) (a + 0.044715 a^3))).
+  static void gelu_tanh_times(float* m, const float* gate, const float* up, int64_t n) {
+    constexpr float beta = 0.7978845608028654f, kappa = 0.044715f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float a = gate[j];
+      m[j] = 0.5f * a * (1.0f + tanh_of(beta * (a + kappa * (a * a * a)))) * up[j];
+    }
+  }
+
   std::vector<at::Tensor> norms_;
-  std::vector<at::Tensor> head_norms_;            // Qwen3: queries' and keys' head norms, two a layer; or none
+  std::vector<at::Tensor> head_norms_;            // Qwen3, Gemma 3: queries' and keys' head norms, two a layer; or none
+  std::vector<at::Tensor> output_norms_;          // Gemma: attention's and the MLP's output norms, two a layer
   std::vector<int64_t> windows_;                  // sliding windows, one a layer (0: none); or none
+  std::vector<int64_t> tables_;                   // each layer's rotary table (Gemma 3); or none: one table
+  bool gemma_ = false;                            // (1 + w) norms, output norms, GELU (set_gemma)
+  float attention_cap_ = 0.f, logit_cap_ = 0.f;   // soft caps (0: none)
   std::vector<c10::IValue> weights_;              // fp16-cpu: fbgemm's packed weights
   std::vector<std::vector<Q8Part>> q8_;          // q8-cpu: each projection's parts
   int64_t head_dim_, q_heads_, kv_heads_, intermediate_;
@@ -695,8 +793,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     double, double>())
       .def("set_head_norms", &Stepper::set_head_norms)
       .def("set_windows", &Stepper::set_windows)
-      .def("forward", &Stepper::forward, py::call_guard<py::gil_scoped_release>())
-      .def("forward_batch", &Stepper::forward_batch, py::call_guard<py::gil_scoped_release>());
+      .def("set_gemma", &Stepper::set_gemma)
+      .def("set_soft_caps", &Stepper::set_soft_caps)
+      .def("set_rotary_tables", &Stepper::set_rotary_tables)
+      .def("forward", &Stepper::forward, py::arg("ids"), py::arg("embedding"), py::arg("cos"), py::arg("sin"),
+           py::arg("keys"), py::arg("values"), py::arg("past"), py::arg("all_rows"), py::arg("embed_scale") = 1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("forward_batch", &Stepper::forward_batch, py::arg("ids"), py::arg("embedding"), py::arg("cos"),
+           py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("pasts"), py::arg("counts"),
+           py::arg("all_rows"), py::arg("embed_scale") = 1.0, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
   m.def("q8_linear", &q8_linear, py::call_guard<py::gil_scoped_release>(),
         "x [..., in] float32 times q8 parts [(weights, scales, bias), ...] -> [..., sum of outputs]");

@@ -82,16 +82,11 @@ GEMMA3_TEXT = {"model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_t
 BOTH = Support(fast_path=True, native_step=True, reason="")
 
 
-@pytest.mark.parametrize("config", [LLAMA_3_2, MISTRAL_V01, MISTRAL_V03, QWEN2_5, QWEN3, PHI3_MINI_4K])
-def test_llama_mistral_qwen_and_phi3_take_both_paths(config: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "config", [LLAMA_3_2, MISTRAL_V01, MISTRAL_V03, QWEN2_5, QWEN3, PHI3_MINI_4K, GEMMA2, GEMMA3_TEXT]
+)
+def test_llama_mistral_qwen_phi3_and_gemma_take_both_paths(config: dict[str, Any]) -> None:
     assert support(config) == BOTH
-
-
-@pytest.mark.parametrize(("config", "name"), [(GEMMA2, "Gemma 2"), (GEMMA3_TEXT, "Gemma 3")])
-def test_gemma_takes_the_fast_path_and_says_why_not_the_native_step(config: dict[str, Any], name: str) -> None:
-    said = support(config)
-    assert said.fast_path and not said.native_step
-    assert said.reason.startswith(name) and "native decode step" in said.reason
 
 
 def test_a_partial_rotary_phi_takes_the_fast_path_only() -> None:
@@ -129,7 +124,7 @@ def test_what_it_does_not_take_declines_with_a_reason(config: dict[str, Any], wo
 @pytest.mark.parametrize(
     ("arch", "fast", "native"),
     [("llama", True, True), ("mistral", True, True), ("qwen2", True, True), ("qwen3", True, True),
-     ("phi3", True, True), ("gemma2", True, False), ("gemma3", True, False), ("qwen3moe", False, False),
+     ("phi3", True, True), ("gemma2", True, True), ("gemma3", True, True), ("qwen3moe", False, False),
      ("phi2", False, False), ("falcon", False, False)],
 )  # fmt: skip
 def test_gguf_architectures(arch: str, fast: bool, native: bool) -> None:

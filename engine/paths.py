@@ -68,7 +68,16 @@ def weights_fingerprint(location: str) -> str:
     staleness check (``engine.quant.cache``) both use it.
     """
     folder = Path(location)
+    if folder.parent == cache_dir() / "models" and _is_sha256(folder.name):
+        # a GGUF converted by Brisk (engine.model.source.converted_dir): named by the GGUF's SHA-256, written
+        # only from it, so that digest is its identity, known before the copy is on disk (it is written on a
+        # thread while the first load goes on)
+        return f"{folder.resolve()}|gguf-sha256:{folder.name}"
     if not folder.is_dir():
         return location
     files = sorted(p for p in folder.iterdir() if p.suffix in {".safetensors", ".bin", ".json"})
     return str(folder.resolve()) + "".join(f"|{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+
+
+def _is_sha256(name: str) -> bool:
+    return len(name) == 64 and all(c in "0123456789abcdef" for c in name)

@@ -187,11 +187,13 @@ def _run(runs: int) -> list[dict[str, Any]]:
     from engine.api import ModelSpec
     from engine.model.loader import load_model
     from engine.model.packed import pack_linears
+    from engine.model.source import wait_written
     from engine.runtime.memory import tune_malloc
 
     tune_malloc()  # as the engine does at start
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))  # converts the GGUF into this data folder
     location, tokenizer = loaded.source, loaded.tokenizer
+    wait_written(location)  # a first load's converted copy is written behind it; this reads the copy
     text = torch.tensor([tokenizer(AGREEMENT_TEXT)["input_ids"]])
     with torch.inference_mode():
         top2 = loaded.model(input_ids=text).logits[0].float().topk(2, dim=-1).values

@@ -37,7 +37,15 @@ import torch
 
 from engine.api import ModelSpec
 from engine.model.facts import check_special_tokens, count_parameters
-from engine.model.source import ModelLoadError, Progress, bundled_model_path, converted_dir, resolve
+from engine.model.source import (
+    ModelLoadError,
+    Progress,
+    bundled_model_path,
+    converted_dir,
+    resolve,
+    take_fresh,
+    wait_written,
+)
 from engine.model.template import check_template, template_file
 from engine.paths import weights_fingerprint
 
@@ -67,7 +75,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     name: str
-    source: str
+    source: str  # the folder loaded; right after a first load converted it, call source.wait_written before reading
     device: torch.device
     dtype: torch.dtype
     quant: str
@@ -154,9 +162,12 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
     location, name = resolve(spec.source, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    fresh = take_fresh(location)  # converted just now: in memory, its copy still being written (source.py)
+    if fresh is None:
+        wait_written(location)  # another load's conversion may still be writing the copy this one reads
     progress(0.7, "Loading tokenizer")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location)
+        tokenizer = fresh.tokenizer if fresh is not None else AutoTokenizer.from_pretrained(location)
     except OSError as exc:
         raise ModelLoadError(
             f"Could not load a tokenizer for {spec.source or name}: {exc}. A hub id needs a connection "
@@ -184,6 +195,17 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
         dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
     if mode in (*quant.BNB_MODES, "fp16-cpu", "q8-cpu") and dtype is None:
         dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations; q8-cpu quantizes float32 ones
+    if (
+        built is None
+        and fresh is not None
+        and (mode, dtype or torch.float32, device.type)
+        == (
+            "none",
+            torch.float32,
+            "cpu",
+        )
+    ):
+        built = (fresh.model, {})  # the float32 model just converted, not read back from its copy
     if built is None:
         built = _build(AutoModelForCausalLM, location, mode, dtype or torch.float32, device, progress, pack=False)
     model, qinfo = built
@@ -285,6 +307,7 @@ def _build(
     from engine import quant
 
     qinfo: dict[str, Any] = {}
+    wait_written(location)  # a conversion's copy still being written (engine.model.source.converted_dir)
     try:
         if mode == "none":
             model = auto_model.from_pretrained(location, dtype=dtype)

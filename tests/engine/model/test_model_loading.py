@@ -158,3 +158,37 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
     assert len(mine) == len(theirs) and mine.chat_template == theirs.chat_template
     for text in ("Hello, world!", "Ünïcödé  spaces\n\ttabs 12345", "<|im_start|>user\nHi<|im_end|>"):
         assert mine(text)["input_ids"] == theirs(text)["input_ids"], text
+
+
+@pytest.mark.bundled
+def test_a_fresh_conversion_loads_from_memory_while_its_copy_is_written(
+    brisk_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start chats on the model the conversion just read; its copy is written behind it, equal to a
+    plain transformers load of the GGUF, and a later load reads the copy under the same identity."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from engine.model import loader, source
+
+    calls: list[str] = []
+
+    def spying(location: str) -> source.Fresh | None:
+        fresh = source.take_fresh(location)
+        calls.append("memory" if fresh is not None else "disk")
+        return fresh
+
+    monkeypatch.setattr(loader, "take_fresh", spying)
+    first = load_model(ModelSpec(quant="none", dtype="float32"))
+    target = Path(first.source)
+    source.wait_written(str(target))
+    second = load_model(ModelSpec(quant="none", dtype="float32"))
+    assert calls == ["memory", "disk"]
+    assert first.identity == second.identity  # the copy on disk is the same weights as far as caches know
+    written = load_file(target / "model.safetensors")
+    gguf = bundled_model_path()
+    plain = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).state_dict()
+    assert set(written) == set(plain) - {"lm_head.weight"}  # the tied head is written once, as the embedding
+    for name, tensor in written.items():
+        assert torch.equal(tensor, plain[name]), name
+    assert not list(target.parent.glob(f"{target.name}.tmp-*")), "no temporary folder left"

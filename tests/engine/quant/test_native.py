@@ -152,8 +152,10 @@ def test_without_the_native_step_decode_runs_on_the_eager_path(tiny_dir: Path, m
 def test_native_greedy_decode_agrees_with_eager_on_the_bundled_model() -> None:
     from engine.api import ModelSpec
     from engine.model.loader import load_model
+    from engine.model.source import wait_written
 
     loaded = load_model(ModelSpec(dtype="float32", device="cpu"))
+    wait_written(loaded.source)  # a first load's converted copy is written behind it
     model = quant.load_quantized_model(loaded.source, "fp16-cpu", torch.float32, torch.device("cpu")).model
     assert native.module(wait=True) is not None
     messages = [{"role": "user", "content": "Write a short story about a fox who learns to sail."}]

@@ -146,8 +146,10 @@ def test_a_q8_copy_saves_and_loads(tiny_dir: Path, tmp_path: Path) -> None:
 def test_the_bundled_model_keeps_float32s_greedy_tokens_in_q8() -> None:
     from engine.api import ModelSpec
     from engine.model.loader import load_model
+    from engine.model.source import wait_written
 
     loaded = load_model(ModelSpec(dtype="float32", device="cpu", quant="none"))
+    wait_written(loaded.source)  # a first load's converted copy is written behind it
     model = quant.load_quantized_model(loaded.source, "q8-cpu", torch.float32, torch.device("cpu")).model
     assert native.module(wait=True) is not None
     messages = [{"role": "user", "content": "Explain to a child why the sea is salty."}]

@@ -69,16 +69,10 @@ def build(name: str, folder: Path) -> Any:
     """The random model ``name`` (seed 0, sharpened), saved in ``folder`` with the byte-level tokenizer."""
     import torch
 
-    from engine.bench.tiny import make_tokenizer
+    from engine.bench.tiny import make_tokenizer, sharpen
 
     torch.manual_seed(0)
-    model = _configs()[name]().eval()
-    with torch.no_grad():
-        for param_name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.mul_(4.0)
-            elif "norm" in param_name:
-                p.add_(torch.randn_like(p) * 0.2)
+    model = sharpen(_configs()[name]().eval())
     model.save_pretrained(folder)
     make_tokenizer().save_pretrained(folder)
     return model

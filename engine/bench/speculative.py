@@ -73,6 +73,33 @@ OPEN = {
 }
 
 
+Tally = dict[tuple[str, str], dict[str, list[float]]]
+
+
+def interleaved(
+    runner: Runner, prompts: dict[str, str], sources: Any, rounds: int, max_tokens: int
+) -> tuple[Tally, dict[tuple[str, str], bool]]:
+    """Each prompt under each source, round after round (so drift hits every variant alike): per (prompt,
+    source) the tokens/s, drafted and accepted counts, and whether every reply equals plain greedy's ("off")."""
+    results: Tally = {}
+    reference: dict[str, str] = {}
+    identical: dict[tuple[str, str], bool] = {}
+    for _ in range(rounds):
+        for name, text in prompts.items():
+            messages = [{"role": "user", "content": text}]
+            for source in sources:
+                done = runner.ask(messages, max_tokens=max_tokens, speculative=source, prefix_cache=True)
+                m = done.metrics
+                r = results.setdefault((name, source), {"tps": [], "drafted": [], "accepted": []})
+                r["tps"].append(m.tokens_per_s or 0.0)
+                r["drafted"].append(m.drafted)
+                r["accepted"].append(m.accepted)
+                if source == "off":
+                    reference.setdefault(name, done.text)
+                identical[(name, source)] = identical.get((name, source), True) and done.text == reference[name]
+    return results, identical
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     has_draft = bool(getattr(args, "draft_model", ""))
     sources = ["off", "lookup", "answers", "auto"] + (["draft"] if has_draft else [])
@@ -84,23 +111,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     prompts = chosen
     runner = Runner(args.model, "float32", getattr(args, "draft_model", ""))
     rounds = max(1, args.runs // 2)
-    results: dict[tuple[str, str], dict[str, list[float]]] = {}
-    reference: dict[str, str] = {}
-    identical: dict[tuple[str, str], bool] = {}
     try:
-        for _ in range(rounds):
-            for name, text in prompts.items():
-                messages = [{"role": "user", "content": text}]
-                for source in sources:
-                    done = runner.ask(messages, max_tokens=160, speculative=source, prefix_cache=True)
-                    m = done.metrics
-                    r = results.setdefault((name, source), {"tps": [], "drafted": [], "accepted": []})
-                    r["tps"].append(m.tokens_per_s or 0.0)
-                    r["drafted"].append(m.drafted)
-                    r["accepted"].append(m.accepted)
-                    if source == "off":
-                        reference.setdefault(name, done.text)
-                    identical[(name, source)] = identical.get((name, source), True) and done.text == reference[name]
+        results, identical = interleaved(runner, prompts, sources, rounds, 160)
     finally:
         runner.close()
     rows = []
@@ -166,22 +178,8 @@ def family_pair(rounds: int, prompts: dict[str, str]) -> list[dict[str, Any]]:
         for path in paths.values():
             tokenizer.save_pretrained(path)
         runner = Runner(str(paths["target"]), "float32", str(paths["draft"]))
-        results: dict[tuple[str, str], dict[str, list[float]]] = {}
-        reference: dict[str, str] = {}
-        identical: dict[tuple[str, str], bool] = {}
         try:
-            for _ in range(rounds):
-                for name, text in prompts.items():
-                    for source in ("off", "draft"):
-                        done = runner.ask([{"role": "user", "content": text}], max_tokens=96, speculative=source)
-                        m = done.metrics
-                        r = results.setdefault((name, source), {"tps": [], "drafted": [], "accepted": []})
-                        r["tps"].append(m.tokens_per_s or 0.0)
-                        r["drafted"].append(m.drafted)
-                        r["accepted"].append(m.accepted)
-                        reference.setdefault(name, done.text)  # byte-level tokens: equal text is equal tokens
-                        same = done.text == reference[name]
-                        identical[(name, source)] = identical.get((name, source), True) and same
+            results, identical = interleaved(runner, prompts, ("off", "draft"), rounds, 96)
         finally:
             runner.close()
     for (name, source), r in results.items():

@@ -32,6 +32,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from engine.bench.tiny import sharpen
 from engine.model import kv
 from engine.model.fastpath import FastForward
 from engine.model.kv import KVState
@@ -100,14 +101,7 @@ def build(name: str) -> Any:
     """The tiny model ``name`` (seed 0), its weights made sharper than the default initialisation and
     its norms' weights random too, so that no part of it is the identity."""
     torch.manual_seed(0)
-    model = MODELS[name]().eval()
-    with torch.no_grad():
-        for param_name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.mul_(4.0)
-            elif "norm" in param_name:
-                p.add_(torch.randn_like(p) * 0.2)
-    return model
+    return sharpen(MODELS[name]().eval())
 
 
 def compare(model: Any, ids: list[int], split: int) -> float:

@@ -9,7 +9,7 @@ cannot load says why before anything loads (greyed, the reason under the
 table).  **Load** hands the model to the window (``load_requested``: Settings
 ``model``, remembered), **Use as draft** makes the selected model the draft
 model (offered only where it shares the loaded model's vocabulary and is
-smaller), **Add folder…** adds a folder to scan.  The download row fetches a
+smaller), **Add folder…** adds a folder to scan (its arrow lists them, to remove one).  The download row fetches a
 repo from the Hugging Face hub (``engine.client.pull_model``) with a progress
 bar, speed and time left, and Cancel; a cancelled or cut download resumes
 next time.
@@ -32,10 +32,12 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
+    QMenu,
     QProgressBar,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -109,8 +111,13 @@ class ModelsDialog(QDialog):
         self.load_button.clicked.connect(self.load_selected)
         self.draft_button = QPushButton("Use as draft")
         self.draft_button.clicked.connect(self.draft_selected)
-        self.add_button = QPushButton("Add folder\u2026")
-        self.add_button.setToolTip("Also look for models in a folder of yours")
+        self.add_button = QToolButton()
+        self.add_button.setText("Add folder\u2026")
+        self.add_button.setToolTip("Also look for models in a folder of yours; the arrow lists them to remove one")
+        self.add_button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+        self.folders_menu = QMenu(self.add_button)
+        self.folders_menu.aboutToShow.connect(self._list_folders)
+        self.add_button.setMenu(self.folders_menu)
         self.add_button.clicked.connect(self.add_folder)
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.clicked.connect(self.refresh)
@@ -258,6 +265,22 @@ class ModelsDialog(QDialog):
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models")
         if folder:
             self.add_folder_path(folder)
+
+    def _list_folders(self) -> None:
+        """The folders of the user's the library scans, each a "Remove" entry (or a line saying there is none)."""
+        self.folders_menu.clear()
+        if not self.folders:
+            self.folders_menu.addAction("No folders of yours yet").setEnabled(False)
+        for folder in self.folders:
+            self.folders_menu.addAction(f"Remove {folder}").triggered.connect(
+                lambda _checked=False, f=folder: self.remove_folder_path(f)
+            )
+
+    def remove_folder_path(self, folder: str) -> None:
+        if folder in self.folders:
+            self.folders.remove(folder)
+            self.folders_changed.emit(list(self.folders))
+        self.refresh()
 
     def add_folder_path(self, folder: str) -> None:
         if folder not in self.folders:

@@ -246,12 +246,14 @@ def wait_written(location: str) -> None:
         raise ModelLoadError(f"The converted copy of the model could not be written ({copy_.error}).")
 
 
-def converted_dir(gguf: Path, progress: Progress, check: bool = False) -> Path:
+def converted_dir(gguf: Path, progress: Progress, check: bool = False, wait: bool = True) -> Path:
     """Return a safetensors folder for ``gguf``, converting it the first time (one process at a time);
-    ``check``: run :func:`preflight` on it first (its memory check only where a conversion will run).
+    ``check``: run :func:`preflight` on it first (its memory check only where a conversion will run);
+    ``wait=False`` (the loader, through :func:`resolve`): return as soon as the model is read, before its copy
+    is on disk (see below).
 
     A conversion runs on a thread of its own, which holds the lock ``model-<sha256>`` until its copy is
-    published: once the model is read and its tokenizer and configs are written, this returns and the loader
+    published: once the model is read and its tokenizer and configs are written, ``wait=False`` returns and the loader
     takes the model from memory (:func:`take_fresh`) while the thread writes the weights (0.2-1.9 s for the
     bundled model, depending on the disk) and publishes the folder; whatever reads the folder's weights waits
     for that first (:func:`wait_written`).  The thread is not a daemon: quitting waits for the copy."""
@@ -311,6 +313,8 @@ def converted_dir(gguf: Path, progress: Progress, check: bool = False) -> Path:
     ready.wait()
     if failed:
         raise failed[0]
+    if wait:
+        wait_written(str(target))
     return target
 
 
@@ -616,10 +620,10 @@ def resolve(source: str, progress: Progress) -> tuple[str, str]:
     """Return (path or hub id to load, display name)."""
     if not source:
         gguf = bundled_model_path()
-        return str(converted_dir(gguf, progress)), "SmolLM2-135M-Instruct (bundled)"
+        return str(converted_dir(gguf, progress, wait=False)), "SmolLM2-135M-Instruct (bundled)"
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf" or path.is_file():
-        return str(converted_dir(path, progress, check=True)), ollama_name(path) or path.stem
+        return str(converted_dir(path, progress, check=True, wait=False)), ollama_name(path) or path.stem
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")

@@ -85,6 +85,13 @@ def test_window_loads_the_model_picked_in_the_models_view(harness, library_home:
     folder.mkdir()
     dialog.add_folder_path(str(folder))
     assert window.settings.model_folders == [str(folder)]
+    dialog._list_folders()
+    removing = [a for a in dialog.folders_menu.actions() if a.text() == f"Remove {folder}"]
+    assert len(removing) == 1
+    removing[0].trigger()
+    assert window.settings.model_folders == []
+    dialog._list_folders()
+    assert [a.text() for a in dialog.folders_menu.actions()] == ["No folders of yours yet"]
     QApplication.processEvents()
 
 

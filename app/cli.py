@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the `brisk` process itself: leave now, with the work done and flushed
             # Background threads may still be inside native code (the answer cache's embedding model
             # loading, MCP servers); an ordinary interpreter exit would tear them down and abort.
+            from engine.client import finish_writes
+
+            finish_writes()  # a first start's converted copy is written behind the load: keep it
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)

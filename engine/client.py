@@ -329,3 +329,13 @@ def model_note(source: str) -> str:
         parts.append("fast path and native decode step")
     line = " \u00b7 ".join(parts)
     return f"{line}. {verdict.reason}" if verdict.reason else line
+
+
+def finish_writes() -> None:
+    """Wait for files this process is still writing behind a load (a converted model's copy), so that a fast
+    exit keeps them; nothing to do (and nothing imported) when no model was loaded."""
+    import sys
+
+    source = sys.modules.get("engine.model.source")
+    if source is not None:
+        source.wait_all_written()

@@ -246,6 +246,15 @@ def wait_written(location: str) -> None:
         raise ModelLoadError(f"The converted copy of the model could not be written ({copy_.error}).")
 
 
+def wait_all_written() -> None:
+    """Return once every converted copy this process is writing is on disk (or failed): before a fast exit
+    (``os._exit``) that would not wait for the writing thread."""
+    with _fresh_lock:
+        copies = list(_writing.values())
+    for copy_ in copies:
+        copy_.written.wait()
+
+
 def converted_dir(gguf: Path, progress: Progress, check: bool = False, wait: bool = True) -> Path:
     """Return a safetensors folder for ``gguf``, converting it the first time (one process at a time);
     ``check``: run :func:`preflight` on it first (its memory check only where a conversion will run);

@@ -303,23 +303,19 @@ def model_note(source: str) -> str:
     """One line on the model ``source`` names (empty: the bundled one), read from its headers (no torch): its
     architecture, size, format, the memory it needs in fp16-cpu and which of Brisk's paths runs it, or why it
     cannot load.  "" for a hub id or a path that is not there."""
-    from pathlib import Path
-
     from engine.model.headers import HeaderError, describe, memory_needs
-    from engine.model.source import ModelLoadError, bundled_model_path
-    from engine.model.support import support, support_for_gguf
+    from engine.model.source import ModelLoadError, model_path
 
     try:
-        path = Path(source).expanduser() if source else bundled_model_path()
-        if not path.exists():
+        path = model_path(source)
+        if path is None:
             return ""
         facts = describe(path, vocab=False)
     except (HeaderError, ModelLoadError, OSError) as exc:
         return f"Cannot be read: {exc}"
     if facts.problem:
         return f"Cannot load: {facts.problem}"
-    gguf_arch = str(facts.config.get("gguf_architecture", facts.architecture))
-    verdict = support_for_gguf(gguf_arch) if facts.format == "gguf" else support(facts.config)
+    verdict = facts.support()
     params = f"{facts.parameters / 1e9:.1f}B" if facts.parameters >= 1e9 else f"{facts.parameters / 1e6:.0f}M"
     need = memory_needs(facts).get("fp16-cpu", 0)
     parts = [facts.architecture or "unknown architecture", f"{params} parameters", f"{facts.format} {facts.quant}"]

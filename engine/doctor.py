@@ -72,31 +72,20 @@ def _report() -> dict[str, Any]:
 
 def _model_support() -> dict[str, str]:
     """The model Settings names (the bundled one when none): which of Brisk's paths runs it, or why not."""
-    from pathlib import Path
 
     from engine.model.headers import HeaderError, describe
-    from engine.model.source import ModelLoadError, bundled_model_path
-    from engine.model.support import support, support_for_gguf
+    from engine.model.source import ModelLoadError, model_path
     from engine.storage import Settings
 
     source = Settings.load().model
     try:
-        path = Path(source).expanduser() if source else bundled_model_path()
-        if not path.exists():
+        path = model_path(source)
+        if path is None:
             return {"model": source, "model fast path": "not on disk (a hub id or a missing path): not checked"}
         facts = describe(path, vocab=False)
     except (HeaderError, ModelLoadError, OSError) as exc:
         return {"model": source or "bundled", "model fast path": f"cannot be read: {exc}"}
-    if facts.format == "gguf":
-        verdict = support_for_gguf(str(facts.config.get("gguf_architecture", facts.architecture)))
-    else:
-        verdict = support(facts.config)
-    if facts.problem:
-        text = f"cannot load: {facts.problem}"
-    elif verdict.fast_path and verdict.native_step:
-        text = "lean forward and native decode step"
-    else:
-        text = f"lean forward; {verdict.reason}" if verdict.fast_path else verdict.reason
+    text = f"cannot load: {facts.problem}" if facts.problem else facts.support().sentence
     return {"model": f"{path.name} ({facts.architecture or 'unknown architecture'})", "model fast path": text}
 
 

@@ -250,13 +250,14 @@ def measure_scan() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """``brisk bench models``."""
     from engine.bench.common import table
+    from engine.model.support import Support
 
     runs = max(1, int(getattr(args, "runs", 3) or 3))
     rows = measure_architectures(runs)
     shown = [{k: v for k, v in row.items() if k not in ("said", "threads")} for row in rows]
     print(table(f"Architectures on Brisk's paths (random {LAYERS}-layer models, hidden 256; median of {runs})", shown))
     for row in rows:
-        if row["said"] != "lean forward and native decode step":
+        if row["said"] != Support(fast_path=True, native_step=True, reason="").sentence:
             print(f"  {row['architecture']}: {row['said']}")
     scanned = measure_scan()
     print(table(f"The model library's scan of {LIBRARY_SIZE} model folders", [scanned]))

@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.datafiles import StateError, load_state
-from engine.model.headers import Facts, HeaderError, available_memory, describe, memory_needs
-from engine.model.support import support, support_for_gguf
+from engine.model.headers import Facts, HeaderError, available_memory, describe, memory_needs, ollama_models
 from engine.paths import atomic_write, cache_dir
 
 log = logging.getLogger("brisk.library")
@@ -49,7 +48,6 @@ CACHE_VERSION = 1
 MAX_DEPTH = 4  # how deep a user's folder is walked
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", ".cache", ".Trash"}
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-OLLAMA_MODEL = "application/vnd.ollama.image.model"
 
 
 @dataclass
@@ -188,32 +186,8 @@ def _hf_cache() -> Iterator[Found]:
 
 
 def _ollama(root: Path) -> Iterator[Found]:
-    manifests = root / "manifests"
-    if not manifests.is_dir():
-        return
-    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-        parts = manifest.relative_to(manifests).parts
-        if len(parts) < 3:
-            continue
-        *where, model, tag = parts
-        host_ns = "/".join(where)
-        name = f"{model}:{tag}" if host_ns in ("registry.ollama.ai/library", "library") else f"{host_ns}/{model}:{tag}"
-        try:
-            data = json.loads(manifest.read_text(encoding="utf-8"))
-            layers = [layer for layer in data.get("layers", []) if layer.get("mediaType") == OLLAMA_MODEL]
-            digest = str(layers[0]["digest"]) if layers else ""
-        except (OSError, ValueError, AttributeError, KeyError, TypeError):
-            yield Found(manifest, "ollama", name, f"Ollama's manifest for {name} cannot be read ({manifest}).")
-            continue
-        if not re.fullmatch(r"sha256[:-][0-9a-f]{64}", digest):
-            yield Found(manifest, "ollama", name, f"Ollama's manifest for {name} names no model layer.")
-            continue
-        blob = root / "blobs" / digest.replace(":", "-")
-        if not blob.is_file():
-            problem = f"Ollama's manifest for {name} points to {blob.name}, which is missing; run `ollama pull {name}`."
-            yield Found(blob, "ollama", name, problem)
-        else:
-            yield Found(blob, "ollama", name)
+    for model in ollama_models(root):
+        yield Found(model.blob or model.manifest, "ollama", model.name, model.problem)
 
 
 def _bundled() -> Iterator[Found]:
@@ -359,10 +333,7 @@ def _fill(entry: ModelEntry, facts: Facts, free: int) -> None:
             f"Needs about {least / 2**30:.1f} GB of memory even in its smallest mode; "
             f"this machine has {free / 2**30:.1f} GB free."
         )
-    if facts.format == "gguf":
-        verdict = support_for_gguf(str(facts.config.get("gguf_architecture", facts.architecture)))
-    else:
-        verdict = support(facts.config)
+    verdict = facts.support()
     entry.fast_path, entry.native_step, entry.support = verdict.fast_path, verdict.native_step, verdict.reason
 
 

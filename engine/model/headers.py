@@ -27,10 +27,14 @@ import json
 import math
 import mmap
 import os
+import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.model.support import Support, support, support_for_gguf
 
 # GGUF architectures transformers can read (its GGUF_CONFIG_MAPPING; tests/engine/library checks the list)
 GGUF_READABLE = frozenset(
@@ -90,6 +94,13 @@ class Facts:
     vocab: str = ""  # fingerprint of the tokenizer's vocabulary (token -> id); "" when unknown
     config: dict[str, Any] = field(default_factory=dict)  # config.json, or what a GGUF file says of it
     problem: str = ""  # why Brisk cannot load it, for the user; "" when nothing is known to stop it
+
+    def support(self) -> Support:
+        """Which of Brisk's paths would run this model (``engine.model.support``): by the GGUF architecture for
+        a GGUF file, by ``config.json`` for a folder."""
+        if self.format == "gguf":
+            return support_for_gguf(str(self.config.get("gguf_architecture", self.architecture)))
+        return support(self.config)
 
 
 def describe(path: Path, vocab: bool = True) -> Facts:
@@ -455,3 +466,46 @@ def available_memory() -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+# -- Ollama -----------------------------------------------------------------------------------------
+
+OLLAMA_MODEL = "application/vnd.ollama.image.model"
+
+
+@dataclass(frozen=True)
+class OllamaModel:
+    """One manifest of Ollama's models folder: its ``model:tag`` name and the GGUF blob of its model layer."""
+
+    name: str  # "llama3.2:1b" for the default registry's library, else "host/namespace/model:tag"
+    manifest: Path
+    blob: Path | None  # None when the manifest cannot be read or names no model layer
+    problem: str = ""  # why it cannot be loaded ("" when the blob is there)
+
+
+def ollama_models(root: Path) -> Iterator[OllamaModel]:
+    """The models of Ollama's folder ``root`` (``manifests/<host>/<namespace>/<model>/<tag>`` pointing to
+    ``blobs/sha256-<hex>``), in name order; a missing blob or a bad manifest is a model with a ``problem``."""
+    manifests = root / "manifests"
+    if not manifests.is_dir():
+        return
+    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
+        parts = manifest.relative_to(manifests).parts
+        if len(parts) < 3:
+            continue
+        *where, model, tag = parts
+        host_ns = "/".join(where)
+        name = f"{model}:{tag}" if host_ns in ("registry.ollama.ai/library", "library") else f"{host_ns}/{model}:{tag}"
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8"))
+            layers = [layer for layer in data.get("layers", []) if layer.get("mediaType") == OLLAMA_MODEL]
+            digest = str(layers[0]["digest"]) if layers else ""
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+            yield OllamaModel(name, manifest, None, f"Ollama's manifest for {name} cannot be read ({manifest}).")
+            continue
+        if not re.fullmatch(r"sha256[:-][0-9a-f]{64}", digest):
+            yield OllamaModel(name, manifest, None, f"Ollama's manifest for {name} names no model layer.")
+            continue
+        blob = root / "blobs" / digest.replace(":", "-")
+        missing = f"Ollama's manifest for {name} points to {blob.name}, which is missing; run `ollama pull {name}`."
+        yield OllamaModel(name, manifest, blob, "" if blob.is_file() else missing)

@@ -154,6 +154,13 @@ def _sha256(path: Path, key: str) -> str:
     return digest.hexdigest()
 
 
+def model_path(source: str) -> Path | None:
+    """The file or folder ``source`` names (empty: the bundled GGUF); None when it is not on disk (a hub id, a
+    path that does not exist)."""
+    path = Path(source).expanduser() if source else bundled_model_path()
+    return path if path.exists() else None
+
+
 def check_gguf(path: Path) -> None:
     if not path.exists():
         raise ModelLoadError(f"Model file not found: {path}. Check the path in Settings or --model.")
@@ -186,11 +193,11 @@ def _converted(target: Path) -> bool:
     return True
 
 
-def preflight(path: Path, memory: bool = True) -> None:
+def preflight(path: Path) -> Any:
     """Refuse, before anything is read or converted, a model whose headers say it cannot load (an architecture
-    transformers cannot read from GGUF, no tokenizer or chat template, MLX or GPTQ weights) or whose loading
-    needs more memory than this machine has free (``engine.model.headers.load_peak``: de-quantizing to float32)."""
-    from engine.model.headers import HeaderError, available_memory, describe, load_peak
+    transformers cannot read from GGUF, no tokenizer or chat template, MLX or GPTQ weights); return its
+    ``engine.model.headers.Facts`` for :func:`check_memory`."""
+    from engine.model.headers import HeaderError, describe
 
     try:
         facts = describe(path, vocab=False)
@@ -198,8 +205,16 @@ def preflight(path: Path, memory: bool = True) -> None:
         raise ModelLoadError(str(exc)) from None
     if facts.problem:
         raise ModelLoadError(f"{path.name}: {facts.problem}")
+    return facts
+
+
+def check_memory(path: Path, facts: Any) -> None:
+    """Refuse a model whose loading needs more memory than this machine has free (``headers.load_peak``:
+    de-quantizing to float32)."""
+    from engine.model.headers import available_memory, load_peak
+
     free, need = available_memory(), load_peak(facts)
-    if memory and free and need > free:
+    if free and need > free:
         raise ModelLoadError(
             f"{path.name} needs about {need / 2**30:.1f} GB of memory to load ({facts.parameters / 1e9:.1f} billion "
             f"parameters, read in float32) and this machine has {free / 2**30:.1f} GB free. Close other programs, "
@@ -268,14 +283,14 @@ def converted_dir(gguf: Path, progress: Progress, check: bool = False, wait: boo
     for that first (:func:`wait_written`).  The thread is not a daemon: quitting waits for the copy."""
     check_gguf(gguf)
     if check:
-        preflight(gguf, memory=False)
+        facts = preflight(gguf)
     progress(0.05, "Checking model file")
     digest = file_sha256(gguf)
     target = cache_dir() / "models" / digest
     if _converted(target):
         return target
     if check:
-        preflight(gguf)
+        check_memory(gguf, facts)  # only where a conversion will run
     from engine.quant.cache import remove_tree, waiting  # imports torch: only where a conversion may run
 
     ready = threading.Event()
@@ -608,21 +623,16 @@ def _convert(gguf: Path, digest: str, folder: Path, progress: Progress) -> tuple
 
 
 def ollama_name(blob: Path) -> str:
-    """``model:tag`` of an Ollama blob (``.../models/blobs/sha256-<hex>``), read from the manifests beside it;
-    "" for any other file or a blob no manifest names."""
-    name = blob.name
-    if not (name.startswith("sha256-") and len(name) == 71 and blob.parent.name == "blobs"):
+    """The name Ollama (and the model library) gives a blob (``.../models/blobs/sha256-<hex>``), ``model:tag``,
+    read from the manifests beside it; "" for any other file or a blob no manifest names."""
+    from engine.model.headers import ollama_models
+
+    if not (blob.name.startswith("sha256-") and len(blob.name) == 71 and blob.parent.name == "blobs"):
         return ""
-    digest = "sha256:" + name.removeprefix("sha256-")
-    manifests = blob.parent.parent / "manifests"
     try:
-        for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
-            if digest in manifest.read_text(encoding="utf-8", errors="replace"):
-                *where, model, tag = manifest.relative_to(manifests).parts
-                return f"{model}:{tag}"
-    except (OSError, ValueError):
+        return next((m.name for m in ollama_models(blob.parent.parent) if m.blob == blob), "")
+    except OSError:
         return ""
-    return ""
 
 
 def resolve(source: str, progress: Progress) -> tuple[str, str]:
@@ -636,7 +646,7 @@ def resolve(source: str, progress: Progress) -> tuple[str, str]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is not a Hugging Face model folder (no config.json).")
-        preflight(path)
+        check_memory(path, preflight(path))
         return str(path), path.name
     if source.startswith((".", "/", "~")) or os.sep in source and source.count("/") != 1:
         raise ModelLoadError(f"Model not found: {source}. Check the path.")

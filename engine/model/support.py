@@ -79,6 +79,13 @@ class Support:
     native_step: bool
     reason: str
 
+    @property
+    def sentence(self) -> str:
+        """The paths that run the model, or why the fast ones do not (``ModelInfo.fast_path``, ``brisk doctor``)."""
+        if self.fast_path and self.native_step:
+            return "lean forward and native decode step"
+        return f"lean forward; {self.reason}" if self.fast_path else self.reason
+
 
 @dataclass(frozen=True)
 class Layout:

@@ -113,7 +113,4 @@ def fast_path_text(model: object) -> str:
     to_dict = getattr(config, "to_dict", None)
     if not callable(to_dict):
         return ""
-    verdict = support(to_dict())
-    if verdict.fast_path and verdict.native_step:
-        return "lean forward and native decode step"
-    return f"lean forward; {verdict.reason}" if verdict.fast_path else verdict.reason
+    return support(to_dict()).sentence

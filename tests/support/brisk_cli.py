@@ -13,8 +13,13 @@ from tests.support import ROOT
 BRISK = [sys.executable, "-m", "app.cli"]
 
 
-def brisk(*args: str, stdin: str | None = None, data_dir: str | None = None) -> subprocess.CompletedProcess[str]:
+def brisk(
+    *args: str, stdin: str | None = None, data_dir: str | None = None, offline: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``brisk ARGS`` in a child process; ``offline=False`` lets it reach a hub (HF_ENDPOINT: a test's fake one)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if not offline:
+        env.pop("HF_HUB_OFFLINE")
     if data_dir:
         env["BRISK_DATA_DIR"] = data_dir
     return subprocess.run(

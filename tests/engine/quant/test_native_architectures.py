@@ -123,15 +123,8 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(name: str, mode: str) -> N
 def test_the_window_reaches_the_native_step() -> None:
     """Without its window the native step gives other logits past it (so the tests above can fail)."""
     model = quantized("mistral-window-8", "fp16-cpu")
-    fast = kv.fast_forward(model)
-    assert native.module(wait=True) is not None and fast is not None and fast.native is not None
-    state = KVState()
-    kv.forward(model, state, list(range(5, 25)))
-    windowed = kv.forward(model, state, [7], decode=True)
-    step = fast.native._stepper()
-    assert step is not None
+    windowed, (step, state) = _decode_once(model)
     step.set_windows([0, 0])
-    state.crop(20)
     unwindowed = kv.forward(model, state, [7], decode=True)
     assert float((windowed - unwindowed).abs().max()) > 1e-3
 

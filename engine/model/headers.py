@@ -67,6 +67,9 @@ RUNTIME_BYTES = 600 << 20  # Python, torch, the window and Brisk's caches, measu
 KV_CONTEXT = 4096  # the KV cache counted: one conversation of this many tokens, float32
 # Bytes one linear-layer weight takes in each CPU mode (engine.quant.modes); the embedding stays float32
 MODE_BYTES = {"none": 4.0, "fp16-cpu": 2.0, "q8-cpu": 1.25}
+# q8-cpu keeps the layers of a 4-bit GGUF in 4 bits (0.75 bytes a weight); its head stays 8 bits
+FOUR_BIT_FILES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")
+Q4_BYTES = 0.75
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
 
@@ -441,7 +444,12 @@ def memory_needs(facts: Facts) -> dict[str, int]:
     embed = facts.embedding_parameters
     linear = max(facts.parameters - embed - (0 if facts.tied else embed), 0) + embed  # + the head
     kv = 2 * facts.layers * facts.kv_width * 4 * min(KV_CONTEXT, facts.context or KV_CONTEXT)
-    return {mode: int(4 * embed + per * linear + kv + RUNTIME_BYTES) for mode, per in MODE_BYTES.items()}
+    needs = {mode: int(4 * embed + per * linear + kv + RUNTIME_BYTES) for mode, per in MODE_BYTES.items()}
+    if facts.format == "gguf" and facts.quant in FOUR_BIT_FILES:
+        needs["q8-cpu"] = int(
+            4 * embed + Q4_BYTES * (linear - embed) + MODE_BYTES["q8-cpu"] * embed + kv + RUNTIME_BYTES
+        )
+    return needs
 
 
 def load_peak(facts: Facts) -> int:

@@ -69,7 +69,7 @@ from engine.model.kv import KVState, forward
 from engine.paths import atomic_write, cache_dir
 from engine.quant.kernels import GEMV_ROWS
 
-PROBE_VERSION = 3  # 1: one 320-token prefill, timings apart; 2: before q8-cpu; their records are measured again
+PROBE_VERSION = 4  # 1: one 320-token prefill, timings apart; 2: before q8-cpu; 3: q8-cpu all in 8 bits; measured again
 MIN_AGREEMENT = 0.99
 MARGIN = 0.9  # a mode's decode step must take at most this fraction of float32's
 PREFILL_LIMIT = 1.5  # ... and its CHUNK-token prefill at most this multiple of float32's

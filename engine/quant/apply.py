@@ -91,6 +91,8 @@ def quantize_cpu(
                 new = Int4Linear.from_linear(module, group_size)
             plan[name] = {"kind": kind, "in": module.in_features, "out": module.out_features}
             plan[name].update(bias=module.bias is not None, group_size=group_size)
+            if kind == "q8":
+                plan[name]["bits"] = getattr(new, "bits", 8)
             swap_module(model, name, new)
     if mode == "fp16-cpu" and pack:
         fuse_fp16(model)

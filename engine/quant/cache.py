@@ -55,6 +55,7 @@ from engine.quant.kernels import Fp16Linear, Int4Linear, Int8Linear, Q8Linear, i
 from engine.quant.modes import CPU_MODES, MODES, require
 
 FORMAT = 1  # bump when the saved layout changes; old caches are then rebuilt
+Q8_LAYOUT = 2  # q8-cpu copies: 2 keeps layers from 4-bit GGUFs in 4 bits (1: all in 8); older copies are rebuilt
 META = "quant.json"
 WAITING = "Another Brisk is preparing the model; waiting for it to finish"
 KINDS = {
@@ -83,6 +84,8 @@ def _meta(mode: str, dtype: torch.dtype, stamp: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"format": FORMAT, "mode": mode, "dtype": str(dtype), "source": stamp}
     if mode == "int4-cpu":
         meta["int4_layout"] = int4_layout()
+    if mode == "q8-cpu":
+        meta["q8_layout"] = Q8_LAYOUT
     return meta
 
 
@@ -125,6 +128,8 @@ def _check_layer(mode: str, name: str, spec: object) -> None:
         raise StateError(f"layer {name[:80]!r}: in, out and group_size must be whole numbers up to {MAX_FEATURES}")
     if not isinstance(spec.get("bias"), bool):
         raise StateError(f"layer {name[:80]!r}: bias must be true or false")
+    if spec.get("bits", 8) not in (8, 4) or type(spec.get("bits", 8)) is not int:
+        raise StateError(f"layer {name[:80]!r}: bits must be 8 or 4")
 
 
 def check_meta(value: Any) -> dict[str, Any]:
@@ -140,6 +145,8 @@ def check_meta(value: Any) -> dict[str, Any]:
         raise StateError("format must be a whole number, dtype and source texts")
     if "int4_layout" in meta and not isinstance(meta["int4_layout"], str):
         raise StateError("int4_layout must be text")
+    if "q8_layout" in meta and type(meta["q8_layout"]) is not int:
+        raise StateError("q8_layout must be a whole number")
     if mode not in CPU_MODES:
         return meta
     layers, skipped, aliases = meta.get("layers"), meta.get("skipped"), meta.get("aliases", {})
@@ -209,7 +216,7 @@ def load_quantized(folder: Path, dtype: torch.dtype, meta: dict[str, Any] | None
             if spec["kind"] == "fp16":
                 swap_module(model, name, Fp16Linear(spec["in"], spec["out"], spec["bias"]))
             elif spec["kind"] == "q8":
-                swap_module(model, name, Q8Linear(spec["in"], spec["out"], spec["bias"]))
+                swap_module(model, name, Q8Linear(spec["in"], spec["out"], spec["bias"], spec.get("bits", 8)))
             elif spec["kind"] == "int8":
                 swap_module(model, name, Int8Linear(spec["in"], spec["out"], spec["bias"]))
             else:

@@ -17,9 +17,12 @@ Contract:
 * :class:`Q8Linear` (``q8-cpu``) holds 8-bit weights with a float32 step and minimum per
   group of ``Q8_GROUP`` inputs; its input is quantized per group to 15-bit integers at run
   time and the two are multiplied by the native step's integer kernel (``engine.quant.native``,
-  ``q8_linear``), the same code the native decode step runs, so prefill and decode multiply
-  alike.  Where the native step is not built, the same arithmetic runs in torch (slower;
-  results agree to float32 rounding).
+  ``q8_linear``), the same code the native decode step runs, so a few rows (a speculative
+  verification) and a decode step multiply alike; a layer from a 4-bit GGUF keeps 4 bits.
+  A prompt's rows (``PROMPT_ROWS`` or more) multiply the weights made float32
+  (``q8_dequantize``) with torch's GEMM, faster there than the integer kernel.  Where the
+  native step is not built, the integer arithmetic runs in torch (slower; results agree to
+  float32 rounding).
 * :func:`int4_layout` fingerprints the int4 kernel's packed layout on this torch and CPU.
 
 Which of these can run here is ``engine.quant.modes``' job; putting them into a model
@@ -243,6 +246,7 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+PROMPT_ROWS = 64  # q8 layers: from this many rows a call multiplies float32 weights (a prompt), below it integers
 Q8_GROUP = 32  # inputs that share one step and minimum in q8 weights, and one step in the activations
 X_LEVELS = 16383  # q8 activations: integers in -16383..16383 (15 bits) per group
 
@@ -272,6 +276,56 @@ def q8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return q.reshape(weight.shape), torch.where(second, d2, d1).contiguous(), torch.where(second, m2, m1).contiguous()
 
 
+def q4_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 q [out, in] in 0..15, float32 steps and minimums [out, in / 32], each group's largest error).
+
+    Each group takes the closest of four 16-level grids: its range in 15 steps (Q4_1 groups, whose
+    two ends are levels 0 and 15), its largest magnitude in 8 steps with the minimum at -8 or -7
+    steps (Q4_0 groups: ``d * (q - 8)``, whose largest magnitude is level 0), or the smallest gap
+    between two of its values from its minimum (Q4_K groups, whose scale and minimum are fitted, so
+    their values need not reach level 0 or 15).
+    """
+    groups = weight.detach().float().reshape(weight.shape[0], -1, Q8_GROUP)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    centred = groups.abs().amax(dim=-1) / 8.0
+    gaps = groups.sort(dim=-1).values.diff(dim=-1)
+    tiny = 1e-6 * groups.abs().amax(dim=-1, keepdim=True)  # equal values, float32 rounding apart
+    gap = torch.where(gaps > tiny, gaps, torch.full_like(gaps, float("inf"))).amin(dim=-1)
+    gap = torch.where(torch.isfinite(gap) & ((high - low) <= 15.5 * gap), gap, (high - low) / 15.0)
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    grids = (((high - low) / 15.0, low), (centred, -8.0 * centred), (centred, -7.0 * centred), (gap, low))
+    for step, base in grids:
+        safe = torch.where(step > 0, step, torch.ones_like(step))
+        q = torch.round((groups - base[..., None]) / safe[..., None]).clamp(0, 15)
+        error = (q * step[..., None] + base[..., None] - groups).abs().amax(dim=-1)
+        if best is None:
+            best = (q, step, base, error)
+            continue
+        better = error < best[3]
+        best = (
+            torch.where(better[..., None], q, best[0]),
+            torch.where(better, step, best[1]),
+            torch.where(better, base, best[2]),
+            torch.where(better, error, best[3]),
+        )
+    assert best is not None
+    q, step, base, error = best
+    return q.to(torch.uint8).reshape(weight.shape), step.contiguous(), base.contiguous(), error
+
+
+def pack4(q: torch.Tensor) -> torch.Tensor:
+    """uint8 [out, in] in 0..15 (in a multiple of 64) -> [out, in / 2]: each 64 inputs as 32 bytes, the
+    first 32 inputs in the low nibbles and the next 32 in the high ones (the native kernel's layout)."""
+    pairs = q.reshape(q.shape[0], -1, 2, Q8_GROUP)
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(q.shape[0], -1).contiguous()
+
+
+def unpack4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack4`."""
+    pairs = packed.reshape(packed.shape[0], -1, Q8_GROUP)
+    return torch.stack([pairs & 15, pairs >> 4], dim=2).reshape(packed.shape[0], -1)
+
+
 def q8_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(integers in -16383..16383 as int32 [..., in], float32 steps [..., in / 32]) with x ~ step * q per group.
 
@@ -291,6 +345,11 @@ class Q8Linear(nn.Module):
     product is summed exactly in int32 (the native kernel, ``engine.quant.native``) and scaled
     by the two steps, and the minimum's term is added: float32 rounding only, so its output
     stays as close to float32's as fp16-cpu's.  Reads about 1.25 bytes a weight.
+
+    A layer whose every group lies on 16 levels as closely as on 8-bit's 256 (weights that came
+    from a 4-bit GGUF) keeps them in 4 bits (``bits == 4``: ``qweight`` is [out, in / 2], see
+    :func:`pack4`): the same products from 0.75 bytes a weight.  Nothing is rounded that 8 bits
+    would have kept, so the choice never changes a reply's agreement with float32.
     """
 
     qweight: torch.Tensor
@@ -311,13 +370,16 @@ class Q8Linear(nn.Module):
         self.__dict__["version"] = self.__dict__.get("version", 0) + 1
         Q8Linear.changes += 1
 
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, bits: int = 8) -> None:
         super().__init__()
         self.__dict__["version"] = 0  # counts new weights (see Fp16Linear)
         if in_features % Q8_GROUP:
             raise ValueError(f"q8 layers take inputs in groups of {Q8_GROUP}; this one has {in_features}.")
-        self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=torch.uint8))
+        if bits not in (8, 4) or (bits == 4 and in_features % (2 * Q8_GROUP)):
+            raise ValueError(f"q8 layers keep 8 bits, or 4 with inputs a multiple of 64 (not {bits}, {in_features}).")
+        self.in_features, self.out_features, self.bits = in_features, out_features, bits
+        row = in_features if bits == 8 else in_features // 2
+        self.register_buffer("qweight", torch.zeros(out_features, row, dtype=torch.uint8))
         self.register_buffer("steps", torch.zeros(out_features, in_features // Q8_GROUP))
         self.register_buffer("mins", torch.zeros(out_features, in_features // Q8_GROUP))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
@@ -327,9 +389,20 @@ class Q8Linear(nn.Module):
         return linear.in_features % Q8_GROUP == 0
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> Q8Linear:
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None)
-        layer.qweight, layer.steps, layer.mins = q8_weights(linear.weight)
+    def from_linear(cls, linear: nn.Linear, four: bool = True) -> Q8Linear:
+        """The layer in 8 bits, or in 4 where that rounds nothing 8 bits keep (``four``, inputs a multiple of 64)."""
+        q, steps, mins = q8_weights(linear.weight)
+        bits = 8
+        if four and linear.in_features % (2 * Q8_GROUP) == 0:
+            q4, steps4, mins4, error4 = q4_weights(linear.weight)
+            groups = linear.weight.detach().float().reshape(linear.out_features, -1, Q8_GROUP)
+            back = q.float().reshape(groups.shape) * steps[..., None] + mins[..., None]
+            error8 = (back - groups).abs().amax(dim=-1)
+            # float32 rounding apart (a few units in the last place of the group's largest weight)
+            if bool((error4 <= error8 + 4e-7 * groups.abs().amax(dim=-1)).all()):
+                q, steps, mins, bits = pack4(q4), steps4, mins4, 4
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits)
+        layer.qweight, layer.steps, layer.mins = q, steps, mins
         if linear.bias is not None:
             layer.bias = linear.bias.detach().float().clone()
         return layer
@@ -343,11 +416,14 @@ class Q8Linear(nn.Module):
 
         built = native.module()
         if built is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            if x.numel() >= PROMPT_ROWS * self.in_features:  # a prompt: its weights in float32, torch's GEMM
+                return nn.functional.linear(x, built.q8_dequantize(self.parts()), self.bias)
             return built.q8_linear(x, self.parts())
         return q8_reference(x.float(), self.parts()).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, bias={self.bias is not None}, bits={self.bits}"
 
 
 _EMPTY = torch.empty(0)
@@ -356,6 +432,8 @@ _EMPTY = torch.empty(0)
 def q8_reference(x: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
     """What ``q8_linear`` computes, in torch (the integer sums exact; float sums in another order)."""
     qweight, steps, mins, bias = parts
+    if qweight.shape[1] * 2 == steps.shape[1] * Q8_GROUP:  # 4 bits
+        qweight = unpack4(qweight)
     flat = x.reshape(-1, x.shape[-1])
     q, xs = q8_activations(flat)
     groups = flat.shape[-1] // Q8_GROUP

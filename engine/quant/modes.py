@@ -12,9 +12,11 @@ Modes (``MODES``, the same tuple as ``engine.api.QUANT_MODES``):
   integers at run time, each group's product summed exactly in int32 by the CPU's
   integer dot product (AVX-512 VNNI, else AVX2) in Brisk's native step
   (``engine.quant.native``), float32 across groups; about 1.25 bytes a weight against
-  fp16-cpu's 2.  Where the native step is not built the same arithmetic runs in torch,
-  slowly.  Every ``nn.Linear`` whose inputs are a multiple of 32 (the head included) is
-  converted.  CPU only.
+  fp16-cpu's 2, and 0.75 for a layer whose groups all lie on 16 levels (a 4-bit GGUF's),
+  kept in 4 bits without rounding anything.  A prompt's rows (``PROMPT_ROWS`` or more)
+  multiply the weights made float32 by torch's GEMM.  Where the native step is not built
+  the same arithmetic runs in torch, slowly.  Every ``nn.Linear`` whose inputs are a
+  multiple of 32 (the head included) is converted.  CPU only.
 * ``int8-cpu``: weight-only int8, one scale per output channel, run by torch's
   ``aten._weight_int8pack_mm``.  CPU only.
 * ``int4-cpu``: weight-only int4, asymmetric (scale and zero point) per group of
@@ -71,7 +73,7 @@ DESCRIPTIONS = {
     "nearly the same output (99 % next-token agreement on the bundled model).",
     "q8-cpu": "8-bit weights with a step and minimum per group of 32 (exact for weights from a 4-bit GGUF), "
     "15-bit activations, Brisk's native integer kernel (AVX-512 VNNI or AVX2): about 1.25 bytes a weight, "
-    "against fp16-cpu's 2.",
+    "0.75 where a layer's weights lie on 16 levels (a 4-bit GGUF's, kept in 4 bits), against fp16-cpu's 2.",
     "int8-cpu": "8-bit weights, one scale per output row (torch's CPU kernel), bfloat16 arithmetic.",
     "int4-cpu": "4-bit weights in groups of 32 (torch's CPU kernel); the output head stays 8-bit.",
     "bnb-int8": "bitsandbytes LLM.int8 (CUDA, or the CPU with bitsandbytes 0.48 or newer).",

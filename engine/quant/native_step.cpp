@@ -8,8 +8,9 @@
 // dot product (AVX-512 VNNI, else AVX2's madd) and in float32 across groups.
 // Everything between the projections (RMS norms, rotary embedding, writing keys and values into
 // the KV cache, attention, SiLU or GELU, residual adds) is plain C++ here instead of some 45 small
-// torch ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (prefill), so a
-// prompt and a decode step multiply alike.
+// torch ops a layer.  ``q8_linear`` exposes the same q8 product to the eager path (a few rows at a
+// time multiply as a decode step does); ``q8_dequantize`` gives a prompt's many rows the weights in
+// float32 for torch's GEMM.
 //
 // Layouts: Llama's (llama, mistral, qwen2: q/k/v biases live in the projections), Qwen3's (an RMS
 // norm on each query and key head before the rotary embedding: ``set_head_norms``) and Phi-3's
@@ -156,6 +157,12 @@ void rms_rows(const float* h, const float* w, float* out, int64_t rows, int64_t 
 // Activations: each row's group of 32 is quantized at run time to integers x16 in -16383..16383 with
 // a step xs.  Then sum_j w_j x_j = d * xs * sum_j q_j x16_j + m * xs * sum_j x16_j, where the integer
 // sums are exact: only the float32 steps round.
+//
+// A layer whose every group lies on 16 levels (weights from a 4-bit GGUF) keeps q in 4 bits (BITS = 4):
+// two a byte, [out, in / 2], each 64 inputs as 32 bytes whose low nibbles are the first 32 inputs and
+// whose high nibbles the next 32.  Unpacked, the same integer sums and the same float32 operations run
+// in the same order, so a 4-bit layer gives the result its 8-bit copy (q, d, m) gives, bit for bit,
+// from half the bytes.
 
 constexpr int64_t Q8_GROUP = 32;
 constexpr float X_LEVELS = 16383.f;
@@ -220,13 +227,47 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
 }
 
+// Group g's 32 weights q (0..255, or 0..15 unpacked from 4 bits) of a weight row, as 32 bytes.
+template <int BITS>
+inline __m256i group_weights(const uint8_t* wrow, int64_t g) {
+  if constexpr (BITS == 8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + g * Q8_GROUP));
+  } else {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + (g / 2) * Q8_GROUP));
+    return _mm256_and_si256((g & 1) ? _mm256_srli_epi16(packed, 4) : packed, _mm256_set1_epi8(0x0F));
+  }
+}
+
 // One group's sum_j q_j x16_j as eight exact int32 partial sums.
-inline __m256i group_dot16(const uint8_t* w, const int16_t* x) {
-  const __m256i w0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  const __m256i w1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)));
+inline __m256i group_dot16(__m256i w, const int16_t* x) {
+  const __m256i w0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(w));
+  const __m256i w1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(w, 1));
   const __m256i p0 = _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
   const __m256i p1 = _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16)));
   return _mm256_add_epi32(p0, p1);  // |each| <= 4 * 255 * 16383 < 2**24: exact in float32 too
+}
+#endif
+
+// Weight j of group g of a weight row (the portable path).
+template <int BITS>
+inline int32_t weight_at(const uint8_t* wrow, int64_t g, int64_t j) {
+  if constexpr (BITS == 8) return wrow[g * Q8_GROUP + j];
+  return (wrow[(g / 2) * Q8_GROUP + j] >> (4 * (g & 1))) & 15;
+}
+
+#ifdef BRISK_Q8_VNNI512
+// 64 weights (groups 2 * g2 and 2 * g2 + 1) of a weight row as 64 bytes.
+template <int BITS>
+inline __m512i pair_weights(const uint8_t* wrow, int64_t g2) {
+  if constexpr (BITS == 8) {
+    return _mm512_loadu_si512(wrow + g2 * 64);
+  } else {
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wrow + g2 * 32));
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const __m256i low = _mm256_and_si256(packed, nibble);
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  }
 }
 #endif
 
@@ -238,11 +279,12 @@ inline __m256i group_dot16(const uint8_t* w, const int16_t* x) {
 // OUTS weight rows from o times ROWS activation rows from r0, each (o, r) in its own sum: independent
 // chains of additions keep the CPU busy while one waits.  Per (o, r) the operations and their order
 // are the same whatever OUTS and ROWS, so results never depend on them.
-template <int ROWS, int OUTS>
+template <int BITS, int ROWS, int OUTS>
 inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x,
                     int64_t r0, int64_t width, int64_t o, float* y, int64_t y_stride) {
   const int64_t groups = width / Q8_GROUP;
   const int64_t pairs = width / 64;
+  const int64_t stride = width * BITS / 8;  // bytes a weight row
   // 64 inputs (two groups) an instruction: lanes 0-7 sum the first group, lanes 8-15 the second
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   __m512 acc[OUTS][ROWS];
@@ -250,10 +292,10 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
     for (int r = 0; r < ROWS; ++r) acc[k][r] = _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int k = 0; k < OUTS; ++k) {  // each weight row read front to back, as the prefetcher expects
-    const uint8_t* wrow = w + (o + k) * width;
+    const uint8_t* wrow = w + (o + k) * stride;
     const float* drow = wd + (o + k) * groups;
     for (int64_t g2 = 0; g2 < pairs; ++g2) {
-      const __m512i wv = _mm512_loadu_si512(wrow + g2 * 64);
+      const __m512i wv = pair_weights<BITS>(wrow, g2);
       const __m512 sw = _mm512_permutexvar_ps(
           pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
 #pragma GCC unroll 4
@@ -268,7 +310,7 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
     }
   }
   for (int k = 0; k < OUTS; ++k) {
-    const uint8_t* wrow = w + (o + k) * width;
+    const uint8_t* wrow = w + (o + k) * stride;
     const float* drow = wd + (o + k) * groups;
     const float* mrow = wm + (o + k) * groups;
     for (int r = 0; r < ROWS; ++r) {
@@ -282,9 +324,9 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
         sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(some, mrow + g), _mm512_maskz_loadu_ps(some, xsum + g), sum);
       }
       float odd = 0.f;
-      if (groups % 2) {  // an odd last group
+      if (groups % 2) {  // an odd last group (8-bit only: 4-bit rows are whole pairs)
         const int64_t last = groups - 1;
-        const __m256i dot = group_dot16(wrow + last * Q8_GROUP, x.x16.data() + (r0 + r) * width + last * Q8_GROUP);
+        const __m256i dot = group_dot16(group_weights<8>(wrow, last), x.x16.data() + (r0 + r) * width + last * Q8_GROUP);
         odd = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(drow[last] * x.xs[(r0 + r) * groups + last])));
       }
       const float v = _mm512_reduce_add_ps(sum) + odd;
@@ -294,18 +336,18 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
 }
 #endif
 
-template <int ROWS>
+template <int BITS, int ROWS>
 void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t r0,
              int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
 #ifdef BRISK_Q8_VNNI512
   constexpr int OUTS = ROWS == 1 ? 4 : (ROWS == 2 ? 2 : 1);
   int64_t o = begin;
-  for (; o + OUTS <= end; o += OUTS) q8_vnni<ROWS, OUTS>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
-  for (; o < end; ++o) q8_vnni<ROWS, 1>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o < end; ++o) q8_vnni<BITS, ROWS, 1>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
 #else
   const int64_t groups = width / Q8_GROUP;
   for (int64_t o = begin; o < end; ++o) {
-    const uint8_t* wrow = w + o * width;
+    const uint8_t* wrow = w + o * (width * BITS / 8);
     const float* drow = wd + o * groups;
     float result[ROWS];
 #if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
@@ -314,7 +356,7 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
     for (int64_t g = 0; g < groups; ++g) {
 #pragma GCC unroll 4
       for (int r = 0; r < ROWS; ++r) {
-        const __m256i dot = group_dot16(wrow + g * Q8_GROUP, x.x16.data() + (r0 + r) * width + g * Q8_GROUP);
+        const __m256i dot = group_dot16(group_weights<BITS>(wrow, g), x.x16.data() + (r0 + r) * width + g * Q8_GROUP);
         const __m256 scale = _mm256_set1_ps(drow[g] * x.xs[(r0 + r) * groups + g]);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
       }
@@ -324,12 +366,11 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
     for (int r = 0; r < ROWS; ++r) {
       float lanes[8] = {0};
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* wg = wrow + g * Q8_GROUP;
         const int16_t* xg = x.x16.data() + (r0 + r) * width + g * Q8_GROUP;
         const float scale = drow[g] * x.xs[(r0 + r) * groups + g];
         for (int k = 0; k < 8; ++k) {
           int32_t part = 0;
-          for (int j = 0; j < 4; ++j) part += static_cast<int32_t>(wg[4 * k + j]) * static_cast<int32_t>(xg[4 * k + j]);
+          for (int j = 0; j < 4; ++j) part += weight_at<BITS>(wrow, g, 4 * k + j) * static_cast<int32_t>(xg[4 * k + j]);
           lanes[k] += static_cast<float>(part) * scale;
         }
       }
@@ -344,25 +385,29 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
 
 // All n rows, in tiles of up to 4 (a weight row is read once a tile; a tile's sums fit in registers),
 // over blocks of 16 weight rows, so that a prompt's many tiles find a block's weights in the L1 cache.
+template <int BITS>
 void q8_block(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t n,
               int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
   for (int64_t b0 = begin; b0 < end; b0 += 16) {
     const int64_t b1 = std::min(end, b0 + 16);
     int64_t r0 = 0;
-    for (; r0 + 4 <= n; r0 += 4) q8_tile<4>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
+    for (; r0 + 4 <= n; r0 += 4) q8_tile<BITS, 4>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
     switch (n - r0) {
-      case 3: q8_tile<3>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 2: q8_tile<2>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 1: q8_tile<1>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 3: q8_tile<BITS, 3>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 2: q8_tile<BITS, 2>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 1: q8_tile<BITS, 1>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
       default: break;
     }
   }
 }
 
 // One q8 projection's parts (q/k/v, or gate/up, side by side; or one layer alone): uint8 weights
-// [out, in], float32 steps and minimums [out, in / 32], float32 bias [out] or an empty tensor.
+// [out, in] (or [out, in / 2]: 4 bits, in a multiple of 64), float32 steps and minimums [out, in / 32],
+// float32 bias [out] or an empty tensor.
 struct Q8Part {
   at::Tensor w, d, m, b;
+  int64_t in;  // inputs (the steps' groups times 32)
+  int bits;    // 8, or 4: two weights a byte
 };
 
 constexpr size_t Q8_TENSORS = 4;
@@ -375,51 +420,96 @@ std::vector<Q8Part> q8_parts(const std::vector<at::Tensor>& flat) {
   for (size_t i = 0; i < flat.size(); i += Q8_TENSORS) {
     const at::Tensor &w = flat[i], &d = flat[i + 1], &m = flat[i + 2], &b = flat[i + 3];
     TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte && w.device().is_cpu(),
-                "q8 weights: contiguous uint8 [out, in] on the CPU");
-    TORCH_CHECK(w.size(1) % Q8_GROUP == 0 && w.size(0) > 0, "q8 weights: inputs a multiple of 32");
-    TORCH_CHECK(width < 0 || w.size(1) == width, "q8 parts of one projection take the same inputs");
-    width = w.size(1);
+                "q8 weights: contiguous uint8 [out, in] or [out, in / 2] on the CPU");
+    TORCH_CHECK(d.dim() == 2 && d.size(1) > 0, "q8 steps: [out, in / 32]");
+    const int64_t in = d.size(1) * Q8_GROUP;
+    const int bits = w.size(1) == in ? 8 : 4;
+    TORCH_CHECK(w.size(0) > 0 && (bits == 8 || (2 * w.size(1) == in && in % 64 == 0)),
+                "q8 weights: [out, in] in 8 bits, or [out, in / 2] in 4 bits with inputs a multiple of 64");
+    TORCH_CHECK(width < 0 || in == width, "q8 parts of one projection take the same inputs");
+    width = in;
     for (const at::Tensor* t : {&d, &m})
       TORCH_CHECK(t->dim() == 2 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
-                      t->size(0) == w.size(0) && t->size(1) == w.size(1) / Q8_GROUP,
+                      t->size(0) == w.size(0) && t->size(1) == in / Q8_GROUP,
                   "q8 steps and minimums: contiguous float32 [out, in / 32] on the CPU");
     TORCH_CHECK(b.numel() == 0 || (b.dim() == 1 && b.is_contiguous() && b.scalar_type() == at::kFloat &&
                                    b.device().is_cpu() && b.size(0) == w.size(0)),
                 "q8 bias: empty, or contiguous float32 [out] on the CPU");
-    parts.push_back({w, d, m, b});
+    parts.push_back({w, d, m, b, in, bits});
   }
   return parts;
 }
 
 // x [n, in] float32 -> [n, sum of the parts' outputs] float32, the parts' outputs side by side.
 at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& parts, const at::TensorOptions& options) {
-  const int64_t width = parts[0].w.size(1);
+  const int64_t width = parts[0].in;
   int64_t total = 0;
   for (const auto& p : parts) total += p.w.size(0);
   const Q8Rows rows = quantize_rows(x, n, width);
   at::Tensor y = at::empty({n, total}, options);
   float* yp = y.data_ptr<float>();
-  int64_t offset = 0;
-  for (const auto& p : parts) {
-    const int64_t out = p.w.size(0);
-    const uint8_t* w = p.w.data_ptr<uint8_t>();
-    const float* d = p.d.data_ptr<float>();
-    const float* m = p.m.data_ptr<float>();
-    const float* b = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
-    // tasks of about 32 KB of weights a row of activations: worth a thread, small enough to balance
-    const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, width * std::min<int64_t>(n, 4)));
-    at::parallel_for(0, out, grain, [&](int64_t begin, int64_t end) {
-      q8_block(w, d, m, b, rows, n, width, begin, end, yp + offset, total);
-    });
-    offset += out;
-  }
+  // One parallel region over all the parts' weight rows (q/k/v or gate/up side by side): one fork and
+  // one join a projection.  Tasks of about 32 KB of weights a row of activations: worth a thread,
+  // small enough to balance.
+  std::vector<int64_t> starts(parts.size() + 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
+  const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, width * std::min<int64_t>(n, 4)));
+  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t lo = std::max(begin, starts[i]), hi = std::min(end, starts[i + 1]);
+      if (lo >= hi) continue;
+      const Q8Part& p = parts[i];
+      const uint8_t* w = p.w.data_ptr<uint8_t>();
+      const float* d = p.d.data_ptr<float>();
+      const float* m = p.m.data_ptr<float>();
+      const float* b = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
+      float* out = yp + starts[i];  // this part's outputs start at its column; rows are its own
+      if (p.bits == 4)
+        q8_block<4>(w, d, m, b, rows, n, width, lo - starts[i], hi - starts[i], out, total);
+      else
+        q8_block<8>(w, d, m, b, rows, n, width, lo - starts[i], hi - starts[i], out, total);
+    }
+  });
   return y;
+}
+
+// The parts' weights as float32 [sum of their outputs, in]: d * q + m per group, side by side, for a
+// prompt's many rows, which torch's float32 GEMM multiplies faster than the integer kernel (whose
+// per-group work is done again for every row).  Biases are not applied.
+at::Tensor q8_dequantize(const std::vector<at::Tensor>& flat) {
+  const std::vector<Q8Part> parts = q8_parts(flat);
+  const int64_t width = parts[0].in, groups = width / Q8_GROUP;
+  std::vector<int64_t> starts(parts.size() + 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
+  at::Tensor out = at::empty({starts.back(), width}, parts[0].d.options());
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, starts.back(), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      size_t i = 0;
+      while (o >= starts[i + 1]) ++i;
+      const Q8Part& p = parts[i];
+      const int64_t row = o - starts[i];
+      const uint8_t* wrow = p.w.data_ptr<uint8_t>() + row * (width * p.bits / 8);
+      const float* d = p.d.data_ptr<float>() + row * groups;
+      const float* m = p.m.data_ptr<float>() + row * groups;
+      float* dst = op + o * width;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float step = d[g], low = m[g];
+        float* v = dst + g * Q8_GROUP;
+        if (p.bits == 4)
+          for (int64_t j = 0; j < Q8_GROUP; ++j) v[j] = step * static_cast<float>(weight_at<4>(wrow, g, j)) + low;
+        else
+          for (int64_t j = 0; j < Q8_GROUP; ++j) v[j] = step * static_cast<float>(weight_at<8>(wrow, g, j)) + low;
+      }
+    }
+  });
+  return out;
 }
 
 // For the eager path: x [..., in] float32 -> [..., out], through the same product as the step.
 at::Tensor q8_linear(const at::Tensor& x, const std::vector<at::Tensor>& flat) {
   const std::vector<Q8Part> parts = q8_parts(flat);
-  const int64_t width = parts[0].w.size(1);
+  const int64_t width = parts[0].in;
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && x.size(-1) == width,
               "q8_linear: float32 input on the CPU whose last dimension is the weights' inputs");
   const at::Tensor flat_x = x.reshape({-1, width}).contiguous();
@@ -466,12 +556,12 @@ class Stepper {
         const auto& parts = step.q8_[4 * i + k];
         int64_t out = 0;
         for (const auto& part : parts) out += part.w.size(0);
-        TORCH_CHECK(parts[0].w.size(1) == expect_in[k] && out == expect_out[k],
-                    "q8 projection of layer ", i, ": [", out, ", ", parts[0].w.size(1), "], expected [",
+        TORCH_CHECK(parts[0].in == expect_in[k] && out == expect_out[k],
+                    "q8 projection of layer ", i, ": [", out, ", ", parts[0].in, "], expected [",
                     expect_out[k], ", ", expect_in[k], "]");
       }
     }
-    TORCH_CHECK(step.q8_.back()[0].w.size(1) == width, "q8 head: its inputs must be the hidden width");
+    TORCH_CHECK(step.q8_.back()[0].in == width, "q8 head: its inputs must be the hidden width");
     return step;
   }
 
@@ -803,6 +893,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("pasts"), py::arg("counts"),
            py::arg("all_rows"), py::arg("embed_scale") = 1.0, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
+  m.def("q8_dequantize", &q8_dequantize, py::call_guard<py::gil_scoped_release>(),
+        "q8 parts [(weights, steps, minimums, bias), ...] -> their weights as float32 [sum of outputs, in]");
   m.def("q8_linear", &q8_linear, py::call_guard<py::gil_scoped_release>(),
         "x [..., in] float32 times q8 parts [(weights, scales, bias), ...] -> [..., sum of outputs]");
 }

@@ -266,7 +266,9 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "theme": _choice("theme", THEMES),
     "model_folders": _texts("model_folders"),
     "serve": _flag("serve"),
-    "serve_port": lambda v: None
-    if isinstance(v, int) and not isinstance(v, bool) and 1024 <= v <= 65535
-    else f"serve_port must be a whole number from 1024 to 65535, not {v!r}",
+    "serve_port": lambda v: (
+        None
+        if isinstance(v, int) and not isinstance(v, bool) and 1024 <= v <= 65535
+        else f"serve_port must be a whole number from 1024 to 65535, not {v!r}"
+    ),
 }

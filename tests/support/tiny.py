@@ -18,7 +18,9 @@ from engine.bench.tiny import CHATML, SPECIAL, make_tokenizer
 __all__ = ["CHATML", "SPECIAL", "load_fp16", "load_q8", "make_tiny_model", "make_tokenizer"]
 
 
-def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
+def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64, four_bit: bool = False) -> Path:
+    """``four_bit``: every weight matrix snapped to 16 levels a group of 32 inputs (as a Q4_1 GGUF's), so
+    q8-cpu keeps its layers in 4 bits."""
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -38,6 +40,13 @@ def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
     with torch.no_grad():  # sharper logits than the default init, so greedy ties are impossible in practice
         for p in model.parameters():
             p.mul_(4.0) if p.dim() > 1 else None
+        if four_bit:
+            for p in model.parameters():
+                if p.dim() == 2:
+                    groups = p.reshape(p.shape[0], -1, 32)
+                    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+                    step = ((high - low) / 15).clamp(min=1e-8)  # a constant group (a zero row) stays itself
+                    p.copy_((torch.round((groups - low) / step) * step + low).reshape(p.shape))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

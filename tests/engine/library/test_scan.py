@@ -111,6 +111,11 @@ def test_scan_finds_models_of_every_app(library_home: Path, tiny_dir: Path) -> N
     lms = by_name["bartowski/SmolLM2-GGUF/SmolLM2-135M-Instruct-Q4_1"]
     assert (lms.source, lms.architecture, lms.quant, lms.fast_path) == ("lmstudio", "llama", "Q4_1", True)
     assert lms.memory_bytes["fp16-cpu"] < lms.memory_bytes["none"] and "fp16-cpu" in lms.fits
+    # a 4-bit GGUF's layers stay in 4 bits in q8-cpu: 0.5 byte a weight fewer than 8 bits
+    layers = lms.parameters - 49152 * 576  # the bundled model's embedding (tied: the head is its own layer)
+    assert lms.memory_bytes["fp16-cpu"] - lms.memory_bytes["q8-cpu"] == pytest.approx(
+        0.75 * lms.parameters + 0.5 * layers, rel=0.01
+    )
     assert by_name["smollm2:135m"].parameters == 134_515_008
     assert "ollama pull ghost:latest" in by_name["ghost:latest"].problem
     assert "rwkv6" in by_name["rwkv"].problem

@@ -18,10 +18,16 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
-from engine.quant.kernels import Q8Linear, q8_reference, q8_weights
-from tests.support.tiny import load_q8
+from engine.quant.kernels import PROMPT_ROWS, Q8Linear, pack4, q8_reference, q8_weights, unpack4
+from tests.support.tiny import load_q8, make_tiny_model
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: q8-cpu runs its torch reference")
+
+
+@pytest.fixture(scope="module", params=["8-bit", "4-bit"])
+def tiny_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, and a copy whose weights lie on 16 levels a group (q8-cpu keeps it in 4 bits)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"), four_bit=request.param == "4-bit")
 
 
 def layer(inputs: int, outputs: int, seed: int = 0, bias: bool = True) -> nn.Linear:
@@ -66,6 +72,98 @@ def test_weights_from_a_4_bit_or_q8_0_gguf_are_kept_exactly() -> None:
     x = torch.randn(2, 96)
     relative = (Q8Linear.from_linear(plain)(x) - plain(x)).norm() / plain(x).norm()
     assert float(relative) < 2e-4, "only the 15-bit activations round"
+
+
+def q4_layer(inputs: int, outputs: int, centred: bool = False, seed: int = 0) -> nn.Linear:
+    """A layer whose weights came from a 4-bit GGUF: Q4_1 (d * q + m, both ends present) or Q4_0 (d * (q - 8))."""
+    torch.manual_seed(seed)
+    groups = inputs // 32
+    d = torch.rand(outputs, groups, 1) * 0.02 + 0.001
+    q = torch.randint(0, 16, (outputs, groups, 32)).float()
+    if centred:
+        q[..., 0] = 0  # the largest magnitude is level 0; the sign of d decides which end
+        d = d * torch.where(torch.rand(outputs, groups, 1) < 0.5, -1.0, 1.0)
+        w = d * (q - 8)
+    else:
+        q[..., 0], q[..., 1] = 0, 15
+        w = d * q + torch.randn(outputs, groups, 1) * 0.05
+    lin = nn.Linear(inputs, outputs).requires_grad_(False)
+    lin.weight.copy_(w.reshape(outputs, inputs))
+    return lin
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_0", "Q4_K"])
+def test_weights_from_a_4_bit_gguf_are_kept_in_4_bits_and_give_8_bits_results(kind: str) -> None:
+    built = native.module(wait=True)
+    assert built is not None, native.status()
+    lin = q4_layer(192, 70, centred=kind == "Q4_0")
+    if kind == "Q4_K":  # fitted scales: a group's values need not reach levels 0 and 15
+        torch.manual_seed(3)
+        q = torch.randint(2, 13, (70, 6, 32)).float()
+        lin.weight.copy_((torch.rand(70, 6, 1) * 0.02 * q - torch.rand(70, 6, 1) * 0.1).reshape(70, 192))
+    four = Q8Linear.from_linear(lin)
+    assert four.bits == 4 and four.qweight.shape == (70, 96)
+    back = unpack4(four.qweight).float().reshape(70, 6, 32) * four.steps[..., None] + four.mins[..., None]
+    assert float((back.reshape(70, 192) - lin.weight).abs().max()) <= 1e-6 * float(lin.weight.abs().max())
+    # the same levels in 8 bits: the kernel must give the same floats, bit for bit, from half the bytes
+    eight = Q8Linear(192, 70, True, bits=8)
+    eight.qweight, eight.steps, eight.mins, eight.bias = (
+        unpack4(four.qweight).contiguous(),
+        four.steps,
+        four.mins,
+        four.bias,
+    )
+    for rows in (1, 2, 3, 4, 5, 9):
+        x = torch.randn(rows, 192) * torch.linspace(0.01, 30, 192)
+        ours = built.q8_linear(x, four.parts())
+        assert torch.equal(ours, built.q8_linear(x, eight.parts()))
+        reference = q8_reference(x, four.parts())  # float32 sums in another order
+        assert float((ours - reference).norm() / reference.norm()) < 5e-5  # the minimums' term cancels some
+        alone = torch.cat([built.q8_linear(x[i : i + 1], four.parts()) for i in range(rows)])
+        assert torch.equal(ours, alone), "a row's result must not depend on the rows beside it"
+    assert Q8Linear.from_linear(lin, four=False).bits == 8
+
+
+def test_weights_not_on_16_levels_stay_in_8_bits() -> None:
+    assert Q8Linear.from_linear(layer(128, 16)).bits == 8  # random weights: 4 bits would round them
+    assert Q8Linear.from_linear(q4_layer(96, 8)).bits == 8  # inputs not a multiple of 64: no 4-bit layout
+    lin = q4_layer(128, 8)
+    lin.weight[3, 5] += 1e-4  # one weight off the grid
+    assert Q8Linear.from_linear(lin).bits == 8
+
+
+def test_pack4_round_trips_and_the_kernel_refuses_wrong_shapes() -> None:
+    q = torch.randint(0, 16, (5, 128), dtype=torch.uint8)
+    assert torch.equal(unpack4(pack4(q)), q)
+    built = native.module(wait=True)
+    assert built is not None
+    four = Q8Linear.from_linear(q4_layer(128, 4))
+    w, d, m, b = four.parts()
+    with pytest.raises(RuntimeError, match="4 bits with inputs a multiple of 64"):
+        built.q8_linear(torch.randn(1, 128), [w[:, :48].contiguous(), d, m, b])
+    with pytest.raises(RuntimeError, match="steps and minimums"):
+        built.q8_linear(torch.randn(1, 128), [w, d, m[:, :3].contiguous(), b])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        Q8Linear(96, 4, False, bits=4)
+
+
+@pytest.mark.parametrize("four", [False, True])
+def test_a_prompt_multiplies_the_weights_in_float32(four: bool) -> None:
+    """From PROMPT_ROWS rows a q8 layer multiplies its weights as float32 (d * q + m), torch's GEMM: what
+    float32 gives for those weights, closer than the integer path's 15-bit activations."""
+    built = native.module(wait=True)
+    assert built is not None
+    lin = q4_layer(192, 40) if four else layer(192, 40)
+    q = Q8Linear.from_linear(lin)
+    assert (q.bits == 4) == four
+    dense = built.q8_dequantize(q.parts())
+    qw = unpack4(q.qweight) if four else q.qweight
+    expected = (qw.float().reshape(40, 6, 32) * q.steps[..., None] + q.mins[..., None]).reshape(40, 192)
+    torch.testing.assert_close(dense, expected, rtol=0, atol=1e-6)
+    x = torch.randn(PROMPT_ROWS, 192)
+    torch.testing.assert_close(q(x), nn.functional.linear(x, expected, q.bias), rtol=1e-5, atol=1e-5)
+    small = x[: PROMPT_ROWS - 1]
+    assert torch.equal(q(small), built.q8_linear(small, q.parts())), "fewer rows: the integer product"
 
 
 def test_a_zero_group_and_a_zero_input_give_zeros_not_nans() -> None:
@@ -132,11 +230,15 @@ def test_new_weights_are_collected_again(tiny_dir: Path) -> None:
     assert not torch.allclose(before, after)
 
 
-def test_a_q8_copy_saves_and_loads(tiny_dir: Path, tmp_path: Path) -> None:
+def test_a_q8_copy_saves_and_loads(tiny_dir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     model = load_q8(tiny_dir)
     quant.save_quantized(model, tmp_path / "copy")
     again = quant.load_quantized(tmp_path / "copy", torch.float32)
     assert type(again.lm_head) is Q8Linear and again.brisk_quant["mode"] == "q8-cpu"
+    bits = {name: m.bits for name, m in model.named_modules() if type(m) is Q8Linear}
+    assert bits == {name: m.bits for name, m in again.named_modules() if type(m) is Q8Linear}
+    four = request.node.callspec.params["tiny_dir"] == "4-bit"
+    assert set(bits.values()) == ({4} if four else {8})
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.inference_mode():
         assert torch.equal(model(input_ids=ids).logits, again(input_ids=ids).logits)

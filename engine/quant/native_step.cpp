@@ -290,22 +290,44 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
   __m512 acc[OUTS][ROWS];
   for (int k = 0; k < OUTS; ++k)
     for (int r = 0; r < ROWS; ++r) acc[k][r] = _mm512_setzero_ps();
+  // sum_j q_j x16_j of a group pair, exact in int32: 128 * (q . hi) + (q . lo), the second product added
+  // onto the first by the instruction itself
+  const auto pair_dot = [](__m512i wv, const int8_t* hi, const int8_t* lo) {
+    const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(hi));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(high, 7), wv, _mm512_loadu_si512(lo));
+  };
+  const auto pair_steps = [&pick](const float* drow, int64_t g2) {
+    return _mm512_permutexvar_ps(
+        pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
+  };
+  if constexpr (ROWS == 1) {
 #pragma GCC unroll 4
-  for (int k = 0; k < OUTS; ++k) {  // each weight row read front to back, as the prefetcher expects
-    const uint8_t* wrow = w + (o + k) * stride;
-    const float* drow = wd + (o + k) * groups;
+    for (int k = 0; k < OUTS; ++k) {  // each weight row read front to back, as the prefetcher expects
+      const uint8_t* wrow = w + (o + k) * stride;
+      const float* drow = wd + (o + k) * groups;
+      for (int64_t g2 = 0; g2 < pairs; ++g2) {
+        const int64_t at = r0 * width + g2 * 64;
+        const __m512i dot = pair_dot(pair_weights<BITS>(wrow, g2), x.hi.data() + at, x.lo.data() + at);
+        const __m512 scale = _mm512_mul_ps(pair_steps(drow, g2), _mm512_loadu_ps(x.lanes.data() + (r0 * pairs + g2) * 16));
+        acc[k][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[k][0]);
+      }
+    }
+  } else {  // a prompt's rows: weights from the L1 cache, so each pair's activations are read once for OUTS rows
     for (int64_t g2 = 0; g2 < pairs; ++g2) {
-      const __m512i wv = pair_weights<BITS>(wrow, g2);
-      const __m512 sw = _mm512_permutexvar_ps(
-          pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
+      __m512i wv[OUTS];
+      __m512 sw[OUTS];
+      for (int k = 0; k < OUTS; ++k) {
+        wv[k] = pair_weights<BITS>(w + (o + k) * stride, g2);
+        sw[k] = pair_steps(wd + (o + k) * groups, g2);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < ROWS; ++r) {
         const int64_t at = (r0 + r) * width + g2 * 64;
-        const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(x.hi.data() + at));
-        const __m512i low = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(x.lo.data() + at));
-        const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(high, 7), low);
-        const __m512 scale = _mm512_mul_ps(sw, _mm512_loadu_ps(x.lanes.data() + ((r0 + r) * pairs + g2) * 16));
-        acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[k][r]);
+        const __m512 lanes = _mm512_loadu_ps(x.lanes.data() + ((r0 + r) * pairs + g2) * 16);
+        for (int k = 0; k < OUTS; ++k) {
+          const __m512i dot = pair_dot(wv[k], x.hi.data() + at, x.lo.data() + at);
+          acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sw[k], lanes), acc[k][r]);
+        }
       }
     }
   }
@@ -340,7 +362,7 @@ template <int BITS, int ROWS>
 void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t r0,
              int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
 #ifdef BRISK_Q8_VNNI512
-  constexpr int OUTS = ROWS == 1 ? 4 : (ROWS == 2 ? 2 : 1);
+  constexpr int OUTS = ROWS == 1 ? 4 : 2;
   int64_t o = begin;
   for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
   for (; o < end; ++o) q8_vnni<BITS, ROWS, 1>(w, wd, wm, bias, x, r0, width, o, y, y_stride);

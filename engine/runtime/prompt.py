@@ -26,6 +26,7 @@ reply fails with that message and the engine goes on.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -121,10 +122,38 @@ def _system_ids(tokenizer: Any, content: str) -> tuple[int, ...]:
     return tuple(render(tokenizer, [{"role": "system", "content": content}], add_generation_prompt=False))
 
 
-def system_prefix_tokens(tokenizer: Any, messages: list[dict[str, str]], ids: list[int]) -> int:
-    """Number of leading prompt tokens that belong to the system message."""
-    if not messages or messages[0]["role"] != "system":
+IMPLICIT_MIN = 16  # a template's own system prompt counts as one from this many tokens (shorter: no gain)
+
+
+@functools.lru_cache(maxsize=8)
+def _implicit_ids(tokenizer: Any, tools_json: str) -> tuple[int, ...]:
+    """What the chat template puts before any first user message when no system message is given (SmolLM2's
+    and Qwen's default system prompt, Llama 3's date, the tools): the tokens two unlike messages share."""
+    tools = json.loads(tools_json) if tools_json else None
+    try:
+        one = render(tokenizer, [{"role": "user", "content": "a"}], tools=tools)
+        two = render(tokenizer, [{"role": "user", "content": "Zq 7?"}], tools=tools)
+    except Exception:  # a template that refuses these: no implicit prefix
+        return ()
+    return tuple(one[: common_prefix(one, two)])
+
+
+def system_prefix_tokens(
+    tokenizer: Any, messages: list[dict[str, str]], ids: list[int], tools: list[dict[str, Any]] | None = None
+) -> int:
+    """Number of leading prompt tokens that belong to the system message; without one, to what the chat
+    template puts before every first message (its own default system prompt), when that is
+    ``IMPLICIT_MIN`` tokens or more: kept and saved like a system prompt, so a new process's first
+    question computes only its own tokens."""
+    if not messages:
         return 0
+    if messages[0]["role"] != "system":
+        try:
+            tools_json = json.dumps(tools, sort_keys=True) if tools else ""
+        except (TypeError, ValueError):
+            return 0
+        shared = common_prefix(list(_implicit_ids(tokenizer, tools_json)), ids)
+        return shared if shared >= IMPLICIT_MIN else 0
     sys_ids = list(_system_ids(tokenizer, messages[0]["content"]))
     return common_prefix(sys_ids, ids)
 
@@ -178,7 +207,7 @@ def build_prompt(
             keep = max(1, keep - (len(ids) - budget) - 1)
             cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
             ids = render(tokenizer, system + turns[:-1] + [cut], tools=tools)
-    return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids))
+    return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids, tools))
 
 
 def raw_prompt(tokenizer: Any, text: str, context: int, max_tokens: int) -> Prompt:

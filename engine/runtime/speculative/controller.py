@@ -11,6 +11,18 @@ plain decoding.  A step's time includes making its drafts.  A source asked for
 drafts that proposes none has spent its asking time for nothing
 (:meth:`Controller.record_empty`): it is asked again after 1, 2, 4, ... up to
 ``idle_max`` steps, and at once again after it proposes something.
+
+Each drafted row's cost is measured too, per source (``SourceStats.row_cost``:
+the extra time of a verification step per drafted token, in plain steps, the
+drafts' making included, so a draft model's forwards count), and so is each source's
+chance that its next drafted token is accepted (``SourceStats.run_rate``: tokens
+accepted over tokens accepted plus rejections, recent steps weighing more).
+``draft_length`` never asks for more tokens than the expected tokens per unit of
+time favour: on a model whose extra rows cost little (fp16 weights, bound by
+memory) that is the source's own ``k``; where each row costs much (q8-cpu's
+integer kernel, bound by its instructions: measured 0.6 of a plain step a row),
+a source that is seldom right drafts a token or two, and one copying a passage
+still drafts long.
 """
 
 from __future__ import annotations
@@ -34,6 +46,13 @@ class SourceStats:
     idle_until: int = 0  # not asked before this step: it proposed nothing lately
     idle_wait: int = 0
     empty_s: float = 0.0  # time spent asking it for drafts it did not have
+    run_accepted: float = 1.0  # decaying count of accepted tokens ...
+    run_rejected: float = 1.0  # ... and of rejections (a draft not accepted whole): run_rate's parts
+    row_cost: float | None = None  # EMA: a verification step's extra time per token it drafted, in plain steps
+
+    def run_rate(self) -> float:
+        """The chance that its next drafted token is accepted, given the ones before it were."""
+        return self.run_accepted / (self.run_accepted + self.run_rejected)
 
 
 @dataclass
@@ -58,7 +77,8 @@ class Controller:
         s = self.stats.setdefault(source, SourceStats())
         if self.plain_step_s is None or self.step < s.paused_until or self.step < s.idle_until:
             return 0
-        return self.k.setdefault(source, 4)
+        k = self.k.setdefault(source, 4)
+        return k if s.row_cost is None else min(k, best_length(s.run_rate(), s.row_cost, self.k_max))
 
     def record_plain(self, seconds: float) -> None:
         self.step += 1
@@ -88,6 +108,11 @@ class Controller:
         s.drafted += drafted
         s.accepted += accepted
         s.steps += 1
+        s.run_accepted = 0.9 * s.run_accepted + accepted
+        s.run_rejected = 0.9 * s.run_rejected + (accepted < drafted)
+        if self.plain_step_s and drafted:
+            extra = max(0.0, seconds / self.plain_step_s - 1.0) / drafted
+            s.row_cost = extra if s.row_cost is None else 0.8 * s.row_cost + 0.2 * extra
         if self.plain_step_s:
             gain = (accepted + 1) * self.plain_step_s / seconds
             s.efficiency = 0.7 * s.efficiency + 0.3 * gain
@@ -103,3 +128,17 @@ class Controller:
         else:
             floor = self.k_floor.get(source, 1) if accepted else 1  # a miss from the start: a cold source
             self.k[source] = max(floor, min(k, accepted + 1))
+
+
+def best_length(rate: float, row_cost: float, k_max: int) -> int:
+    """The draft length (1 to ``k_max``) with the most tokens expected per unit of time, when each drafted
+    token is accepted with chance ``rate`` after the ones before it and costs ``row_cost`` plain steps."""
+    best, best_value = 1, 0.0
+    expected, term = 1.0, 1.0  # tokens a step yields: the model's own one, plus each accepted draft
+    for k in range(1, k_max + 1):
+        term *= rate
+        expected += term
+        value = expected / (1.0 + row_cost * k)
+        if value > best_value:
+            best, best_value = k, value
+    return best

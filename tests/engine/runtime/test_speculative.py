@@ -11,6 +11,7 @@ import torch
 
 from engine.api import Sampling, Token, Warning
 from engine.runtime.speculative import Controller, PromptLookup, verify
+from engine.runtime.speculative.controller import best_length
 from tests.support.engine_runner import EngineRunner, done, token_ids
 from tests.support.tiny import make_tiny_model
 
@@ -53,7 +54,12 @@ def test_greedy_output_identical_for_every_source(tiny_pair: EngineRunner, sourc
         assert m.drafted > 0
 
 
-def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path) -> None:
+def test_target_as_its_own_draft_accepts_everything(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.runtime.speculative import controller
+
+    # a draft model as large as the target costs a plain step a token, so the controller would draft little
+    # (test_controller_drafts_what_pays_for_its_rows); the mechanics are what is tested here
+    monkeypatch.setattr(controller, "best_length", lambda _rate, _cost, k_max: k_max)
     runner = EngineRunner(str(tiny_dir), draft=str(tiny_dir))
     try:
         run(runner, CHAT, "off", n=8)  # measure the plain step so drafting starts
@@ -208,6 +214,35 @@ def test_controller_shrinks_model_drafts_but_keeps_lookups_long() -> None:
     assert c.draft_length("lookup") == 4, "lookups are free to propose: keep the floor"
     c.record("lookup", 4, 0, 0.020)  # a quick step, so the source is not paused for it
     assert c.draft_length("lookup") == 1, "nothing accepted (open-ended text): drafts shrink to one token"
+
+
+def test_controller_drafts_what_pays_for_its_rows() -> None:
+    """Each drafted row's measured cost caps the draft: cheap rows (memory-bound fp16) keep long drafts,
+    costly ones (q8's integer kernel: 0.6 of a plain step a row) keep a seldom-right source to a token or
+    two, while a source copying a passage (accepted whole, again and again) still drafts long."""
+    assert best_length(0.5, 0.05, 12) >= 3
+    assert best_length(0.5, 0.65, 12) == 1
+    assert best_length(0.97, 0.65, 12) >= 4
+    c = Controller()
+    c.record_plain(0.005)
+    for _ in range(6):  # a seldom-right source whose four drafted rows made the step 2.6x as long
+        c.record("history", 4, 1, 0.013)
+        for s in c.stats.values():  # pausing is not under test here
+            s.paused_until = 0
+    assert c.stats["history"].row_cost == pytest.approx(0.4, abs=0.05)
+    assert c.draft_length("history") <= 2
+    cheap = Controller()
+    cheap.record_plain(0.009)
+    for _ in range(6):  # rows nearly free: the same record keeps its length
+        cheap.record("history", 4, 1, 0.0095)
+        for s in cheap.stats.values():
+            s.paused_until = 0
+    assert cheap.draft_length("history") >= 2
+    copying = Controller()
+    copying.record_plain(0.005)
+    for k in (4, 6, 8, 10, 12, 12):  # every draft accepted whole
+        copying.record("lookup", k, k, 0.005 * (1 + 0.6 * k))
+    assert copying.draft_length("lookup") >= 8
 
 
 def test_prompt_lookup_finds_the_continuation() -> None:

@@ -121,9 +121,12 @@ class PrefixCache:
     def save(self, path: Path) -> int:
         """Write the system-prompt entries to ``path`` (whole or not at all); return how many.
 
-        Raises ``OSError`` when the file cannot be written; the old file is then left as it was.
+        Entries the file holds that this cache does not (another process's: the window's and the command
+        line's, on one data folder) are kept after this cache's own, as far as ``budget_bytes`` goes, so
+        that no process's save drops another's.  Raises ``OSError`` when the file cannot be written; the
+        old file is then left as it was.
         """
-        return self._write(path, [key for key in self.entries if key.startswith(PERSISTED)])
+        return self._write(path, [key for key in self.entries if key.startswith(PERSISTED)], keep=path)
 
     def save_entry(self, key: str, path: Path, extra: dict[str, str] | None = None) -> None:
         """Write the one entry ``key`` to a file of its own (a document prefix's KV), with ``extra`` metadata.
@@ -156,7 +159,9 @@ class PrefixCache:
         self.evict()
         return key in self.entries
 
-    def _write(self, path: Path, keys: list[str], extra: dict[str, str] | None = None) -> int:
+    def _write(
+        self, path: Path, keys: list[str], extra: dict[str, str] | None = None, keep: Path | None = None
+    ) -> int:
         tensors: dict[str, torch.Tensor] = {}
         meta: dict[str, dict[str, Any]] = {}
         for key in keys:
@@ -171,10 +176,43 @@ class PrefixCache:
             for i, (k, v) in enumerate(layers):
                 tensors[f"{key}|{i}|k"] = k
                 tensors[f"{key}|{i}|v"] = v
+        if keep is not None:
+            self._keep_others(keep, tensors, meta)
         metadata = {**(extra or {}), "format": FILE_FORMAT, "identity": self.identity, "entries": json.dumps(meta)}
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, save(tensors, metadata=metadata))
         return len(meta)
+
+    def _keep_others(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, dict[str, Any]]) -> None:
+        """Add to ``tensors``/``meta`` the system-prompt entries of ``path`` not among them, byte for byte with
+        their checksums (checked again when read), while the whole stays within ``budget_bytes``.  A file
+        that cannot be read adds nothing."""
+        if not path.is_file():
+            return
+        used = sum(t.numel() * t.element_size() for t in tensors.values())
+        problems = self.load_problems
+        try:
+            with safe_open(str(path), "pt") as fh:
+                entries = self._entries_of(fh, path) or {}
+                names = set(fh.keys())
+                for key, info in entries.items():
+                    if key in meta or not isinstance(key, str) or not key.startswith(PERSISTED):
+                        continue
+                    count = info.get("layers") if isinstance(info, dict) else None
+                    wanted = [f"{key}|{i}|{kv}" for i in range(count if isinstance(count, int) else 0) for kv in "kv"]
+                    if not wanted or not set(wanted) <= names:
+                        continue
+                    theirs = {name: fh.get_tensor(name) for name in wanted}
+                    size = sum(t.numel() * t.element_size() for t in theirs.values())
+                    if used + size > self.budget_bytes:
+                        break
+                    tensors.update(theirs)
+                    meta[key] = info
+                    used += size
+        except (SafetensorError, OSError, ValueError, RuntimeError):
+            pass  # the file is replaced by this cache's entries alone, as before
+        finally:
+            self.load_problems = problems
 
     def load(self, path: Path, layout: Layout | None = None) -> int:
         """Add the saved system-prompt entries of ``path`` that check out; return how many.

@@ -139,6 +139,29 @@ def test_saved_prefixes_reload_only_for_the_same_model(tmp_path: Path) -> None:
     assert PrefixCache("model-1").load(path) == 0
 
 
+def test_two_processes_saving_one_file_keep_each_others_prompts(tmp_path: Path) -> None:
+    """The window and the command line on one data folder: a save keeps the entries the other process saved
+    (byte for byte, their checksums checked when read), within the budget; its own come first."""
+    path = tmp_path / "kv.safetensors"
+    window, cli = PrefixCache("model-1"), PrefixCache("model-1")
+    window.insert("system:window", fake_state([5, 6, 7]))
+    assert window.save(path) == 1
+    cli.insert("system:template", fake_state([1, 2, 3, 4]))
+    assert cli.save(path) == 2, "the window's prompt is kept"
+    window.insert("system:later", fake_state([9, 9]))
+    assert window.save(path) == 3, "and the command line's"
+    fresh = PrefixCache("model-1")
+    assert fresh.load(path) == 3 and not fresh.load_problems
+    assert torch.equal(fresh.entries["system:template"].snapshot[0][0], cli.entries["system:template"].snapshot[0][0])
+    one_entry = fake_state([1, 2, 3, 4]).snapshot()
+    small = PrefixCache("model-1", budget_bytes=sum(k.nbytes + v.nbytes for k, v in one_entry))
+    small.insert("system:mine", fake_state([4, 3, 2, 1]))
+    assert small.save(path) == 1, "over the budget: this cache's own entries only"
+    other = PrefixCache("model-2")
+    other.insert("system:theirs", fake_state([1, 1]))
+    assert other.save(path) == 1, "another model's file is replaced, never mixed in"
+
+
 def _header_length(path: Path) -> int:
     return 8 + int.from_bytes(path.read_bytes()[:8], "little")
 

@@ -279,7 +279,7 @@ inline __m512i pair_weights(const uint8_t* wrow, int64_t g2) {
 // OUTS weight rows from o times ROWS activation rows from r0, each (o, r) in its own sum: independent
 // chains of additions keep the CPU busy while one waits.  Per (o, r) the operations and their order
 // are the same whatever OUTS and ROWS, so results never depend on them.
-template <int BITS, int ROWS, int OUTS>
+template <int BITS, int ROWS, int OUTS, bool STREAM>
 inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x,
                     int64_t r0, int64_t width, int64_t o, float* y, int64_t y_stride) {
   const int64_t groups = width / Q8_GROUP;
@@ -300,16 +300,21 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
     return _mm512_permutexvar_ps(
         pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
   };
-  if constexpr (ROWS == 1) {
+  if constexpr (STREAM) {  // a step's few rows: weights from memory, each row front to back (the prefetcher)
 #pragma GCC unroll 4
-    for (int k = 0; k < OUTS; ++k) {  // each weight row read front to back, as the prefetcher expects
+    for (int k = 0; k < OUTS; ++k) {
       const uint8_t* wrow = w + (o + k) * stride;
       const float* drow = wd + (o + k) * groups;
       for (int64_t g2 = 0; g2 < pairs; ++g2) {
-        const int64_t at = r0 * width + g2 * 64;
-        const __m512i dot = pair_dot(pair_weights<BITS>(wrow, g2), x.hi.data() + at, x.lo.data() + at);
-        const __m512 scale = _mm512_mul_ps(pair_steps(drow, g2), _mm512_loadu_ps(x.lanes.data() + (r0 * pairs + g2) * 16));
-        acc[k][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[k][0]);
+        const __m512i wv = pair_weights<BITS>(wrow, g2);
+        const __m512 sw = pair_steps(drow, g2);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) {
+          const int64_t at = (r0 + r) * width + g2 * 64;
+          const __m512i dot = pair_dot(wv, x.hi.data() + at, x.lo.data() + at);
+          const __m512 scale = _mm512_mul_ps(sw, _mm512_loadu_ps(x.lanes.data() + ((r0 + r) * pairs + g2) * 16));
+          acc[k][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[k][r]);
+        }
       }
     }
   } else {  // a prompt's rows: weights from the L1 cache, so each pair's activations are read once for OUTS rows
@@ -358,14 +363,15 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
 }
 #endif
 
-template <int BITS, int ROWS>
+template <int BITS, int ROWS, bool STREAM>
 void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t r0,
              int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
 #ifdef BRISK_Q8_VNNI512
-  constexpr int OUTS = ROWS == 1 ? 4 : 2;
+  // a step's rows (STREAM): weight rows read once each, in order; a prompt's: two at a time from the cache
+  constexpr int OUTS = ROWS == 1 ? 4 : (STREAM ? (ROWS == 2 ? 2 : 1) : 2);
   int64_t o = begin;
-  for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
-  for (; o < end; ++o) q8_vnni<BITS, ROWS, 1>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS, STREAM>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o < end; ++o) q8_vnni<BITS, ROWS, 1, STREAM>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
 #else
   const int64_t groups = width / Q8_GROUP;
   for (int64_t o = begin; o < end; ++o) {
@@ -407,17 +413,17 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
 
 // All n rows, in tiles of up to 4 (a weight row is read once a tile; a tile's sums fit in registers),
 // over blocks of 16 weight rows, so that a prompt's many tiles find a block's weights in the L1 cache.
-template <int BITS>
+template <int BITS, bool STREAM>
 void q8_block(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t n,
               int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
   for (int64_t b0 = begin; b0 < end; b0 += 16) {
     const int64_t b1 = std::min(end, b0 + 16);
     int64_t r0 = 0;
-    for (; r0 + 4 <= n; r0 += 4) q8_tile<BITS, 4>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
+    for (; r0 + 4 <= n; r0 += 4) q8_tile<BITS, 4, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
     switch (n - r0) {
-      case 3: q8_tile<BITS, 3>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 2: q8_tile<BITS, 2>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 1: q8_tile<BITS, 1>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 3: q8_tile<BITS, 3, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 2: q8_tile<BITS, 2, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 1: q8_tile<BITS, 1, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
       default: break;
     }
   }
@@ -476,6 +482,9 @@ at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& part
   std::vector<int64_t> starts(parts.size() + 1, 0);
   for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
   const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, width * std::min<int64_t>(n, 4)));
+  // up to 4 rows (a decode step, a verification): weights streamed from memory once; more (a prompt's
+  // rows): blocks of weight rows stay in the cache while every tile of rows passes over them
+  const bool stream = n <= 4;
   at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
     for (size_t i = 0; i < parts.size(); ++i) {
       const int64_t lo = std::max(begin, starts[i]), hi = std::min(end, starts[i + 1]);
@@ -486,10 +495,13 @@ at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& part
       const float* m = p.m.data_ptr<float>();
       const float* b = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
       float* out = yp + starts[i];  // this part's outputs start at its column; rows are its own
+      const int64_t from = lo - starts[i], to = hi - starts[i];
       if (p.bits == 4)
-        q8_block<4>(w, d, m, b, rows, n, width, lo - starts[i], hi - starts[i], out, total);
+        stream ? q8_block<4, true>(w, d, m, b, rows, n, width, from, to, out, total)
+               : q8_block<4, false>(w, d, m, b, rows, n, width, from, to, out, total);
       else
-        q8_block<8>(w, d, m, b, rows, n, width, lo - starts[i], hi - starts[i], out, total);
+        stream ? q8_block<8, true>(w, d, m, b, rows, n, width, from, to, out, total)
+               : q8_block<8, false>(w, d, m, b, rows, n, width, from, to, out, total);
     }
   });
   return y;

@@ -1,0 +1,101 @@
+"""Cold and warm TTFT of one engine at a time: Brisk in a weight mode, or a peer server, nothing else running.
+
+Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/ttft_alone.py q8-cpu fp16-cpu
+--peer http://127.0.0.1:8089/v1 [--rounds 3]``.  For each column in turn, ``rounds`` new system prompts
+(``engine.bench.common.LONG_SYSTEM`` with a nonce, about 1,900 tokens): the first question is the cold
+TTFT, a second question in a new chat the warm one.  ``brisk bench versus`` measures the same rows
+interleaved with decoding and other engines alive beside them; this measures each engine alone.
+Prints a table and writes ``bench/results/ttft_alone.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.api import AnswerCacheSettings, ModelSpec, Sampling  # noqa: E402
+from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS  # noqa: E402
+from engine.client import Client, local_backend  # noqa: E402
+
+
+def brisk(mode: str, rounds: int) -> dict[str, list[float]]:
+    client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
+    try:
+        client.load(ModelSpec(quant=mode))
+        out: dict[str, list[float]] = {"cold": [], "warm": []}
+        for i in range(rounds):
+            system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
+            for key, question in (
+                ("cold", PEER_PROMPTS[i % len(PEER_PROMPTS)]),
+                ("warm", PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]),
+            ):
+                messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+                done = client.ask(
+                    messages,
+                    Sampling(max_tokens=8),
+                    conversation_id=uuid.uuid4().hex,
+                    speculative="off",
+                    answer_cache=False,
+                )
+                out[key].append(1000 * (done.metrics.ttft_s or 0.0))
+        return out
+    finally:
+        client.close()
+
+
+def peer(url: str, rounds: int) -> dict[str, list[float]]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url, api_key="none")
+    out: dict[str, list[float]] = {"cold": [], "warm": []}
+    for i in range(rounds):
+        system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
+        for key, question in (
+            ("cold", PEER_PROMPTS[i % len(PEER_PROMPTS)]),
+            ("warm", PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]),
+        ):
+            started = time.perf_counter()
+            stream = client.chat.completions.create(
+                model="peer",
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+            )
+            first = None
+            for chunk in stream:
+                if first is None and chunk.choices and chunk.choices[0].delta.content:
+                    first = time.perf_counter() - started
+            out[key].append(1000 * (first or 0.0))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modes", nargs="*", default=["auto"])
+    parser.add_argument("--peer", default="")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    columns = {f"brisk {m}": brisk(m, args.rounds) for m in args.modes}
+    if args.peer:
+        columns["peer"] = peer(args.peer, args.rounds)
+    print("| column | TTFT cold ms, median (min-max) | TTFT warm ms, median (min-max) |\n|---|---|---|")
+    for name, values in columns.items():
+        cells = [f"{statistics.median(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})" for v in (values["cold"], values["warm"])]
+        print(f"| {name} | {cells[0]} | {cells[1]} |")
+    out = Path("bench/results/ttft_alone.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(columns, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

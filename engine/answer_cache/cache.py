@@ -228,6 +228,14 @@ class AnswerCache:
         order = np.argsort(-scores, kind="stable")
         return [(float(scores[j]), int(ids[rows[j]])) for j in order]
 
+    def warm(self, identity: ModelIdentity) -> None:
+        """Read now what a process's first lookup for ``identity`` would read: the exact match's pages and
+        statement, and the model's stored vectors (:meth:`_index_for`), so that the first question does not
+        wait for them.  Raises ``CacheError`` as a lookup would."""
+        self.store.find_exact(identity.key, "", "", self._since())
+        if self.config.semantic:
+            self._index_for(identity.key)
+
     def could_match(self, key: CacheKey) -> bool:
         """Whether the semantic stage of ``key``'s lookup would embed its question (a stored vector to compare).
 

@@ -331,6 +331,10 @@ class AnswerGate:
             self._known[spec_key(spec)] = fields
             known = dict(self._known)
             self.cache.invalidate_model(identity, keep=True)
+            try:  # before Loaded is sent: the first question finds the database read and the vectors in memory
+                self.cache.warm(identity)
+            except Exception:  # only saves time; a lookup that fails says so itself
+                log.debug("answer cache warm-up failed", exc_info=True)
         self._backfill_later(identity)
         if changed:
             try:

@@ -178,3 +178,20 @@ def test_embeddings_are_unit_float32(embedder: Embedder) -> None:
     vectors = embedder.embed([normalise("Hello there"), "another"])
     assert vectors is not None and vectors.dtype.name == "float32" and vectors.shape == (2, 384)
     assert abs(float((vectors[0] ** 2).sum()) - 1.0) < 1e-3
+
+
+def test_warm_reads_the_stored_vectors_before_the_first_question(tmp_path: Path, embedder: Embedder) -> None:
+    """A new process's first lookup must not read the model's stored vectors itself: the gate warms the
+    cache when the load ends (``AnswerGate.loaded``), before the first question can come."""
+    first = AnswerCache(tmp_path / "brisk.db", CacheConfig(), embedder=embedder)
+    first.put(key("What is the capital of France?"), "Paris.", [5, 6], generation_s=2.0)
+    first.close()
+    again = AnswerCache(tmp_path / "brisk.db", CacheConfig(), embedder=embedder)
+    try:
+        assert MODEL.key not in again._indexes
+        again.warm(MODEL)
+        assert len(again._indexes[MODEL.key][0]) == 1
+        hit = again.lookup(key("Which city is the capital of France?"))
+        assert hit is not None and hit.kind == "semantic"
+    finally:
+        again.close()

@@ -14,15 +14,25 @@ import argparse
 import json
 import statistics
 import sys
-import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling  # noqa: E402
-from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS  # noqa: E402
+from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, server_ttft  # noqa: E402
 from engine.client import Client, local_backend  # noqa: E402
+
+
+def questions(rounds: int) -> list[tuple[str, list[dict[str, str]]]]:
+    """(row, messages) in order: each round a new system prompt, asked cold, then warm in a new chat."""
+    out = []
+    for i in range(rounds):
+        system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
+        for j, row in enumerate(("cold", "warm")):
+            question = PEER_PROMPTS[(i + j) % len(PEER_PROMPTS)]
+            out.append((row, [{"role": "system", "content": system}, {"role": "user", "content": question}]))
+    return out
 
 
 def brisk(mode: str, rounds: int) -> dict[str, list[float]]:
@@ -30,21 +40,12 @@ def brisk(mode: str, rounds: int) -> dict[str, list[float]]:
     try:
         client.load(ModelSpec(quant=mode))
         out: dict[str, list[float]] = {"cold": [], "warm": []}
-        for i in range(rounds):
-            system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
-            for key, question in (
-                ("cold", PEER_PROMPTS[i % len(PEER_PROMPTS)]),
-                ("warm", PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]),
-            ):
-                messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-                done = client.ask(
-                    messages,
-                    Sampling(max_tokens=8),
-                    conversation_id=uuid.uuid4().hex,
-                    speculative="off",
-                    answer_cache=False,
-                )
-                out[key].append(1000 * (done.metrics.ttft_s or 0.0))
+        for row, messages in questions(rounds):
+            sampling = Sampling(max_tokens=8)
+            done = client.ask(
+                messages, sampling, conversation_id=uuid.uuid4().hex, speculative="off", answer_cache=False
+            )
+            out[row].append(1000 * (done.metrics.ttft_s or 0.0))
         return out
     finally:
         client.close()
@@ -55,25 +56,8 @@ def peer(url: str, rounds: int) -> dict[str, list[float]]:
 
     client = OpenAI(base_url=url, api_key="none")
     out: dict[str, list[float]] = {"cold": [], "warm": []}
-    for i in range(rounds):
-        system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
-        for key, question in (
-            ("cold", PEER_PROMPTS[i % len(PEER_PROMPTS)]),
-            ("warm", PEER_PROMPTS[(i + 1) % len(PEER_PROMPTS)]),
-        ):
-            started = time.perf_counter()
-            stream = client.chat.completions.create(
-                model="peer",
-                messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
-                max_tokens=8,
-                temperature=0,
-                stream=True,
-            )
-            first = None
-            for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = time.perf_counter() - started
-            out[key].append(1000 * (first or 0.0))
+    for row, messages in questions(rounds):
+        out[row].append(1000 * (server_ttft(client, "peer", messages) or 0.0))
     return out
 
 

@@ -15,6 +15,7 @@ import contextlib
 import os
 import statistics
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -138,3 +139,17 @@ def peer_rows(local: dict[str, Any], peer: dict[str, Any], peer_label: str) -> l
         ("samples", "samples"),
     ]
     return [{"measure": name, "brisk (local)": local[key], peer_label: peer[key]} for name, key in measures]
+
+
+def server_ttft(client: Any, model: str, messages: list[dict[str, str]], max_tokens: int = 8) -> float | None:
+    """Seconds to the first text of a greedy streamed chat completion from an OpenAI-compatible server
+    (``client``: an ``openai.OpenAI``); None when none came."""
+    began = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
+    )
+    first = None
+    for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - began
+    return first

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import Request, Sampling
-from engine.bench.common import Runner, median, table
+from engine.bench.common import Runner, median, server_ttft, table
 
 TYPING_CPS = 6.0  # characters a second
 TYPED_CHARS = 36  # typed at each end at most (6 s each)
@@ -143,18 +143,7 @@ def peer_ttft(url: str, model: str | None, api_key: str | None, parts: list[str]
             {"role": "system", "content": f"[{uuid.uuid4().hex[:8]}] {SYSTEM}"},
             {"role": "user", "content": "\n\n".join(parts)},
         ]
-        began = time.perf_counter()
-        stream = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=8,
-            temperature=0,
-            stream=True,  # type: ignore[arg-type]
-        )
-        first = None
-        for chunk in stream:
-            if first is None and chunk.choices and chunk.choices[0].delta.content:
-                first = time.perf_counter() - began
+        first = server_ttft(client, model, messages)
         times.append(first or float("nan"))
     return median(times)
 

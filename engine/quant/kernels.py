@@ -251,52 +251,21 @@ Q8_GROUP = 32  # inputs that share one step and minimum in q8 weights, and one s
 X_LEVELS = 16383  # q8 activations: integers in -16383..16383 (15 bits) per group
 
 
-def q8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(uint8 q [out, in], float32 steps d and minimums m [out, in / 32]) with weight ~ d * q + m per group.
-
-    Each group takes the closer of two grids: its range in 255 steps (weights from a 4-bit
-    GGUF, 15 steps from minimum to maximum as Q4_0/Q4_1/Q4_K store them, land on q = 17 times
-    their 4-bit value) or its largest magnitude in 127 steps either side of zero, m = -128 d
-    (weights from a Q8_0 GGUF land on their own values).  Either is exact, up to float32
-    rounding, for weights that came from such a file.
-    """
-    groups = weight.detach().float().reshape(weight.shape[0], -1, Q8_GROUP)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    ranged = (high - low) / 255.0
-    centred = groups.abs().amax(dim=-1) / 127.0
-    choices = []
-    for step, base in ((ranged, low), (centred, -128.0 * centred)):
-        safe = torch.where(step > 0, step, torch.ones_like(step))
-        q = torch.round((groups - base[..., None]) / safe[..., None]).clamp(0, 255)
-        error = (q * step[..., None] + base[..., None] - groups).abs().amax(dim=-1)
-        choices.append((q, step, base, error))
-    (q1, d1, m1, e1), (q2, d2, m2, e2) = choices
-    second = e2 < e1
-    q = torch.where(second[..., None], q2, q1).to(torch.uint8)
-    return q.reshape(weight.shape), torch.where(second, d2, d1).contiguous(), torch.where(second, m2, m1).contiguous()
+Fit = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # (q, steps, minimums, largest errors)
 
 
-def q4_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(uint8 q [out, in] in 0..15, float32 steps and minimums [out, in / 32], each group's largest error).
+def _groups(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().float().reshape(weight.shape[0], -1, Q8_GROUP)
 
-    Each group takes the closest of four 16-level grids: its range in 15 steps (Q4_1 groups, whose
-    two ends are levels 0 and 15), its largest magnitude in 8 steps with the minimum at -8 or -7
-    steps (Q4_0 groups: ``d * (q - 8)``, whose largest magnitude is level 0), or the smallest gap
-    between two of its values from its minimum (Q4_K groups, whose scale and minimum are fitted, so
-    their values need not reach level 0 or 15).
-    """
-    groups = weight.detach().float().reshape(weight.shape[0], -1, Q8_GROUP)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    centred = groups.abs().amax(dim=-1) / 8.0
-    gaps = groups.sort(dim=-1).values.diff(dim=-1)
-    tiny = 1e-6 * groups.abs().amax(dim=-1, keepdim=True)  # equal values, float32 rounding apart
-    gap = torch.where(gaps > tiny, gaps, torch.full_like(gaps, float("inf"))).amin(dim=-1)
-    gap = torch.where(torch.isfinite(gap) & ((high - low) <= 15.5 * gap), gap, (high - low) / 15.0)
-    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    grids = (((high - low) / 15.0, low), (centred, -8.0 * centred), (centred, -7.0 * centred), (gap, low))
+
+def _closest_grid(groups: torch.Tensor, grids: tuple[tuple[torch.Tensor, torch.Tensor], ...], top: int) -> Fit:
+    """Per group of ``groups`` [out, in / 32, 32], the grid (step, minimum) among ``grids`` whose levels
+    0..``top`` come closest to its values (the first on a tie): q (float, on the grid), step, minimum and
+    the group's largest error."""
+    best: Fit | None = None
     for step, base in grids:
         safe = torch.where(step > 0, step, torch.ones_like(step))
-        q = torch.round((groups - base[..., None]) / safe[..., None]).clamp(0, 15)
+        q = torch.round((groups - base[..., None]) / safe[..., None]).clamp(0, top)
         error = (q * step[..., None] + base[..., None] - groups).abs().amax(dim=-1)
         if best is None:
             best = (q, step, base, error)
@@ -309,8 +278,40 @@ def q4_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
             torch.where(better, error, best[3]),
         )
     assert best is not None
-    q, step, base, error = best
-    return q.to(torch.uint8).reshape(weight.shape), step.contiguous(), base.contiguous(), error
+    return best
+
+
+def _q8_fit(groups: torch.Tensor) -> Fit:
+    """Each group takes the closer of two 256-level grids: its range in 255 steps (weights from a 4-bit
+    GGUF, 15 steps from minimum to maximum as Q4_0/Q4_1/Q4_K store them, land on q = 17 times their 4-bit
+    value) or its largest magnitude in 127 steps either side of zero, m = -128 d (weights from a Q8_0 GGUF
+    land on their own values).  Either is exact, up to float32 rounding, for weights from such a file."""
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    centred = groups.abs().amax(dim=-1) / 127.0
+    return _closest_grid(groups, (((high - low) / 255.0, low), (centred, -128.0 * centred)), 255)
+
+
+def _q4_fit(groups: torch.Tensor) -> Fit:
+    """Each group takes the closest of four 16-level grids: its range in 15 steps (Q4_1 groups, whose
+    two ends are levels 0 and 15), its largest magnitude in 8 steps with the minimum at -8 or -7
+    steps (Q4_0 groups: ``d * (q - 8)``, whose largest magnitude is level 0), or the smallest gap
+    between two of its values from its minimum (Q4_K groups, whose scale and minimum are fitted, so
+    their values need not reach level 0 or 15)."""
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    centred = groups.abs().amax(dim=-1) / 8.0
+    gaps = groups.sort(dim=-1).values.diff(dim=-1)
+    tiny = 1e-6 * groups.abs().amax(dim=-1, keepdim=True)  # equal values, float32 rounding apart
+    gap = torch.where(gaps > tiny, gaps, torch.full_like(gaps, float("inf"))).amin(dim=-1)
+    gap = torch.where(torch.isfinite(gap) & ((high - low) <= 15.5 * gap), gap, (high - low) / 15.0)
+    grids = (((high - low) / 15.0, low), (centred, -8.0 * centred), (centred, -7.0 * centred), (gap, low))
+    return _closest_grid(groups, grids, 15)
+
+
+def q8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(uint8 q [out, in], float32 steps d and minimums m [out, in / 32]) with weight ~ d * q + m per group
+    (the grids: :func:`_q8_fit`)."""
+    q, step, base, _ = _q8_fit(_groups(weight))
+    return q.to(torch.uint8).reshape(weight.shape), step.contiguous(), base.contiguous()
 
 
 def pack4(q: torch.Tensor) -> torch.Tensor:
@@ -391,18 +392,16 @@ class Q8Linear(nn.Module):
     @classmethod
     def from_linear(cls, linear: nn.Linear, four: bool = True) -> Q8Linear:
         """The layer in 8 bits, or in 4 where that rounds nothing 8 bits keep (``four``, inputs a multiple of 64)."""
-        q, steps, mins = q8_weights(linear.weight)
-        bits = 8
+        groups = _groups(linear.weight)
+        q8, steps, mins, error8 = _q8_fit(groups)
+        q, bits = q8.to(torch.uint8).reshape(linear.weight.shape), 8
         if four and linear.in_features % (2 * Q8_GROUP) == 0:
-            q4, steps4, mins4, error4 = q4_weights(linear.weight)
-            groups = linear.weight.detach().float().reshape(linear.out_features, -1, Q8_GROUP)
-            back = q.float().reshape(groups.shape) * steps[..., None] + mins[..., None]
-            error8 = (back - groups).abs().amax(dim=-1)
+            q4, steps4, mins4, error4 = _q4_fit(groups)
             # float32 rounding apart (a few units in the last place of the group's largest weight)
             if bool((error4 <= error8 + 4e-7 * groups.abs().amax(dim=-1)).all()):
-                q, steps, mins, bits = pack4(q4), steps4, mins4, 4
+                q, steps, mins, bits = pack4(q4.to(torch.uint8).reshape(linear.weight.shape)), steps4, mins4, 4
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits)
-        layer.qweight, layer.steps, layer.mins = q, steps, mins
+        layer.qweight, layer.steps, layer.mins = q, steps.contiguous(), mins.contiguous()
         if linear.bias is not None:
             layer.bias = linear.bias.detach().float().clone()
         return layer

@@ -440,6 +440,13 @@ struct Q8Part {
 
 constexpr size_t Q8_TENSORS = 4;
 
+// Where each part's weight rows start among all the parts' (side by side), and their total at the end.
+std::vector<int64_t> part_starts(const std::vector<Q8Part>& parts) {
+  std::vector<int64_t> starts(parts.size() + 1, 0);
+  for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
+  return starts;
+}
+
 std::vector<Q8Part> q8_parts(const std::vector<at::Tensor>& flat) {
   TORCH_CHECK(!flat.empty() && flat.size() % Q8_TENSORS == 0,
               "q8 parts: (weights, steps, minimums, bias) for each part");
@@ -471,16 +478,14 @@ std::vector<Q8Part> q8_parts(const std::vector<at::Tensor>& flat) {
 // x [n, in] float32 -> [n, sum of the parts' outputs] float32, the parts' outputs side by side.
 at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& parts, const at::TensorOptions& options) {
   const int64_t width = parts[0].in;
-  int64_t total = 0;
-  for (const auto& p : parts) total += p.w.size(0);
+  const std::vector<int64_t> starts = part_starts(parts);
+  const int64_t total = starts.back();
   const Q8Rows rows = quantize_rows(x, n, width);
   at::Tensor y = at::empty({n, total}, options);
   float* yp = y.data_ptr<float>();
   // One parallel region over all the parts' weight rows (q/k/v or gate/up side by side): one fork and
   // one join a projection.  Tasks of about 32 KB of weights a row of activations: worth a thread,
   // small enough to balance.
-  std::vector<int64_t> starts(parts.size() + 1, 0);
-  for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
   const int64_t grain = std::max<int64_t>(16, 32768 / std::max<int64_t>(1, width * std::min<int64_t>(n, 4)));
   // up to 4 rows (a decode step, a verification): weights streamed from memory once; more (a prompt's
   // rows): blocks of weight rows stay in the cache while every tile of rows passes over them
@@ -513,8 +518,7 @@ at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& part
 at::Tensor q8_dequantize(const std::vector<at::Tensor>& flat) {
   const std::vector<Q8Part> parts = q8_parts(flat);
   const int64_t width = parts[0].in, groups = width / Q8_GROUP;
-  std::vector<int64_t> starts(parts.size() + 1, 0);
-  for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].w.size(0);
+  const std::vector<int64_t> starts = part_starts(parts);
   at::Tensor out = at::empty({starts.back(), width}, parts[0].d.options());
   float* op = out.data_ptr<float>();
   at::parallel_for(0, starts.back(), 16, [&](int64_t begin, int64_t end) {
@@ -551,9 +555,7 @@ at::Tensor q8_linear(const at::Tensor& x, const std::vector<at::Tensor>& flat) {
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   at::Tensor y;
   if (n == 0) {
-    int64_t total = 0;
-    for (const auto& p : parts) total += p.w.size(0);
-    y = at::empty({0, total}, x.options());
+    y = at::empty({0, part_starts(parts).back()}, x.options());
   } else {
     y = q8_product(flat_x.data_ptr<float>(), n, parts, x.options());
   }
@@ -588,8 +590,7 @@ class Stepper {
       const int64_t expect_out[4] = {q_size + 2 * kv_size, width, 2 * intermediate, width};
       for (int k = 0; k < 4; ++k) {
         const auto& parts = step.q8_[4 * i + k];
-        int64_t out = 0;
-        for (const auto& part : parts) out += part.w.size(0);
+        const int64_t out = part_starts(parts).back();
         TORCH_CHECK(parts[0].in == expect_in[k] && out == expect_out[k],
                     "q8 projection of layer ", i, ": [", out, ", ", parts[0].in, "], expected [",
                     expect_out[k], ", ", expect_in[k], "]");

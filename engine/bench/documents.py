@@ -85,7 +85,8 @@ def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, .
     m = done.metrics
     spans = {s.name: round(1000 * s.seconds, 2) for s in m.spans}
     return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
-            "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens, "spans_ms": spans}  # fmt: skip
+            "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens, "computed": m.computed_tokens,
+            "cache_bytes": m.cache_bytes, "spans_ms": spans}  # fmt: skip
 
 
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:

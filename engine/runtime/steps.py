@@ -142,7 +142,7 @@ def generate_steps(
             seconds = now - t
             if batching.stepped_alone():  # a batched step's time is the batch's, not this model step's
                 controller.record_plain(seconds)  # the model's own step: what drafting is weighed against
-                observe_step(seconds)  # fewer threads while another program holds a core (engine.runtime.threads)
+                observe_step(seconds, len(state))  # fewer threads while another program holds a core
             if grammar is not None:
                 grammar.accept([token])
             generated.append(token)

@@ -89,15 +89,26 @@ def isolated(work: Callable[[], T]) -> T:
 # tested on step times given by the test.
 
 
+def context_bucket(positions: int) -> int:
+    """Half-octaves of the context a step attends to: steps in one bucket cost within about 1.4x of each other
+    for their attention, so their times compare; steps of different buckets do not (a step over 3,500 positions
+    of a document costs three times a step over 40 on the bundled model, with the cores free)."""
+    bits = max(0, positions).bit_length()
+    return bits if bits < 2 else 2 * bits + ((positions >> (bits - 2)) & 1)
+
+
 @dataclass
 class ThreadGovernor:
     """When the median of the last ``window`` steps at ``most`` threads exceeds ``slow`` times the idle
-    baseline (the lowest such median seen), drop to one thread; after ``probe_every`` steps on one thread,
-    try ``most`` again for ``probe_steps`` steps and keep it only if those steps are faster than the recent
-    one-thread steps and within ``recover`` of the baseline.  A probe step slower than ``slow`` times the
-    baseline ends the probe at once, and each failed probe doubles the wait before the next (up to
-    ``longest_wait`` steps): under load a two-thread step can cost 20 one-thread steps.
-    ``observe(seconds)`` returns the thread count to set now, or None to leave it."""
+    baseline (the lowest such median seen for steps over a context of that size, :func:`context_bucket`), drop
+    to one thread; after ``probe_every`` steps on one thread, try ``most`` again for ``probe_steps`` steps and
+    keep it only if those steps are faster than the recent one-thread steps and within ``recover`` of the
+    baseline.  A probe step slower than ``slow`` times the baseline ends the probe at once, and each failed
+    probe doubles the wait before the next (up to ``longest_wait`` steps): under load a two-thread step can
+    cost 20 one-thread steps.  ``observe(seconds, positions)`` returns the thread count to set now, or None
+    to leave it.  Baselines are per context size because a long context's steps are slower with the cores
+    free: compared with a short chat's baseline they looked like load, and a question about a document left
+    the engine on one thread for the next replies."""
 
     most: int
     window: int = 8
@@ -107,9 +118,10 @@ class ThreadGovernor:
     recover: float = 1.25
     longest_wait: int = 512
     threads: int = 0  # the count in force (0: ``most``)
-    baseline: float | None = None  # idle median step time at ``most`` threads
-    _recent: list[float] = field(default_factory=list)  # steps at the current count (since the last change)
-    _single: list[float] = field(default_factory=list)  # the last one-thread steps
+    baselines: dict[int, float] = field(default_factory=dict)  # context bucket -> idle median step at ``most``
+    _recent: list[tuple[float, int]] = field(default_factory=list)  # (seconds, bucket) since the last change
+    _single: list[tuple[float, int]] = field(default_factory=list)  # the last one-thread steps
+    _bucket: int = 0  # the last step's
     _since: int = 0
     _probing: int = 0
     _wait: int = 0
@@ -119,38 +131,47 @@ class ThreadGovernor:
         self.threads = self.threads or self.most
         self._wait = self.probe_every
 
-    def observe(self, seconds: float) -> int | None:
+    @property
+    def baseline(self) -> float | None:
+        """The idle baseline for steps over the last step's context size."""
+        return self.baselines.get(self._bucket)
+
+    def observe(self, seconds: float, positions: int = 0) -> int | None:
         if self.most <= 1:
             return None
-        self._recent.append(seconds)
+        bucket = self._bucket = context_bucket(positions)
+        self._recent.append((seconds, bucket))
         if self.threads == 1:
-            self._single = (self._single + [seconds])[-self.window :]
+            self._single = (self._single + [(seconds, bucket)])[-self.window :]
             self._since += 1
             if self._since >= self._wait:
                 self._probing = self.probe_steps
                 return self._set(self.most)
             return None
+        base = self.baselines.get(bucket)
         if self._probing:
             self._probing -= 1
-            hopeless = self.baseline is not None and seconds > self.slow * self.baseline
+            hopeless = base is not None and seconds > self.slow * base
             if self._probing and not hopeless:
                 return None
-            probe = statistics.median(self._recent[-self.probe_steps :])
-            near = not hopeless and self.baseline is not None and probe <= self.recover * self.baseline
-            if near and (not self._single or probe < statistics.median(self._single)):
+            probe = statistics.median(s for s, _ in self._recent[-self.probe_steps :])
+            singles = [s for s, b in self._single if b == bucket]
+            near = not hopeless and (probe <= self.recover * base if base is not None else bool(singles))
+            if near and (not singles or probe < statistics.median(singles)):
                 self._probing = 0
                 self._wait = self.probe_every
                 return None  # the cores are free again: stay
             self._probing = 0
             self._wait = min(2 * self._wait, self.longest_wait)
             return self._set(1)
-        if len(self._recent) < self.window:
+        same = [s for s, b in self._recent[-self.window :] if b == bucket]
+        if len(same) < self.window:
             return None
-        median = statistics.median(self._recent[-self.window :])
-        if self.baseline is None or median < self.baseline:
-            self.baseline = median
+        median = statistics.median(same)
+        if base is None or median < base:
+            self.baselines[bucket] = median
             return None
-        if median > self.slow * self.baseline:
+        if median > self.slow * base:
             return self._set(1)
         return None
 
@@ -177,8 +198,9 @@ def set_adaptive(on: bool) -> None:
     _GOVERNOR = None
 
 
-def observe_step(seconds: float) -> None:
-    """Feed one plain decode step's time (on the thread that runs the model) and apply the governor's answer."""
+def observe_step(seconds: float, positions: int = 0) -> None:
+    """Feed one plain decode step's time and the positions it attended to (on the thread that runs the model)
+    and apply the governor's answer."""
     global _GOVERNOR
     if not ADAPT:
         return
@@ -186,6 +208,6 @@ def observe_step(seconds: float) -> None:
 
     if _GOVERNOR is None:
         _GOVERNOR = ThreadGovernor(torch.get_num_threads())
-    change = _GOVERNOR.observe(seconds)
+    change = _GOVERNOR.observe(seconds, positions)
     if change is not None:
         torch.set_num_threads(change)

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from engine.runtime import threads
-from engine.runtime.threads import ThreadGovernor, isolated
+from engine.runtime.threads import ThreadGovernor, context_bucket, isolated
 
 
 def feed(gov: ThreadGovernor, times: list[float]) -> list[int]:
@@ -65,6 +65,46 @@ def test_returns_to_all_threads_when_the_core_is_free_again() -> None:
         gov.observe(0.10 if gov.threads == 2 else 0.15)
         counts.append(gov.threads)
     assert counts[-10:] == [2] * 10
+
+
+def test_a_long_context_is_not_load() -> None:
+    """A question about a document: steps over 3,500 positions cost three times a short chat's, cores free."""
+    gov = ThreadGovernor(2)
+    feed(gov, [0.006] * 16)  # a short chat: its baseline
+    counts = []
+    for i in range(40):
+        gov.observe(0.019, 3_500 + i)
+        counts.append(gov.threads)
+    assert counts == [2] * 40 and gov.switches == 0
+    assert gov.baselines[context_bucket(3_500)] == pytest.approx(0.019)
+
+
+def test_load_during_a_long_context_still_drops_to_one_thread() -> None:
+    gov = ThreadGovernor(2)
+    feed(gov, [0.006] * 16)
+    for i in range(16):
+        gov.observe(0.019, 3_500 + i)  # the document's baseline
+    for i in range(16):
+        gov.observe(0.35, 3_516 + i)  # a program took one core
+    assert gov.threads == 1 and gov.switches == 1
+
+
+def test_a_probe_in_a_context_with_no_baseline_keeps_the_faster_count() -> None:
+    gov = ThreadGovernor(2, probe_every=10, probe_steps=3)
+    feed(gov, [0.10] * 8 + [1.9] * 8)
+    assert gov.threads == 1
+    # the load ends while the chat moved on to a long context two threads were never timed at
+    for i in range(40):
+        gov.observe(0.05 if gov.threads == 2 else 0.09, 5_000 + i)
+    assert gov.threads == 2
+
+
+def test_context_buckets_are_half_octaves() -> None:
+    assert context_bucket(0) == 0 and context_bucket(1) == 1
+    assert context_bucket(40) == context_bucket(47) != context_bucket(48) == context_bucket(63)
+    assert context_bucket(3_100) == context_bucket(3_500) != context_bucket(3_000) == context_bucket(2_048)
+    buckets = [context_bucket(n) for n in range(1, 100_000, 37)]
+    assert buckets == sorted(buckets)
 
 
 def test_one_thread_machine_is_left_alone() -> None:

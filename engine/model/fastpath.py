@@ -141,6 +141,30 @@ class FastForward:
         out = probs.view(1, self.kv_heads, groups * n, keys) @ v
         return out.view(1, self.q_heads, n, self.head_dim)
 
+    def _shared_ok(self, q: torch.Tensor, window: int | None, total: int) -> bool:
+        """Whether :meth:`_attend_shared` computes this layer: float32 on the CPU, every position in its
+        window, no soft-capping (else the layer's segments are joined, a copy, and attended as one)."""
+        covered = window is None or window >= total
+        return covered and self.plan.softcap is None and q.dtype == torch.float32 and q.device.type == "cpu"
+
+    def _attend_shared(self, q: torch.Tensor, parts: tuple[Any, ...], n: int) -> torch.Tensor:
+        """Attention of q [1, heads, n, d] over a shared prefix and the layer's own positions after it, each
+        where it is (no copy): two flash attentions whose outputs are weighed by their log-sum-exps.  Every
+        query sees the whole prefix; of its own positions (``shared`` ..), those up to its own."""
+        (k1, v1), (k2, v2) = parts
+        groups, hd = self.q_heads // self.kv_heads, self.head_dim
+        rows = q.reshape(1, self.kv_heads, groups * n, hd)  # a KV head's query heads side by side
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        o1, l1 = flash(rows, k1, v1, 0.0, False, scale=self.scaling)
+        own = k2.shape[2]  # positions shared + 0 .. own - 1; the queries are the last n of them
+        allowed = torch.arange(own, device=q.device)[None, :] <= torch.arange(own - n, own, device=q.device)[:, None]
+        mask = torch.zeros(n, own, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+        o2, l2 = flash(rows, k2, v2, 0.0, False, attn_mask=mask.repeat(groups, 1), scale=self.scaling)
+        top = torch.maximum(l1, l2)
+        w1, w2 = torch.exp(l1 - top).unsqueeze(-1), torch.exp(l2 - top).unsqueeze(-1)
+        out = (o1 * w1 + o2 * w2) / (w1 + w2)
+        return out.to(q.dtype).view(1, self.q_heads, n, hd)
+
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, cache: Any, logits_to_keep: int = 1, decode: bool = False) -> torch.Tensor:
         """Logits [1, kept, vocab] for ``ids`` [1, n] on top of ``cache`` (a DynamicCache), which it extends.
@@ -193,11 +217,17 @@ class FastForward:
             else:  # Phi-3's partial rotary: the first dimensions rotate, the rest pass
                 q = torch.cat([rotate(q[..., :rotary], cos, sin, rotary // 2), q[..., rotary:]], dim=-1)
                 k = torch.cat([rotate(k[..., :rotary], cos, sin, rotary // 2), k[..., rotary:]], dim=-1)
-            k, v = cache.layers[i].update(k, v)
-            first, mask, causal = masks[self.plan.windows[i]]
-            if first:
-                k, v = k[:, :, first:], v[:, :, first:]
-            a = self._attend(q, k, v, mask, causal)
+            window = self.plan.windows[i]
+            first, mask, causal = masks[window]
+            cached = cache.layers[i]
+            parts = cached.append(k, v) if hasattr(cached, "append") else (cached.update(k, v),)
+            if len(parts) == 2 and self._shared_ok(q, window, past + n):
+                a = self._attend_shared(q, parts, n)  # a shared prefix, read where it is
+            else:
+                k, v = parts[0] if len(parts) == 1 else (cached.keys, cached.values)  # reading them joins them
+                if first:
+                    k, v = k[:, :, first:], v[:, :, first:]
+                a = self._attend(q, k, v, mask, causal)
             o = attn.o_proj(a.transpose(1, 2).reshape(1, n, -1))
             if self.gemma:
                 h = h + layer.post_attention_layernorm(o)

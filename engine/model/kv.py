@@ -4,13 +4,15 @@
 
 Its layers (:class:`GrowingLayer`) write new keys and values in place into a
 buffer with spare room, instead of transformers' concatenation, which copies
-the whole cache on every step.  Sharing is copy-on-branch: a
+the whole cache on every step.  Sharing copies nothing: a
 :meth:`KVState.snapshot` is a view of the first ``n`` positions and *pins*
 them; the state that owns a buffer may keep appending past the pinned length
-in place (the snapshot never sees those positions), while a state that
-adopted a snapshot, or an owner cropped below a pin (regenerate, edit),
-copies into a buffer of its own on its next write.  So a conversation extends
-in place turn after turn, and a copy happens only when it branches.
+in place (the snapshot never sees those positions), and a state that adopted
+a snapshot keeps reading the shared positions where they are and writes its
+own after them in a buffer of its own (an owner cropped below a pin copies
+its own positions into a new buffer).  So a conversation extends in place
+turn after turn, and a new chat about a 3,500-token document shares the
+document's KV instead of copying 160 MB of it.
 """
 
 from __future__ import annotations
@@ -29,17 +31,25 @@ MIN_CAPACITY = 256
 USE_FASTPATH = os.environ.get("BRISK_FASTPATH", "1") != "0"  # 0: transformers' own forward (for comparison)
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]  # keys and values, [1, KV heads, positions, head dim]
+LayerSnapshot = tuple[Pair, ...]  # a layer's positions in order: one segment, or a shared prefix and the rest
+
+
 class Buffer:
-    """Key and value storage with room to grow, shared by snapshots."""
+    """Key and value storage with room to grow, shared by snapshots.
 
-    __slots__ = ("keys", "values", "pinned", "_owner")
+    Index 0 holds position ``start``: a branch's buffer holds only the positions after the prefix it shares.
+    """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: object) -> None:
+    __slots__ = ("keys", "values", "start", "pinned", "_owner")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: object, start: int = 0) -> None:
         self.keys, self.values = keys, values
         # A weak reference: layer -> buffer -> layer would be a cycle, and cycles of megabyte
         # tensors wait for the garbage collector, so an evicted conversation's memory would stay
         # taken (and new buffers would fault in fresh pages) until a collection ran.
         self._owner = weakref.ref(owner)
+        self.start = start
         self.pinned = 0  # positions below this are seen by snapshots and never rewritten
 
     @property
@@ -49,6 +59,11 @@ class Buffer:
     @property
     def capacity(self) -> int:
         return int(self.keys.shape[-2])
+
+    @property
+    def end(self) -> int:
+        """The position after the last one the buffer has room for."""
+        return self.start + self.capacity
 
 
 class _CutView:
@@ -71,11 +86,16 @@ class _CutView:
 
 
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` that appends in place and copies only on a branch."""
+    """A ``DynamicLayer`` that appends in place and never copies a prefix it shares.
 
-    # ``keys``/``values`` are views of the first ``length`` positions of ``buf``; :meth:`advance`
-    # only counts, and the views are cut when next read (a decode step advances 30 layers or so,
-    # and most steps never read the views).
+    Its positions are two segments: ``base``, views of the first positions of another buffer (a snapshot's,
+    pinned there, so never rewritten), and its own buffer after them.  Attention reads both where it runs
+    on :meth:`segments` (the eager path in ``engine.model.fastpath``, the native step); reading ``keys`` or
+    ``values`` of a layer with both joins them into one buffer of its own (a copy), for any other reader.
+    """
+
+    # ``keys``/``values`` are views of the first ``length`` positions; :meth:`advance` only counts, and the
+    # views are cut when next read (a decode step advances 30 layers or so, and most steps never read them).
     keys = _CutView()  # type: ignore[assignment]
     values = _CutView()  # type: ignore[assignment]
     _keys: torch.Tensor | None = None
@@ -85,37 +105,82 @@ class GrowingLayer(DynamicLayer):
     def __init__(self) -> None:
         super().__init__()
         self.buf: Buffer | None = None
+        self.base: Pair | None = None  # the shared prefix: positions 0 .. base_len - 1
         self.length = 0
+
+    @property
+    def base_len(self) -> int:
+        return 0 if self.base is None else int(self.base[0].shape[-2])
+
+    def segments(self, length: int | None = None) -> LayerSnapshot:
+        """Views of the first ``length`` positions (all by default): the shared prefix, then the layer's own."""
+        n = self.length if length is None else length
+        shared = self.base_len
+        if self.base is not None and n <= shared:
+            return ((self.base[0][..., :n, :], self.base[1][..., :n, :]),)
+        if self.buf is None:  # nothing written yet
+            return ((self._keys, self._values),) if self._keys is not None and self._values is not None else ()
+        own = (self.buf.keys[..., : n - shared, :], self.buf.values[..., : n - shared, :])
+        return (own,) if self.base is None else (self.base, own)
 
     def _cut(self) -> None:
         self._stale = False
-        assert self.buf is not None
-        n = self.length
-        self._keys, self._values = self.buf.keys[..., :n, :], self.buf.values[..., :n, :]
+        if self.base is not None and self.length > self.base_len:
+            self._join()
+        parts = self.segments()
+        if parts:
+            self._keys, self._values = parts[0]
+
+    def _join(self, needed: int = 0) -> Buffer:
+        """One buffer of the layer's own for all its positions (a copy of the shared prefix), with room up to
+        position ``needed``."""
+        assert self.base is not None
+        parts = self.segments()
+        n = max(self.length, needed)
+        shape = list(parts[0][0].shape)
+        shape[-2] = n + max(MIN_CAPACITY, n // 4)
+        keys, values = parts[0][0].new_empty(shape), parts[0][1].new_empty(shape)
+        at = 0
+        for k, v in parts:
+            m = int(k.shape[-2])
+            keys[..., at : at + m, :] = k
+            values[..., at : at + m, :] = v
+            at += m
+        self.base = None
+        self.buf = Buffer(keys, values, self)
+        self._stale = True
+        return self.buf
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' cache API: append, and return all keys and values as one tensor each."""
+        self.append(key_states, value_states)
+        assert self.keys is not None and self.values is not None
+        return self.keys, self.values
+
+    def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> LayerSnapshot:
+        """Write new positions after ``length``; return :meth:`segments` (no copy of a shared prefix)."""
         n, m = self.length, key_states.shape[-2]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         buf = self.reserve(m, key_states)
-        buf.keys[..., n : n + m, :] = key_states
-        buf.values[..., n : n + m, :] = value_states
+        at = n - buf.start
+        buf.keys[..., at : at + m, :] = key_states
+        buf.values[..., at : at + m, :] = value_states
         self.advance(m)
-        assert self.keys is not None and self.values is not None
-        return self.keys, self.values
+        return self.segments()
 
     def reserve(self, m: int, like: torch.Tensor) -> Buffer:
         """A buffer of this layer's own with room for ``m`` positions after ``length``.
 
-        For a caller that writes those positions itself (``engine.quant.decode_step``) and then
-        calls :meth:`advance`; ``like`` is a tensor shaped as the keys it will write.
+        For a caller that writes those positions itself (``engine.quant.decode_step``: position ``p`` at
+        index ``p - start``) and then calls :meth:`advance`; ``like`` is a tensor shaped as the keys it will write.
         """
         if not self.is_initialized:
             self.lazy_initialization(like, like)
         n, buf = self.length, self.buf
-        if buf is None or buf.owner is not self or n < buf.pinned or n + m > buf.capacity:
+        if buf is None or buf.owner is not self or n < buf.pinned or n < buf.start or n + m > buf.end:
             buf = self._reallocate(n + m, like)
         return buf
 
@@ -126,24 +191,35 @@ class GrowingLayer(DynamicLayer):
         self._stale = True  # the views are cut when next read
 
     def _reallocate(self, needed: int, like: torch.Tensor) -> Buffer:
-        # Room for a quarter more (at least MIN_CAPACITY tokens): growth stays amortised while a
-        # branch of a long shared prefix does not double its memory for a short reply.
+        # The positions after the shared prefix, with room for a quarter more (at least MIN_CAPACITY
+        # tokens): growth stays amortised while a branch of a long shared prefix holds only its own.
+        # Once its own would outgrow the prefix (a document prefilled on top of a system prompt), the
+        # prefix is copied in too: a copy no larger than what is written, and one segment for whoever
+        # shares this layer's positions next (a branch of a branch shares the first and copies the rest).
+        start = self.base_len
+        if self.base is not None and needed - start > start:
+            return self._join(needed)
+        own = needed - start
         shape = list(like.shape)
-        shape[-2] = needed + max(MIN_CAPACITY, needed // 4)
+        shape[-2] = own + max(MIN_CAPACITY, own // 4)
         keys = like.new_empty(shape)
         values = like.new_empty(shape)
-        assert self.keys is not None and self.values is not None
-        keys[..., : self.length, :] = self.keys[..., : self.length, :]
-        values[..., : self.length, :] = self.values[..., : self.length, :]
-        self.buf = Buffer(keys, values, self)
+        mine = self.length - start
+        if mine > 0:
+            assert self.buf is not None
+            at = start - self.buf.start
+            keys[..., :mine, :] = self.buf.keys[..., at : at + mine, :]
+            values[..., :mine, :] = self.buf.values[..., at : at + mine, :]
+        self.buf = Buffer(keys, values, self, start)
+        self._stale = True
         return self.buf
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
         shape = list(key_states.shape)
         shape[-2] = 0
-        self.keys = key_states.new_empty(shape)
-        self.values = value_states.new_empty(shape)
+        self._keys = key_states.new_empty(shape)
+        self._values = value_states.new_empty(shape)
 
     def get_seq_length(self) -> int:
         return self.length
@@ -152,17 +228,28 @@ class GrowingLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove")
         self.length = max(0, self.length + tokens_to_remove)
-        assert self.keys is not None and self.values is not None
-        self.keys, self.values = self.keys[..., : self.length, :], self.values[..., : self.length, :]
+        if self.base is not None and self.length <= self.base_len:
+            self.base = (self.base[0][..., : self.length, :], self.base[1][..., : self.length, :])
+            self.buf = None  # nothing of its own left
+        self._stale = True
 
     def pin(self, length: int) -> None:
-        if self.buf is not None:
+        if self.buf is not None and length > self.buf.start:
             self.buf.pinned = max(self.buf.pinned, length)
 
-    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Start from a snapshot's views; the first write copies them (a branch)."""
-        self.lazy_initialization(keys, values)
-        self.keys, self.values, self.length = keys, values, int(keys.shape[-2])
+    def adopt(self, parts: LayerSnapshot) -> None:
+        """Start from a snapshot's views: its first segment is shared (never copied), a second is copied."""
+        self.lazy_initialization(parts[0][0], parts[0][1])
+        shared = int(parts[0][0].shape[-2])
+        self.base, self.buf, self.length = (parts[0] if shared else None), None, shared
+        if len(parts) > 1:
+            k, v = parts[1]
+            m = int(k.shape[-2])
+            buf = self._reallocate(self.length + m, k)
+            buf.keys[..., :m, :] = k
+            buf.values[..., :m, :] = v
+            self.length += m
+        self._stale = True
 
 
 def new_cache() -> DynamicCache:
@@ -172,7 +259,36 @@ def new_cache() -> DynamicCache:
     return cache
 
 
-Snapshot = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+Snapshot = tuple[LayerSnapshot, ...]  # one a layer
+
+
+def cut_segments(parts: LayerSnapshot, n: int) -> LayerSnapshot:
+    """The first ``n`` positions of a layer's segments."""
+    out: list[Pair] = []
+    for k, v in parts:
+        m = min(n, int(k.shape[-2]))
+        if m > 0 or not out:
+            out.append((k[..., :m, :], v[..., :m, :]))
+        n -= m
+        if n <= 0:
+            break
+    return tuple(out)
+
+
+def joined(snap: Snapshot) -> tuple[Pair, ...]:
+    """One contiguous (keys, values) a layer: the segments joined (a copy where there are two)."""
+    out = []
+    for parts in snap:
+        if len(parts) == 1:
+            out.append((parts[0][0].contiguous(), parts[0][1].contiguous()))
+        else:
+            out.append((torch.cat([k for k, _ in parts], -2), torch.cat([v for _, v in parts], -2)))
+    return tuple(out)
+
+
+def plain(pairs: tuple[Pair, ...] | list[Pair]) -> Snapshot:
+    """A snapshot of one segment a layer (saved KV read back)."""
+    return tuple((pair,) for pair in pairs)
 
 
 class KVState:
@@ -196,20 +312,24 @@ class KVState:
     def snapshot(self, length: int | None = None) -> Snapshot:
         """Views of the first ``length`` positions, pinned so no later write changes them."""
         n = len(self.tokens) if length is None else length
-        layers = self._layers()
-        for layer in layers:
+        out: list[LayerSnapshot] = []
+        for layer in self._layers():
             if isinstance(layer, GrowingLayer):
                 layer.pin(n)
-        return tuple((layer.keys[..., :n, :], layer.values[..., :n, :]) for layer in layers)
+                out.append(layer.segments(n))
+            else:
+                out.append(((layer.keys[..., :n, :], layer.values[..., :n, :]),))
+        return tuple(out)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot, tokens: list[int], length: int | None = None) -> KVState:
-        """A state holding the first ``length`` tokens of ``snap`` without copying tensors."""
+        """A state holding the first ``length`` tokens of ``snap``: it shares the first segment of each layer
+        (no copy, ever) and copies a second one (a branch of a branch: the positions after the shared prefix)."""
         n = len(tokens) if length is None else length
         cache = new_cache()
-        for keys, values in snap:
+        for parts in snap:
             layer = GrowingLayer()
-            layer.adopt(keys[..., :n, :], values[..., :n, :])
+            layer.adopt(cut_segments(parts, n))
             cache.layers.append(layer)
         return cls(cache, tokens[:n])
 
@@ -221,7 +341,7 @@ class KVState:
 
 
 def snapshot_nbytes(snap: Snapshot) -> int:
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in snap)
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for parts in snap for k, v in parts)
 
 
 def fast_forward(model: Any) -> FastForward | None:

@@ -25,8 +25,10 @@ the tensor collected.  The C++ side checks every tensor it is given (shape, dtyp
 device, contiguity, norm widths).  The cache is duck-typed (this package sits below
 ``engine.model`` and imports nothing from it): every layer must have ``reserve(m, like)``,
 returning a buffer with ``keys`` / ``values`` tensors with room for ``m`` more
-positions, and ``advance(m)``, as ``engine.model.kv.GrowingLayer`` has; for any other
-cache the step declines (``None``).
+positions (position ``p`` at index ``p - start``, its ``start`` attribute, 0 if it has none),
+and ``advance(m)``, as ``engine.model.kv.GrowingLayer`` has; a layer whose ``base`` is a
+(keys, values) pair holds positions ``0 .. start - 1`` there (a shared prefix, read where it
+is); for any other cache the step declines (``None``).
 """
 
 from __future__ import annotations
@@ -377,6 +379,7 @@ class NativeDecode:
         head_dim = self.fast.head_dim
         kv_heads = self._collected[2][1] // head_dim
         ids, coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], [], []
+        base_keys, base_values, starts = [], [], []
         for (tokens, cache, all_rows), layers in zip(items, fitted, strict=True):
             n, past = len(tokens), int(cache.get_seq_length())
             cos, sin = self._cos_sin(past, n)
@@ -390,11 +393,19 @@ class NativeDecode:
             pasts.append(past)
             counts.append(n)
             alls.append(all_rows)
+            shared = zip(layers, bufs, strict=True)
+            bases = [getattr(layer, "base", None) if getattr(b, "start", 0) else None for layer, b in shared]
+            starts.append([getattr(b, "start", 0) for b in bufs])
+            base_keys.append([like if pair is None else pair[0] for pair in bases])
+            base_values.append([like if pair is None else pair[1] for pair in bases])
+        if not any(any(s) for s in starts):
+            base_keys, base_values, starts = [], [], []
         try:
             cos, sin = (coss[0], sins[0]) if len(items) == 1 else (torch.cat(coss, -2), torch.cat(sins, -2))
             logits = step.forward_batch(
-                torch.tensor(ids), embedding, cos, sin, keys, values, pasts, counts, alls, scale
-            )
+                torch.tensor(ids), embedding, cos, sin, keys, values, pasts, counts, alls, scale,
+                base_keys, base_values, starts,
+            )  # fmt: skip
         except RuntimeError as exc:  # its checks failed: nothing counted in the caches; the other paths run
             log.warning("native decode step failed, not used for this model again: %s", str(exc).splitlines()[0])
             self._native = (self._collected, None)

@@ -679,7 +679,8 @@ class Stepper {
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values, int64_t past,
                      bool all_rows, double embed_scale) const {
-    return forward_batch(ids, embedding, cos, sin, {keys}, {values}, {past}, {ids.numel()}, {all_rows}, embed_scale);
+    return forward_batch(ids, embedding, cos, sin, {keys}, {values}, {past}, {ids.numel()}, {all_rows}, embed_scale,
+                         {}, {}, {});
   }
 
   // Several sequences in one call (continuous batching): ``ids`` [n] are the rows of sequence 0, then of
@@ -690,11 +691,20 @@ class Stepper {
   // row is computed by the same code as in a call of its own (each projection row by row alike, each
   // row attending to its own sequence only), so a sequence's logits do not depend on the others in the
   // batch.
+  //
+  // A shared prefix (a chat about a document reads the document's KV where it is, without copying it):
+  // ``starts[s][i]`` > 0 says layer i of sequence s keeps positions 0..start-1 in ``base_keys[s][i]`` /
+  // ``base_values[s][i]`` (views [1, kv heads, start, head_dim] of a larger buffer: rows contiguous, any head
+  // stride) and position p >= start at index p - start of its own buffer.  Empty ``starts``: no sequence has
+  // one.  Each row attends to the same positions in the same order either way, so the logits do not depend
+  // on where the positions are kept.
   at::Tensor forward_batch(const at::Tensor& ids, const at::Tensor& embedding, const at::Tensor& cos,
                            const at::Tensor& sin, const std::vector<std::vector<at::Tensor>>& keys,
                            const std::vector<std::vector<at::Tensor>>& values, const std::vector<int64_t>& pasts,
                            const std::vector<int64_t>& counts, const std::vector<bool>& all_rows,
-                           double embed_scale) const {
+                           double embed_scale, const std::vector<std::vector<at::Tensor>>& base_keys,
+                           const std::vector<std::vector<at::Tensor>>& base_values,
+                           const std::vector<std::vector<int64_t>>& starts) const {
     TORCH_CHECK(ids.dim() == 1 && ids.scalar_type() == at::kLong && ids.numel() > 0, "ids: [n] int64");
     TORCH_CHECK(embedding.dim() == 2 && embedding.is_contiguous() && embedding.scalar_type() == at::kFloat,
                 "embedding: contiguous float32 [vocab, hidden]");
@@ -717,16 +727,33 @@ class Stepper {
     TORCH_CHECK(ids.device().is_cpu(), "ids: on the CPU");
     std::vector<int64_t> seq_of(n), pos_of(n), kept;
     int64_t row = 0, longest = 0;
+    const bool shared = !starts.empty();
+    TORCH_CHECK(!shared || (starts.size() == seqs && base_keys.size() == seqs && base_values.size() == seqs),
+                "shared prefixes: a list of starts and of base keys and values for each sequence, or none");
     for (size_t s = 0; s < seqs; ++s) {
       TORCH_CHECK(counts[s] > 0 && pasts[s] >= 0, "each sequence: at least one row, a past of 0 or more");
       TORCH_CHECK(static_cast<int64_t>(keys[s].size()) == layers && values[s].size() == keys[s].size(),
                   "one KV buffer a layer");
-      for (int64_t i = 0; i < layers; ++i)
+      TORCH_CHECK(!shared || (static_cast<int64_t>(starts[s].size()) == layers &&
+                              static_cast<int64_t>(base_keys[s].size()) == layers &&
+                              static_cast<int64_t>(base_values[s].size()) == layers),
+                  "shared prefixes: one start and one base a layer");
+      for (int64_t i = 0; i < layers; ++i) {
+        const int64_t start = shared ? starts[s][i] : 0;
+        TORCH_CHECK(start >= 0 && start <= pasts[s], "a shared prefix ends at or before the sequence's past");
         for (const at::Tensor* t : {&keys[s][i], &values[s][i]})
           TORCH_CHECK(t->dim() == 4 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
                           t->size(0) == 1 && t->size(1) == kv_heads_ && t->size(3) == hd &&
-                          t->size(2) >= pasts[s] + counts[s],
-                      "KV buffers: contiguous float32 [1, kv heads, capacity >= past + n, head_dim] on the CPU");
+                          t->size(2) >= pasts[s] - start + counts[s],
+                      "KV buffers: contiguous float32 [1, kv heads, capacity >= past - start + n, head_dim] on the "
+                      "CPU");
+        if (start > 0)
+          for (const at::Tensor* t : {&base_keys[s][i], &base_values[s][i]})
+            TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->device().is_cpu() && t->size(0) == 1 &&
+                            t->size(1) == kv_heads_ && t->size(2) == start && t->size(3) == hd && t->stride(3) == 1 &&
+                            t->stride(2) == hd,
+                        "shared prefixes: float32 [1, kv heads, start, head_dim] on the CPU, rows contiguous");
+      }
       for (int64_t j = 0; j < counts[s]; ++j, ++row) {
         TORCH_CHECK(row < n, "the counts add up to more rows than ids");
         seq_of[row] = static_cast<int64_t>(s);
@@ -758,7 +785,8 @@ class Stepper {
     const float* cp = cos.data_ptr<float>();
     const float* sp = sin.data_ptr<float>();
     std::vector<float*> kbs(seqs), vbs(seqs);
-    std::vector<int64_t> caps(seqs);
+    std::vector<const float*> bks(seqs), bvs(seqs);
+    std::vector<int64_t> caps(seqs), bstrides(seqs), begins(seqs);
 
     for (int64_t i = 0; i < layers; ++i) {
       rms_rows(hp, norms_[2 * i].data_ptr<float>(), xp, n, width, eps_, gemma_);
@@ -770,6 +798,12 @@ class Stepper {
         kbs[s] = keys[s][i].data_ptr<float>();
         vbs[s] = values[s][i].data_ptr<float>();
         caps[s] = keys[s][i].size(2);
+        begins[s] = shared ? starts[s][i] : 0;  // the position of index 0 of the sequence's own buffer
+        bks[s] = begins[s] > 0 ? base_keys[s][i].data_ptr<float>() : nullptr;
+        bvs[s] = begins[s] > 0 ? base_values[s][i].data_ptr<float>() : nullptr;
+        bstrides[s] = begins[s] > 0 ? base_keys[s][i].stride(1) : 0;
+        TORCH_CHECK(begins[s] == 0 || base_values[s][i].stride(1) == bstrides[s],
+                    "shared prefixes: keys and values with one head stride");
       }
       for (int64_t r = 0; r < n; ++r) {
         float* row_q = qp + r * stride;
@@ -790,7 +824,7 @@ class Stepper {
             v[d + half] = x2 * c[d + half] + x1 * s[d + half];
           }
         }
-        const int64_t q = seq_of[r], cap = caps[q], at = pos_of[r];
+        const int64_t q = seq_of[r], cap = caps[q], at = pos_of[r] - begins[q];
         for (int64_t g = 0; g < kv_heads_; ++g) {
           std::memcpy(kbs[q] + (g * cap + at) * hd, row_q + q_size + g * hd, hd * sizeof(float));
           std::memcpy(vbs[q] + (g * cap + at) * hd, row_q + q_size + kv_size + g * hd, hd * sizeof(float));
@@ -805,16 +839,19 @@ class Stepper {
         float acc[1024];
         for (int64_t task = begin; task < end; ++task) {
           const int64_t r = task / q_heads_, head = task % q_heads_, g = head / groups;
-          const int64_t q = seq_of[r], cap = caps[q];
+          const int64_t q = seq_of[r], cap = caps[q], begin = begins[q];
           const float* query = qp + r * stride + head * hd;
-          const float* K = kbs[q] + g * cap * hd;
-          const float* V = vbs[q] + g * cap * hd;
-          // this row sees its sequence's positions up to its own, the last ``window`` of them if windowed
+          // this row sees its sequence's positions up to its own, the last ``window`` of them if windowed:
+          // those before ``begin`` in the shared prefix, the rest in the sequence's own buffer
           const int64_t first = window > 0 ? std::max<int64_t>(0, pos_of[r] + 1 - window) : 0;
           const int64_t len = pos_of[r] + 1 - first;
-          K += first * hd;
-          V += first * hd;
-          for (int64_t j = 0; j < len; ++j) scores[j] = key_dot(query, K + j * hd, hd) * scaling_;
+          const int64_t in_base = std::max<int64_t>(0, std::min(begin, pos_of[r] + 1) - first);
+          const float* BK = in_base > 0 ? bks[q] + g * bstrides[q] + first * hd : nullptr;
+          const float* BV = in_base > 0 ? bvs[q] + g * bstrides[q] + first * hd : nullptr;
+          const float* K = kbs[q] + g * cap * hd + (first + in_base - begin) * hd;
+          const float* V = vbs[q] + g * cap * hd + (first + in_base - begin) * hd;
+          for (int64_t j = 0; j < in_base; ++j) scores[j] = key_dot(query, BK + j * hd, hd) * scaling_;
+          for (int64_t j = in_base; j < len; ++j) scores[j] = key_dot(query, K + (j - in_base) * hd, hd) * scaling_;
           if (attention_cap_ > 0.f) soft_cap(scores.data(), len, attention_cap_);
           float top = -INFINITY;
           for (int64_t j = 0; j < len; ++j) top = std::max(top, scores[j]);
@@ -822,9 +859,14 @@ class Stepper {
           exp_nonpositive(scores.data(), len);
           const float inv = 1.0f / sum(scores.data(), len);
           std::fill(acc, acc + hd, 0.f);
-          for (int64_t j = 0; j < len; ++j) {
+          for (int64_t j = 0; j < in_base; ++j) {
             const float p = scores[j];
-            const float* v = V + j * hd;
+            const float* v = BV + j * hd;
+            for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
+          }
+          for (int64_t j = in_base; j < len; ++j) {
+            const float p = scores[j];
+            const float* v = V + (j - in_base) * hd;
             for (int64_t d = 0; d < hd; ++d) acc[d] += p * v[d];
           }
           float* out = ap + r * q_size + head * hd;
@@ -926,7 +968,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::call_guard<py::gil_scoped_release>())
       .def("forward_batch", &Stepper::forward_batch, py::arg("ids"), py::arg("embedding"), py::arg("cos"),
            py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("pasts"), py::arg("counts"),
-           py::arg("all_rows"), py::arg("embed_scale") = 1.0, py::call_guard<py::gil_scoped_release>());
+           py::arg("all_rows"), py::arg("embed_scale") = 1.0,
+           py::arg("base_keys") = std::vector<std::vector<at::Tensor>>{},
+           py::arg("base_values") = std::vector<std::vector<at::Tensor>>{},
+           py::arg("starts") = std::vector<std::vector<int64_t>>{}, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
   m.def("q8_dequantize", &q8_dequantize, py::call_guard<py::gil_scoped_release>(),
         "q8 parts [(weights, steps, minimums, bias), ...] -> their weights as float32 [sum of outputs, in]");

@@ -104,9 +104,10 @@ def build(name: str) -> Any:
     return sharpen(MODELS[name]().eval())
 
 
-def compare(model: Any, ids: list[int], split: int) -> float:
+def compare(model: Any, ids: list[int], split: int, branch: bool = False) -> float:
     """Prefill, a chunk of 5 on top of the cache, single steps, then a greedy continuation; the largest
-    logit difference from transformers' forward."""
+    logit difference from transformers' forward.  ``branch``: everything after the prefill runs on a branch
+    of it (``KVState.from_snapshot``: the prefill's positions shared, not copied)."""
     fast = FastForward.for_model(model)
     assert fast is not None
     ours, theirs = KVState(), DynamicCache(config=model.config)
@@ -127,6 +128,8 @@ def compare(model: Any, ids: list[int], split: int) -> float:
         pieces = [(0, split, 0), (split, split + 5, 0)] + [(j, j + 1, 1) for j in range(split + 5, len(ids))]
         for begin, end, keep in pieces:
             both(x[:, begin:end], keep)
+            if branch and begin == 0:
+                ours = KVState.from_snapshot(ours.snapshot(split), ids[:split])
         token_ours = token_theirs = ids[-1]
         for _ in range(8):  # each side decodes its own greedy continuation
             a, b = both(torch.tensor([[token_ours]]), 1) if token_ours == token_theirs else (None, None)
@@ -142,6 +145,14 @@ def test_fast_forward_agrees_with_transformers(name: str) -> None:
     model = build(name)
     worst = compare(model, list(range(3, 33)), split=12)  # 30 tokens: longer than a window of 8
     print(f"{name}: largest logit difference {worst:.2e}")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_branch_reading_its_shared_prefix_in_place_agrees_with_transformers(name: str) -> None:
+    """A new chat on a shared prefix (a document's KV): its prompt and steps read the prefix where it is;
+    layers that cannot (soft-capped attention; a window shorter than the context) join it first."""
+    model = build(name)
+    compare(model, list(range(3, 33)), split=12, branch=True)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -18,7 +18,7 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
-from tests.support.tiny import load_fp16
+from tests.support.tiny import load_fp16, load_q8
 
 # Where no C++ compiler exists the app decodes on the eager path;
 # everywhere else these must pass.
@@ -113,6 +113,34 @@ def test_a_branch_and_a_cropped_cache_decode_as_a_fresh_one(tiny_dir: Path) -> N
     expected = kv.forward(model, fresh, [50], decode=True)
     assert torch.equal(kv.forward(model, state, [50], decode=True), expected)
     assert torch.equal(kv.forward(model, branch, [50], decode=True), expected)
+
+
+@pytest.mark.parametrize("load", [load_fp16, load_q8], ids=["fp16-cpu", "q8-cpu"])
+def test_a_shared_prefix_is_read_in_place_and_decodes_as_a_copy_of_it(tiny_dir: Path, load: Any) -> None:
+    """A chat on a shared prefix (a document's KV) decodes from the prefix where it is, alone and batched with
+    a chat of its own, bit for bit as from a copy of it; the prefix is never copied nor written."""
+    model = load(tiny_dir)
+    assert native.module(wait=True) is not None
+    prefix = KVState()
+    kv.forward(model, prefix, list(range(5, 45)))
+    before = [layer.keys.clone() for layer in prefix.cache.layers]
+    shared = KVState.from_snapshot(prefix.snapshot(), prefix.tokens)
+    copied = KVState.from_snapshot(prefix.snapshot(), prefix.tokens)
+    for layer in copied.cache.layers:
+        layer.keys  # noqa: B018 - reading them joins the prefix into a buffer of its own: a copy
+    other = KVState()
+    kv.forward(model, other, [9, 8, 7])
+    for state in (shared, copied):
+        kv.forward(model, state, [11, 12, 13])  # the new chat's prompt, on the eager path
+    for tokens in ([50], [51, 52, 53], [54]):  # a step, a verification of drafts, a step
+        a = kv.forward_many(model, [(shared, tokens, True), (other, [60 + len(tokens)], False)])[0]
+        b = kv.forward(model, copied, tokens, all_logits=True, decode=True)
+        assert torch.equal(a, b)
+    layer = shared.cache.layers[0]
+    assert [p[0].shape[-2] for p in layer.segments()] == [40, 8], "the prefix is read where it is"
+    assert layer.buf is not None and layer.buf.start == 40 and layer.buf.capacity <= 8 + kv.MIN_CAPACITY
+    assert all(torch.equal(x.keys, y) for x, y in zip(prefix.cache.layers, before, strict=True))
+    assert torch.equal(shared.cache.layers[1].keys, copied.cache.layers[1].keys)
 
 
 def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:

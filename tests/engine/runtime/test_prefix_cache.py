@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.api import Loaded, Sampling
-from engine.model.kv import KVState
+from engine.model.kv import KVState, joined, plain
 from engine.runtime.prefix_cache import PrefixCache, checksum, kv_layout
 from tests.support.engine_runner import EngineRunner, done, token_ids
 
@@ -28,7 +28,8 @@ def warm(runner: EngineRunner, messages: list[dict[str, str]], conversation: str
 
 def check_state_consistent(runner: EngineRunner) -> None:
     for key, entry in runner.engine.prefix_cache.entries.items():
-        lengths = {k.shape[-2] for k, _ in entry.snapshot} | {v.shape[-2] for _, v in entry.snapshot}
+        lengths = {sum(k.shape[-2] for k, _ in parts) for parts in entry.snapshot}
+        lengths |= {sum(v.shape[-2] for _, v in parts) for parts in entry.snapshot}
         assert lengths == {len(entry.tokens)}, f"entry {key}: KV length {lengths} != {len(entry.tokens)} tokens"
 
 
@@ -86,7 +87,7 @@ def test_cache_off_computes_everything(tiny_engine: EngineRunner) -> None:
 
 
 def fake_state(tokens: list[int], layers: int = 2) -> KVState:
-    snap = tuple((torch.randn(1, 2, len(tokens), 8), torch.randn(1, 2, len(tokens), 8)) for _ in range(layers))
+    snap = plain([(torch.randn(1, 2, len(tokens), 8), torch.randn(1, 2, len(tokens), 8)) for _ in range(layers)])
     return KVState.from_snapshot(snap, tokens)
 
 
@@ -104,12 +105,12 @@ def test_lookup_finds_longest_prefix_and_leaves_one_token() -> None:
 def test_reuse_shares_tensors_and_never_mutates_an_entry() -> None:
     cache = PrefixCache("m")
     cache.insert("a", fake_state([1, 2, 3, 4]))
-    before = cache.entries["a"].snapshot[0][0].clone()
+    before = cache.entries["a"].snapshot[0][0][0].clone()
     state = cache.lookup([1, 2, 3, 9, 9])
     layer = state.cache.layers[0]
-    assert layer.keys.untyped_storage().data_ptr() == cache.entries["a"].snapshot[0][0].untyped_storage().data_ptr()
+    assert layer.keys.untyped_storage().data_ptr() == cache.entries["a"].snapshot[0][0][0].untyped_storage().data_ptr()
     layer.update(torch.ones(1, 2, 2, 8), torch.ones(1, 2, 2, 8))  # what the model does while decoding
-    assert torch.equal(cache.entries["a"].snapshot[0][0], before)
+    assert torch.equal(cache.entries["a"].snapshot[0][0][0], before)
     assert state.cache_length() == 5
 
 
@@ -133,7 +134,7 @@ def test_saved_prefixes_reload_only_for_the_same_model(tmp_path: Path) -> None:
     assert cache.save(path) == 1
     same = PrefixCache("model-1")
     assert same.load(path) == 1 and list(same.entries) == ["system:x"]
-    assert torch.equal(same.entries["system:x"].snapshot[1][1], cache.entries["system:x"].snapshot[1][1])
+    assert torch.equal(same.entries["system:x"].snapshot[1][0][1], cache.entries["system:x"].snapshot[1][0][1])
     assert PrefixCache("model-2").load(path) == 0
     path.write_bytes(b"garbage")
     assert PrefixCache("model-1").load(path) == 0
@@ -152,8 +153,9 @@ def test_two_processes_saving_one_file_keep_each_others_prompts(tmp_path: Path) 
     assert window.save(path) == 3, "and the command line's"
     fresh = PrefixCache("model-1")
     assert fresh.load(path) == 3 and not fresh.load_problems
-    assert torch.equal(fresh.entries["system:template"].snapshot[0][0], cli.entries["system:template"].snapshot[0][0])
-    one_entry = fake_state([1, 2, 3, 4]).snapshot()
+    theirs, mine = fresh.entries["system:template"].snapshot, cli.entries["system:template"].snapshot
+    assert torch.equal(theirs[0][0][0], mine[0][0][0])
+    one_entry = joined(fake_state([1, 2, 3, 4]).snapshot())
     small = PrefixCache("model-1", budget_bytes=sum(k.nbytes + v.nbytes for k, v in one_entry))
     small.insert("system:mine", fake_state([4, 3, 2, 1]))
     assert small.save(path) == 1, "over the budget: this cache's own entries only"
@@ -184,7 +186,7 @@ def test_overwritten_tensor_bytes_drop_the_entry(tmp_path: Path) -> None:
     again = PrefixCache("model-1")
     assert again.load(path) == 1, "the other entry is still good"
     (kept,) = again.entries
-    assert torch.equal(again.entries[kept].snapshot[0][0], cache.entries[kept].snapshot[0][0])
+    assert torch.equal(again.entries[kept].snapshot[0][0][0], cache.entries[kept].snapshot[0][0][0])
     assert any("checksum" in p for p in again.load_problems)
 
 
@@ -211,8 +213,8 @@ def _tensors(key: str, snapshot: tuple) -> dict[str, torch.Tensor]:
 
 
 def _wrong_files() -> dict[str, tuple[dict[str, torch.Tensor], object]]:
-    good = fake_state([1, 2, 3]).snapshot()
-    short = fake_state([1, 2]).snapshot()  # two positions for three tokens, with a valid checksum
+    good = joined(fake_state([1, 2, 3]).snapshot())
+    short = joined(fake_state([1, 2]).snapshot())  # two positions for three tokens, with a valid checksum
     flat = tuple((k[0], v[0]) for k, v in good)  # 3-D tensors
     return {
         "entries_as_list": (_tensors("system:a", good), [[1, 2, 3]]),
@@ -373,13 +375,13 @@ def test_conversation_grows_in_place_and_copies_only_on_branch(tiny_engine: Engi
     done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow"))
     entry = tiny_engine.engine.prefix_cache.entries["conv:grow"]
     buffer = entry.live.cache.layers[0].buf
-    frozen = entry.snapshot[0][0].clone()
+    frozen = entry.snapshot[0][0][0].clone()
     reply = done(
         tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow")
     ).text  # regenerate: a branch
     after = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
     assert after is not buffer, "regenerating crops below the pinned prefix, so it must copy"
-    assert torch.equal(entry.snapshot[0][0], frozen), "the earlier snapshot is untouched"
+    assert torch.equal(entry.snapshot[0][0][0], frozen), "the earlier snapshot is untouched"
     messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And more."}]
     done(tiny_engine.run(messages, sampling=GREEDY, answer_cache=False, conversation_id="grow"))
     grown = tiny_engine.engine.prefix_cache.entries["conv:grow"].live.cache.layers[0].buf
@@ -407,19 +409,56 @@ def test_prefix_budget_can_change_at_run_time(tiny_dir: Path) -> None:
         runner.close()
 
 
-def test_a_branch_of_a_long_prefix_does_not_double_its_memory() -> None:
+def test_a_branch_of_a_long_prefix_shares_it_and_holds_only_its_own_positions() -> None:
     from engine.model.kv import GrowingLayer
 
     base = fake_state(list(range(1000)), layers=1)
+    shared = base.snapshot()[0][0][0]
     branch = KVState.from_snapshot(base.snapshot(), base.tokens)
     layer = branch.cache.layers[0]
     assert isinstance(layer, GrowingLayer)
-    for _ in range(5):  # a short reply on top of the shared prefix
-        layer.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
-    assert layer.length == 1005
-    assert layer.buf is not None and layer.buf.capacity <= 1001 + 256, "room for a reply, not a copy of the prefix"
+    for i in range(5):  # a short reply on top of the shared prefix, as the eager path writes it
+        parts = layer.append(torch.full((1, 2, 1, 8), float(i)), torch.full((1, 2, 1, 8), float(i)))
+    branch.tokens += [7] * 5
+    assert layer.length == 1005 and [p[0].shape[-2] for p in parts] == [1000, 5]
+    assert parts[0][0].untyped_storage().data_ptr() == shared.untyped_storage().data_ptr(), "shared, not copied"
+    assert layer.buf is not None and layer.buf.start == 1000 and layer.buf.capacity <= 5 + 256
     snap = branch.snapshot(1000)
-    assert torch.equal(snap[0][0], base.snapshot()[0][0]), "the copy holds the same prefix"
+    assert len(snap[0]) == 1 and torch.equal(snap[0][0][0], shared), "a snapshot within the prefix is the prefix"
+    again = KVState.from_snapshot(branch.snapshot(), branch.tokens)  # a branch of the branch
+    (k1, _), (k2, _) = again.cache.layers[0].segments()
+    assert k1.untyped_storage().data_ptr() == shared.untyped_storage().data_ptr()
+    assert torch.equal(k2[0, 0, :, 0], torch.arange(5.0)), "its own positions copied, the prefix shared"
+    assert torch.equal(again.cache.layers[0].keys[..., :1000, :], shared), "reading all keys joins them in order"
+    assert torch.equal(again.cache.layers[0].keys[0, 0, 1000:, 0], torch.arange(5.0))
+
+
+def test_a_branch_that_outgrows_its_shared_prefix_takes_it_in_and_is_one_segment_again() -> None:
+    """A document prefilled on top of a system prompt: the prompt's 10 positions are copied in (not the
+    document's 50 copied out by every later chat that shares the document)."""
+    base = fake_state(list(range(10)), layers=1)
+    branch = KVState.from_snapshot(base.snapshot(), base.tokens)
+    parts = branch.cache.layers[0].append(torch.ones(1, 2, 50, 8), torch.ones(1, 2, 50, 8))
+    branch.tokens += [1] * 50
+    assert [p[0].shape[-2] for p in parts] == [60]
+    assert torch.equal(parts[0][0][..., :10, :], base.snapshot()[0][0][0])
+    later = KVState.from_snapshot(branch.snapshot(), branch.tokens)
+    shared = later.cache.layers[0].segments()[0][0]
+    assert shared.untyped_storage().data_ptr() == parts[0][0].untyped_storage().data_ptr()
+
+
+def test_cropping_a_branch_into_its_shared_prefix_and_writing_again() -> None:
+    base = fake_state(list(range(10)), layers=1)
+    before = base.snapshot()[0][0][0].clone()
+    branch = KVState.from_snapshot(base.snapshot(), base.tokens)
+    layer = branch.cache.layers[0]
+    layer.append(torch.ones(1, 2, 3, 8), torch.ones(1, 2, 3, 8))
+    branch.tokens += [1, 2, 3]
+    branch.crop(6)  # an edit of an earlier turn: back into the shared prefix
+    parts = layer.append(torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 8))
+    assert [p[0].shape[-2] for p in parts] == [6, 2]
+    assert torch.equal(base.snapshot()[0][0][0], before), "the shared positions are never written"
+    assert torch.equal(layer.keys[..., :6, :], before[..., :6, :]) and layer.keys.shape[-2] == 8
 
 
 def test_a_conversation_prefers_its_own_entry_on_a_tie(tiny_engine: EngineRunner) -> None:

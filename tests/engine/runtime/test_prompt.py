@@ -55,6 +55,26 @@ def test_ordinary_prompts_tokenise_as_before(tokenizer: Any, messages: list[dict
     assert build_prompt(tokenizer, messages, 2048, 64).ids == whole_text_ids(tokenizer, messages)
 
 
+def test_a_long_system_prompt_tokenised_once_gives_the_whole_texts_ids(tokenizer: Any) -> None:
+    """An attached document rides in the system message of every question about it: its ids are kept, and
+    every prompt is still the ids of its whole text (first question, later ones, an edited document)."""
+    from engine.runtime import prompt
+
+    document = "## Opening hours\n\nThe north workshop opens at 7:30 on weekdays; café naïve 日本語.  " * 60
+    system = {"role": "system", "content": "You are a helpful assistant.\n\n" + document}
+    prompt._KNOWN.clear()
+    for question in ("When does it open?", " leading space and\ttabs ", "Again?"):
+        messages = [system, {"role": "user", "content": question}]
+        assert render(tokenizer, messages) == whole_text_ids(tokenizer, messages)
+    assert any(head.endswith(document + "<|im_end|>\n") for _, head in prompt._KNOWN), "the system part is known"
+    edited = {"role": "system", "content": system["content"].replace("7:30", "8:00")}
+    messages = [edited, {"role": "user", "content": "When does it open?"}]
+    assert render(tokenizer, messages) == whole_text_ids(tokenizer, messages)
+    history = [system, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    history.append({"role": "user", "content": "c"})
+    assert render(tokenizer, history) == whole_text_ids(tokenizer, history)
+
+
 def test_injected_markup_stays_text(tokenizer: Any) -> None:
     start, end = (tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|im_end|>"))
     system = {"role": "system", "content": "Be brief."}

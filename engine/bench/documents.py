@@ -5,7 +5,9 @@ chat and after a restart, beside a short message; then indexing and retrieval on
 Each round attaches a new copy of the document (its first line names the round, so no cache holds it),
 then, on one engine, as a user meets it: a short message in a new chat (no document: the baseline), the
 first question about the document in a new chat (its KV computed and saved), a second question in another
-new chat (the document's KV reused from memory); then a new process (``brisk ask --attach`` on the same
+new chat (the document's KV reused from memory); then, as the window sends them, a short message and another question
+about the document each typed in a new chat (prefilled while typed: ``engine.bench.typing_prefill``'s
+keystrokes, a hint each, Send a second after the last); then a new process (``brisk ask --attach`` on the same
 data folder) asks a third question (the KV read from disk) and another new process asks a short message
 (the baseline a new process gets).  TTFT is ``Metrics.ttft_s``: from the request's submission, the model
 already loaded.  ``--peer URL``: an OpenAI-compatible server (llama.cpp's with ``cache_prompt``) gets the
@@ -89,6 +91,35 @@ def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, .
             "cache_bytes": m.cache_bytes, "spans_ms": spans}  # fmt: skip
 
 
+def _typed(client: Client, system: list[dict[str, str]], question: str, documents: tuple[str, ...]) -> dict[str, Any]:
+    """``question`` typed in a new chat as the window's composer sends it (a hint a keystroke, at 6 characters a
+    second, ``engine.bench.typing_prefill``), then Send after a second; the reply's TTFT from Send."""
+    import time
+
+    from engine.api import Request
+    from engine.bench.typing_prefill import PAUSE_BEFORE_SEND_S, keystrokes
+
+    conversation = uuid.uuid4().hex
+    for draft, pause in keystrokes([question]):
+        time.sleep(pause)
+        messages = (*system, {"role": "user", "content": draft})
+        sampling = Sampling(max_tokens=MAX_TOKENS)
+        client.backend.hint(Request(uuid.uuid4().hex, messages, sampling, conversation_id=conversation,  # type: ignore[attr-defined]
+                                    answer_cache=False, documents=documents))  # fmt: skip
+    time.sleep(PAUSE_BEFORE_SEND_S)
+    done = client.ask(
+        [*system, {"role": "user", "content": question}],
+        Sampling(max_tokens=MAX_TOKENS),
+        conversation_id=conversation,
+        answer_cache=False,
+        speculative="off",
+        documents=documents,
+    )
+    m = done.metrics
+    return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
+            "document_reused": m.document_reused, "typed": m.typed_tokens, "computed": m.computed_tokens}  # fmt: skip
+
+
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:
     """``brisk ask`` in a new process on the data folder in use; its Done's metrics."""
     cmd = [sys.executable, "-m", "app.cli", "ask", question, "--json", "--max-tokens", str(MAX_TOKENS),
@@ -121,7 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from engine.bench import connect_peer
 
         peer = connect_peer(args)
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second", "restart", "new_short")}
+    keys = ("short", "first", "second", "typed_short", "typed_second", "restart", "new_short")
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
     peer_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second")}
     with fresh_data_dir() as data, tempfile.TemporaryDirectory(prefix="brisk-docs-") as folder:
         library = DocumentLibrary()
@@ -143,6 +175,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows["short"].append(_ask(client, [*system, {"role": "user", "content": SHORT[r % len(SHORT)]}]))
                 rows["first"].append(_ask(client, [*system, {"role": "user", "content": first_q}], doc))
                 rows["second"].append(_ask(client, [*system, {"role": "user", "content": second_q}], doc))
+                # as the window meets them: typed, each prefilled while it is written (new chats again)
+                rows["typed_short"].append(_typed(client, system, SHORT[(r + 2) % len(SHORT)], ()))
+                rows["typed_second"].append(_typed(client, system, QUESTIONS[(r + 1) % len(QUESTIONS)][1], doc))
                 if peer is not None:
                     whole = [render.Whole(doc[0], path.name, path.read_text(encoding="utf-8"))]
                     for key, question, docs in (("short", SHORT[r % len(SHORT)], []), ("first", first_q, whole),
@@ -181,6 +216,8 @@ def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[di
         "short": "short message, no document (same engine)",
         "first": "first question about the document (new chat)",
         "second": "second question, another new chat",
+        "typed_short": "short message typed in a new chat (prefilled while typed, as the window does)",
+        "typed_second": "another question typed in a new chat (prefilled while typed)",
         "restart": "a question after a restart (new process)",
         "new_short": "short message in a new process",
     }
@@ -202,9 +239,13 @@ def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[di
         "second_over_short": second / short if short else None,
         "restart_over_new_process_short": restart / new_short if new_short else None,
     }
+    typed_short = median([x["ttft_ms"] for x in rows["typed_short"]]) if rows["typed_short"] else 0.0
+    typed_second = median([x["ttft_ms"] for x in rows["typed_second"]]) if rows["typed_second"] else 0.0
+    ratios["typed_second_over_typed_short"] = typed_second / typed_short if typed_short else None
     print(
-        f"\nsecond question / short message: {ratios['second_over_short']:.2f}x; after a restart / a new "
-        f"process's short message: {ratios['restart_over_new_process_short']:.2f}x (target: at most 1.5x)"
+        f"\nsecond question / short message: {ratios['second_over_short']:.2f}x; typed, as the window sends them: "
+        f"{ratios['typed_second_over_typed_short'] or 0:.2f}x; after a restart / a new process's short message: "
+        f"{ratios['restart_over_new_process_short']:.2f}x (target: at most 1.5x)"
     )
     return {"rows": rows, "peer": peer_rows if peer else None, "table": out_rows, "ratios": ratios}
 

@@ -239,6 +239,40 @@ def test_a_valid_file_of_the_wrong_shape_is_not_used(tmp_path: Path, kind: str) 
     assert cache.entries == {} and cache.load_problems
 
 
+@pytest.mark.parametrize("kind", ["crc32_tensors", "sha256_tensors"])
+def test_a_document_file_is_checked_by_the_kind_it_was_saved_with(tmp_path: Path, kind: str) -> None:
+    """Document KV files are saved with a CRC-32 a tensor; those saved before, with SHA-256 a tensor, still load;
+    either way a changed byte drops the entry."""
+    from engine.runtime.prefix_cache import CHECKS
+
+    layers = joined(fake_state([1, 2, 3]).snapshot())
+    entry = {"tokens": [1, 2, 3], "layers": len(layers), "identity": "model-1"}
+    entry[kind] = CHECKS[kind]("model-1", [1, 2, 3], layers)
+    path = tmp_path / "doc.safetensors"
+    _write(path, _tensors("docs:a", layers), {"docs:a": entry})
+    cache = PrefixCache("model-1")
+    assert cache.load_entry(path, "docs:a") and not cache.load_problems
+    assert torch.equal(cache.entries["docs:a"].snapshot[1][0][1], layers[1][1])
+    blob = bytearray(path.read_bytes())
+    blob[-3] ^= 0x01  # a bit of the last tensor
+    path.write_bytes(bytes(blob))
+    again = PrefixCache("model-1")
+    assert not again.load_entry(path, "docs:a") and any("checksum" in p for p in again.load_problems)
+
+
+def test_new_document_files_are_saved_with_a_crc_a_tensor(tmp_path: Path) -> None:
+    cache = PrefixCache("model-1")
+    cache.insert("docs:b", fake_state([4, 5, 6, 7]))
+    path = tmp_path / "doc.safetensors"
+    cache.save_entry("docs:b", path)
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as fh:
+        saved = json.loads(fh.metadata()["entries"])["docs:b"]
+    assert "crc32_tensors" in saved and "sha256_tensors" not in saved
+    assert PrefixCache("model-1").load_entry(path, "docs:b")
+
+
 def test_a_file_of_another_layout_is_not_used(tmp_path: Path) -> None:
     _, path = _saved_cache(tmp_path)  # 2 layers, 2 heads, head dim 8
     assert PrefixCache("model-1").load(path, layout=(2, 2, 8)) == 2

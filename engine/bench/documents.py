@@ -45,6 +45,7 @@ QUESTIONS = [
     ("Who can approve overtime?", "How often is the fire alarm tested?"),
 ]
 SHORT = ["Say hello in French.", "Name a primary colour.", "What is two plus three?", "Give me a synonym for big."]
+TYPED_SHORT = ["Name a large ocean.", "What is ten minus four?", "Say goodbye in Spanish.", "Name a kind of tree."]
 SECTIONS = [
     ("Opening hours", "The north workshop opens at {h} on weekdays and at {s} on Saturdays; it is closed on Sundays "
      "and public holidays. The south workshop keeps the same hours but closes an hour earlier in winter."),
@@ -116,8 +117,10 @@ def _typed(client: Client, system: list[dict[str, str]], question: str, document
         documents=documents,
     )
     m = done.metrics
+    spans = {s.name: round(1000 * s.seconds, 2) for s in m.spans}
     return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
-            "document_reused": m.document_reused, "typed": m.typed_tokens, "computed": m.computed_tokens}  # fmt: skip
+            "document_reused": m.document_reused, "typed": m.typed_tokens, "computed": m.computed_tokens,
+            "spans_ms": spans}  # fmt: skip
 
 
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:
@@ -176,7 +179,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows["first"].append(_ask(client, [*system, {"role": "user", "content": first_q}], doc))
                 rows["second"].append(_ask(client, [*system, {"role": "user", "content": second_q}], doc))
                 # as the window meets them: typed, each prefilled while it is written (new chats again)
-                rows["typed_short"].append(_typed(client, system, SHORT[(r + 2) % len(SHORT)], ()))
+                rows["typed_short"].append(_typed(client, system, TYPED_SHORT[r % len(TYPED_SHORT)], ()))
                 rows["typed_second"].append(_typed(client, system, QUESTIONS[(r + 1) % len(QUESTIONS)][1], doc))
                 if peer is not None:
                     whole = [render.Whole(doc[0], path.name, path.read_text(encoding="utf-8"))]

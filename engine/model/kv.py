@@ -124,9 +124,9 @@ class GrowingLayer(DynamicLayer):
         return (own,) if self.base is None else (self.base, own)
 
     def _cut(self) -> None:
-        self._stale = False
         if self.base is not None and self.length > self.base_len:
             self._join()
+        self._stale = False
         parts = self.segments()
         if parts:
             self._keys, self._values = parts[0]

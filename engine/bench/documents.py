@@ -76,11 +76,14 @@ def handbook(round_no: int, target_chars: int = 12_000) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, ...] = ()) -> dict[str, Any]:
+def _ask(
+    client: Client, messages: list[dict[str, str]], documents: tuple[str, ...] = (), conversation: str = ""
+) -> dict[str, Any]:
+    """One greedy reply in a new chat (``conversation``: in that one); its TTFT and where it went."""
     done = client.ask(
         messages,
         Sampling(max_tokens=MAX_TOKENS),
-        conversation_id=uuid.uuid4().hex,
+        conversation_id=conversation or uuid.uuid4().hex,
         answer_cache=False,
         speculative="off",
         documents=documents,
@@ -89,7 +92,7 @@ def _ask(client: Client, messages: list[dict[str, str]], documents: tuple[str, .
     spans = {s.name: round(1000 * s.seconds, 2) for s in m.spans}
     return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
             "document_reused": m.document_reused, "prompt_tokens": m.prompt_tokens, "computed": m.computed_tokens,
-            "cache_bytes": m.cache_bytes, "spans_ms": spans}  # fmt: skip
+            "typed": m.typed_tokens, "cache_bytes": m.cache_bytes, "spans_ms": spans}  # fmt: skip
 
 
 def _typed(client: Client, system: list[dict[str, str]], question: str, documents: tuple[str, ...]) -> dict[str, Any]:
@@ -108,19 +111,7 @@ def _typed(client: Client, system: list[dict[str, str]], question: str, document
         client.backend.hint(Request(uuid.uuid4().hex, messages, sampling, conversation_id=conversation,  # type: ignore[attr-defined]
                                     answer_cache=False, documents=documents))  # fmt: skip
     time.sleep(PAUSE_BEFORE_SEND_S)
-    done = client.ask(
-        [*system, {"role": "user", "content": question}],
-        Sampling(max_tokens=MAX_TOKENS),
-        conversation_id=conversation,
-        answer_cache=False,
-        speculative="off",
-        documents=documents,
-    )
-    m = done.metrics
-    spans = {s.name: round(1000 * s.seconds, 2) for s in m.spans}
-    return {"ttft_ms": 1000 * (m.ttft_s or 0.0), "document_tokens": m.document_tokens,
-            "document_reused": m.document_reused, "typed": m.typed_tokens, "computed": m.computed_tokens,
-            "spans_ms": spans}  # fmt: skip
+    return _ask(client, [*system, {"role": "user", "content": question}], documents, conversation)
 
 
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:

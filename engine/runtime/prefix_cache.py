@@ -311,13 +311,7 @@ def tensors_checksum(identity: str, tokens: list[int], snapshot: tuple[Pair, ...
         _hash_tensor(digest, tensor)
         return digest.digest()
 
-    tensors = [tensor for pair in snapshot for tensor in pair]
-    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="brisk-kv-check") as pool:
-        parts = list(pool.map(one, tensors))
-    digest = hashlib.sha256(json.dumps([identity, tokens]).encode())
-    for part in parts:
-        digest.update(part)
-    return digest.hexdigest()
+    return _per_tensor(identity, tokens, snapshot, one, threads)
 
 
 def tensors_crc(identity: str, tokens: list[int], snapshot: tuple[Pair, ...], threads: int = 2) -> str:
@@ -331,6 +325,12 @@ def tensors_crc(identity: str, tokens: list[int], snapshot: tuple[Pair, ...], th
         crc = zlib.crc32(data.reshape(-1).view(torch.uint8).numpy().data)
         return f"{data.dtype}{tuple(data.shape)}:{crc:08x};".encode()
 
+    return _per_tensor(identity, tokens, snapshot, one, threads)
+
+
+def _per_tensor(identity: str, tokens: list[int], snapshot: tuple[Pair, ...], one: Any, threads: int) -> str:
+    """SHA-256 over the model identity, the tokens and ``one(tensor)`` of each tensor, those on ``threads``
+    threads."""
     tensors = [tensor for pair in snapshot for tensor in pair]
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="brisk-kv-check") as pool:
         parts = list(pool.map(one, tensors))

@@ -147,19 +147,27 @@ class FastForward:
         covered = window is None or window >= total
         return covered and self.plan.softcap is None and q.dtype == torch.float32 and q.device.type == "cpu"
 
-    def _attend_shared(self, q: torch.Tensor, parts: tuple[Any, ...], n: int) -> torch.Tensor:
+    def _own_mask(self, q: torch.Tensor, own: int, n: int) -> torch.Tensor:
+        """The additive mask of the last ``n`` of ``own`` positions over those ``own`` (each up to its own),
+        one copy per query head of a KV head, as :meth:`_attend_shared` lays its rows out."""
+        allowed = torch.arange(own, device=q.device)[None, :] <= torch.arange(own - n, own, device=q.device)[:, None]
+        mask = torch.zeros(n, own, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
+        return mask.repeat(self.q_heads // self.kv_heads, 1)
+
+    def _attend_shared(self, q: torch.Tensor, parts: tuple[Any, ...], n: int, masks: dict[int, Any]) -> torch.Tensor:
         """Attention of q [1, heads, n, d] over a shared prefix and the layer's own positions after it, each
         where it is (no copy): two flash attentions whose outputs are weighed by their log-sum-exps.  Every
-        query sees the whole prefix; of its own positions (``shared`` ..), those up to its own."""
+        query sees the whole prefix; of its own positions, those up to its own (``masks``: the call's masks by
+        the number of own positions, made once for all layers)."""
         (k1, v1), (k2, v2) = parts
         groups, hd = self.q_heads // self.kv_heads, self.head_dim
         rows = q.reshape(1, self.kv_heads, groups * n, hd)  # a KV head's query heads side by side
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         o1, l1 = flash(rows, k1, v1, 0.0, False, scale=self.scaling)
-        own = k2.shape[2]  # positions shared + 0 .. own - 1; the queries are the last n of them
-        allowed = torch.arange(own, device=q.device)[None, :] <= torch.arange(own - n, own, device=q.device)[:, None]
-        mask = torch.zeros(n, own, dtype=q.dtype, device=q.device).masked_fill_(~allowed, float("-inf"))
-        o2, l2 = flash(rows, k2, v2, 0.0, False, attn_mask=mask.repeat(groups, 1), scale=self.scaling)
+        own = int(k2.shape[2])  # positions shared + 0 .. own - 1; the queries are the last n of them
+        if own not in masks:
+            masks[own] = self._own_mask(q, own, n)
+        o2, l2 = flash(rows, k2, v2, 0.0, False, attn_mask=masks[own], scale=self.scaling)
         top = torch.maximum(l1, l2)
         w1, w2 = torch.exp(l1 - top).unsqueeze(-1), torch.exp(l2 - top).unsqueeze(-1)
         out = (o1 * w1 + o2 * w2) / (w1 + w2)
@@ -197,6 +205,7 @@ class FastForward:
         masks = self._masks(past, n, ids.device)
         hd, family = self.head_dim, self.plan.family
         layers = inner.layers
+        shared_masks: dict[int, Any] = {}  # for layers that read a shared prefix where it is
         while len(cache.layers) < len(layers):
             cache.layers.append(cache.layer_class_to_replicate())
         for i, layer in enumerate(layers):
@@ -222,7 +231,7 @@ class FastForward:
             cached = cache.layers[i]
             parts = cached.append(k, v) if hasattr(cached, "append") else (cached.update(k, v),)
             if len(parts) == 2 and self._shared_ok(q, window, past + n):
-                a = self._attend_shared(q, parts, n)  # a shared prefix, read where it is
+                a = self._attend_shared(q, parts, n, shared_masks)  # a shared prefix, read where it is
             else:
                 k, v = parts[0] if len(parts) == 1 else (cached.keys, cached.values)  # reading them joins them
                 if first:

@@ -393,9 +393,8 @@ class NativeDecode:
             pasts.append(past)
             counts.append(n)
             alls.append(all_rows)
-            shared = zip(layers, bufs, strict=True)
-            bases = [getattr(layer, "base", None) if getattr(b, "start", 0) else None for layer, b in shared]
             starts.append([getattr(b, "start", 0) for b in bufs])
+            bases = [layer.base if start else None for layer, start in zip(layers, starts[-1], strict=True)]
             base_keys.append([like if pair is None else pair[0] for pair in bases])
             base_values.append([like if pair is None else pair[1] for pair in bases])
         if not any(any(s) for s in starts):

@@ -141,6 +141,7 @@ class ThreadGovernor:
             return None
         bucket = self._bucket = context_bucket(positions)
         self._recent.append((seconds, bucket))
+        del self._recent[: -max(self.window, self.probe_steps)]  # all it reads: it grew by a step forever before
         if self.threads == 1:
             self._single = (self._single + [(seconds, bucket)])[-self.window :]
             self._since += 1

@@ -54,7 +54,7 @@ from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.batching import MAX_ACTIVE, Batch
 from engine.runtime.decode import Decoder
 from engine.runtime.documents import Documents
-from engine.runtime.hints import Hints, stable_prefix
+from engine.runtime.hints import Hints, hint_tokens
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
@@ -376,7 +376,7 @@ class Engine(Serving):
             if request.documents:  # whole documents only: the passages depend on the words still being typed
                 applied = self._with_documents(request, messages, schemas, passages=False)
                 messages, whole = applied.messages, applied.whole
-            tokens = stable_prefix(lambda m: self._prompt(m, max_tokens, schemas, whole), messages)
+            tokens = hint_tokens(lambda m: self._prompt(m, max_tokens, schemas, whole), messages)
             if whole:  # a restart's document KV, read while the question is typed
                 self._documents_kv(self._prompt(messages, max_tokens, schemas, whole))
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing

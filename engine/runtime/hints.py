@@ -1,10 +1,13 @@
 """Prefill while typing: the message being written is prefilled before Send, while the engine is idle.
 
 The window sends a hint (``Engine.hint(request)``: the request it would send now, the draft as the last
-user message) about 150 ms after typing pauses, and at once on a paste.  :func:`stable_prefix` renders
-that request's prompt the way the real one will be rendered and keeps only the tokens a further
-keystroke cannot change: the draft's last tokens (which a next character could merge with) and the
-end-of-turn markers after it are held back.  :class:`Hints` keeps one job, the latest hint: it starts
+user message) about 150 ms after typing pauses, and at once on a paste.  :func:`hint_tokens` renders
+that request's prompt the way the real one will be rendered: first the tokens a further keystroke
+cannot change (:func:`stable_prefix`: the draft's last tokens, which a next character could merge with,
+and the end-of-turn markers after it are held back), then the rest of that prompt but its last token,
+a guess that the text is finished: a Send of the same text then computes one token, the one whose
+logits give the reply's first, and a keystroke that changes the tail crops only the guess (a pause
+costs prefilling those few tokens again).  :class:`Hints` keeps one job, the latest hint: it starts
 from the longest prefix the prefix cache holds (the conversation so far is usually there already) and
 prefills the rest ``HINT_CHUNK`` tokens at a time, only while the engine's queue is empty; after each
 chunk the part done is an entry of the prefix cache under ``HINT + conversation``, so a Send that comes
@@ -36,20 +39,40 @@ HOLD_BACK = 1  # tokens kept back besides those a next character changes, for to
 PROBES = (" a", "a", ".", "\n")  # what a next keystroke might add: the tokens all of them leave are stable
 
 
-def stable_prefix(render: Callable[[list[dict[str, Any]]], Prompt], messages: list[dict[str, Any]]) -> list[int]:
-    """The prompt tokens of ``messages`` (the draft last) that no further keystroke can change; none when
-    the prompt does not fit the context (older turns would be dropped at Send, so nothing is stable)."""
+Render = Callable[[list[dict[str, Any]]], Prompt]
+
+
+def _stable(render: Render, messages: list[dict[str, Any]]) -> tuple[list[int], int]:
+    """(the prompt's ids as sent now, how many of them no further keystroke can change); ([], 0) when the
+    prompt does not fit the context (older turns would be dropped at Send, so nothing is stable)."""
     prompt = render(messages)
     if prompt.truncated:
-        return []
+        return [], 0
     ids, draft = prompt.ids, messages[-1]
     stable = len(ids)
     for probe in PROBES:
         longer = render([*messages[:-1], {**draft, "content": str(draft.get("content", "")) + probe}])
         if longer.truncated:
-            return []
+            return [], 0
         stable = min(stable, common_prefix(ids, longer.ids))
-    return ids[: max(0, stable - HOLD_BACK)]
+    return ids, max(0, stable - HOLD_BACK)
+
+
+def stable_prefix(render: Render, messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt tokens of ``messages`` (the draft last) that no further keystroke can change; none when
+    the prompt does not fit the context."""
+    ids, stable = _stable(render, messages)
+    return ids[:stable]
+
+
+def hint_tokens(render: Render, messages: list[dict[str, Any]]) -> list[int]:
+    """What a hint prefills: the stable prefix, then the prompt as a Send of this text would have it but its
+    last token (which the Send computes: its logits give the first reply token).  None when nothing is
+    stable (the draft's text is not yet past the prompt's first tokens, or the prompt does not fit)."""
+    ids, stable = _stable(render, messages)
+    if stable == 0:
+        return []
+    return ids[: max(stable, len(ids) - 1)]
 
 
 @dataclass

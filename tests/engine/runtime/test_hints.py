@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine.api import DraftPrefill, Request, Sampling
-from engine.runtime.hints import HINT_CHUNK, stable_prefix
+from engine.model.kv import common_prefix
+from engine.runtime.hints import HINT_CHUNK, hint_tokens, stable_prefix
 from engine.runtime.prefix_cache import HINT
 from tests.support.engine_runner import EngineRunner, done, token_ids
 
@@ -72,6 +73,7 @@ def test_a_hinted_draft_is_reused_and_the_reply_is_the_same(runner: EngineRunner
     m = done(hinted).metrics
     assert m.typed_tokens >= progress[-1].total - HINT_CHUNK and m.typed_tokens > 0
     assert m.computed_tokens <= m.prompt_tokens - m.typed_tokens
+    assert m.computed_tokens == 1  # the whole prompt but its last token was prefilled: the text was finished
     assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
 
 
@@ -135,6 +137,30 @@ def test_the_stable_prefix_holds_back_what_a_keystroke_changes(tiny_dir: Path) -
         assert longer[: len(stable)] == stable, more  # whatever is typed next, the prefilled part stays true
     too_long = [{"role": "user", "content": "word " * 2000}]  # older text would be dropped at Send
     assert stable_prefix(render, too_long) == []
+    # a hint prefills the stable part, then the rest but the last token, guessing the text is finished
+    assert hint_tokens(render, messages) == full[:-1] and full[: len(stable)] == stable
+    assert hint_tokens(render, too_long) == []
+
+
+def test_typing_on_after_a_finished_guess_crops_it_and_the_reply_is_the_same(runner: EngineRunner) -> None:
+    """A pause prefills the draft to its end (the guess that it is finished); typing on changes the end, so
+    the guess is cropped back to what is still true and the new end prefilled: the Send computes one token
+    and replies as without hints."""
+    first = [SYSTEM, {"role": "user", "content": LONG}]
+    more = [SYSTEM, {"role": "user", "content": LONG + " Please list the crates"}]
+    plain = send(runner, "plain", more)
+    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
+    hint(runner, "typed", first)
+    settle(runner)
+    guessed = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
+    hint(runner, "typed", more)
+    settle(runner)
+    entry = runner.engine.prefix_cache.entries[HINT + "conv:typed"]  # type: ignore[attr-defined]
+    shared = common_prefix(entry.tokens, guessed)
+    assert len(guessed) - 20 < shared < len(guessed) < len(entry.tokens)  # the guessed end was cropped, not more
+    hinted = send(runner, "typed", more)
+    assert token_ids(hinted) == token_ids(plain)
+    assert done(hinted).metrics.computed_tokens == 1
 
 
 def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runner: EngineRunner) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, Warning, repeats
 from engine.model.kv import KVState
 from engine.runtime import sampling
@@ -65,8 +67,10 @@ class Decoder:
         drafters: Sequence[Drafter] = (),
         context: int | None = None,
         tools: list[dict[str, Any]] | None = None,
+        known: torch.Tensor | None = None,
     ) -> Iterator[Event | Warning | DecodeResult]:
-        """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``.
+        """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``,
+        or all of it with ``known``, its last token's logits (see ``generate_steps``).
 
         ``tools`` (the enabled tools' schemas, when the reply has no format of its own): a tool call the
         model opens is written under the tools' schemas (``engine.runtime.grammar.ToolCalls``)."""
@@ -92,6 +96,7 @@ class Decoder:
             drafters=drafters,
             context=context,
             grammar=grammar,
+            known=known,
         )
         generated: list[int] = []
         pending: list[int] = []  # ids whose text is not final yet

@@ -4,17 +4,18 @@ The window sends a hint (``Engine.hint(request)``: the request it would send now
 user message) about 150 ms after typing pauses, and at once on a paste.  :func:`hint_tokens` renders
 that request's prompt the way the real one will be rendered: first the tokens a further keystroke
 cannot change (:func:`stable_prefix`: the draft's last tokens, which a next character could merge with,
-and the end-of-turn markers after it are held back), then the rest of that prompt but its last token,
-a guess that the text is finished: a Send of the same text then computes one token, the one whose
-logits give the reply's first, and a keystroke that changes the tail crops only the guess (a pause
-costs prefilling those few tokens again).  :class:`Hints` keeps one job, the latest hint: it starts
-from the longest prefix the prefix cache holds (the conversation so far is usually there already) and
-prefills the rest ``HINT_CHUNK`` tokens at a time, only while the engine's queue is empty; after each
-chunk the part done is an entry of the prefix cache under ``HINT + conversation``, so a Send that comes
-first reuses it, and a Send never waits for more than one chunk.  A new hint for the same conversation
-keeps what it shares with the job's state (an edit in the middle drops only the stale part); a hint
-for another conversation or a hint whose draft is empty replaces or drops the job, and a request whose
-prompt holds the draft (its Send) ends it (:meth:`Hints.sent`); a Send in another chat leaves it be.  Hint
+and the end-of-turn markers after it are held back), then the rest of that prompt to its end, a guess
+that the text is finished: the last chunk's logits are kept with the entry (``Entry.logits``), so a Send
+of the same text runs no model step before its first token (``PrefixCache.finished``), and a keystroke
+that changes the end crops only the guess (a pause costs prefilling those few tokens again).
+:class:`Hints` keeps one job, the latest hint: it starts from the longest prefix the prefix cache holds
+(the conversation so far is usually there already) and prefills the rest ``HINT_CHUNK`` tokens at a
+time, only while the engine's queue is empty; after each chunk the part done is an entry of the prefix
+cache under ``HINT + conversation``, so a Send that comes first reuses it, and a Send never waits for
+more than one chunk. A new hint for the same conversation keeps what it shares with the job's state (an
+edit in the middle drops only the stale part); a hint for another conversation or a hint whose draft is
+empty replaces or drops the job, and a request whose prompt holds the draft (its Send) ends it
+(:meth:`Hints.sent`); a Send in another chat leaves it be. Hint
 entries are never saved to disk and are the first the prefix cache evicts.
 
 Hints also say a Send is coming: while they come in (``engine.runtime.engine.TYPING_HOLD_S``), a first
@@ -66,13 +67,11 @@ def stable_prefix(render: Render, messages: list[dict[str, Any]]) -> list[int]:
 
 
 def hint_tokens(render: Render, messages: list[dict[str, Any]]) -> list[int]:
-    """What a hint prefills: the stable prefix, then the prompt as a Send of this text would have it but its
-    last token (which the Send computes: its logits give the first reply token).  None when nothing is
+    """What a hint prefills: the stable prefix, then the rest of the prompt as a Send of this text would have
+    it (:meth:`Hints.step` keeps its last token's logits, the reply's first token's).  None when nothing is
     stable (the draft's text is not yet past the prompt's first tokens, or the prompt does not fit)."""
     ids, stable = _stable(render, messages)
-    if stable == 0:
-        return []
-    return ids[: max(stable, len(ids) - 1)]
+    return ids if stable else []
 
 
 @dataclass
@@ -114,8 +113,11 @@ class Hints:
         job = self.job
         assert job is not None
         done = len(job.state)
-        forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
+        logits = forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
         cache.insert(HINT + job.conversation, job.state)  # a Send that comes now starts from here
+        entry = cache.entries.get(HINT + job.conversation)
+        if entry is not None and entry.tokens == job.tokens:  # the whole prompt: a Send of it needs no step
+            entry.logits = logits[-1].clone()
 
     def sent(self, cache: PrefixCache, prompt: list[int]) -> None:
         """A request with ``prompt`` is served: the hints whose text it holds whole are done with (their job

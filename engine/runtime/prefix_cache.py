@@ -57,6 +57,7 @@ class Entry:
     tokens: list[int]
     snapshot: Snapshot
     live: KVState | None = None  # the state itself, handed back so its owner keeps growing in place
+    logits: torch.Tensor | None = None  # [vocab]: its last token's logits, where it is a whole prompt (a hint's)
 
 
 class PrefixCache:
@@ -88,6 +89,16 @@ class PrefixCache:
             live.crop(best_len)  # the owner continues: in place, unless cropped below a pin
             return live
         return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)  # another conversation: a branch
+
+    def finished(self, prompt: list[int]) -> tuple[KVState, torch.Tensor] | None:
+        """A state holding all of ``prompt`` and its last token's logits, where an entry is exactly this prompt
+        computed to its end (a draft prefilled while typed, ``engine.runtime.hints``); else None."""
+        for key, entry in self.entries.items():
+            if entry.logits is not None and entry.tokens == prompt:
+                self.last_key = key
+                self.entries.move_to_end(key)
+                return KVState.from_snapshot(entry.snapshot, entry.tokens, len(prompt)), entry.logits
+        return None
 
     def insert(self, key: str, state: KVState, length: int | None = None, live: bool = False) -> None:
         """Keep the first ``length`` tokens of ``state``; ``live``: also keep the state to extend it later."""

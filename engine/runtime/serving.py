@@ -326,7 +326,13 @@ class Serving:
         conversation = conversation_key(request.conversation_id or request.id)
         if request.prefix_cache:
             self._documents_kv(prompt)
-        state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+        # a draft prefilled to its end while typed, this very prompt: its last logits too, no prefill at all
+        found = self.prefix_cache.finished(prompt.ids) if request.prefix_cache else None
+        known = found[1] if found is not None else None
+        if found is not None:
+            state = found[0]
+        else:
+            state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
         typed = len(state) if request.prefix_cache and (self.prefix_cache.last_key or "").startswith(HINT) else 0
         self.hints.sent(self.prefix_cache, prompt.ids)  # a draft this prompt holds is sent: its prefill is done with
         t_lookup = reply.since()
@@ -343,6 +349,7 @@ class Serving:
             drafters,
             self.loaded.context_length,
             schemas,
+            known,
         ):
             if isinstance(item, DecodeResult):
                 result = item

@@ -85,17 +85,25 @@ def generate_steps(
     drafters: Sequence[Drafter] = (),
     context: int | None = None,
     grammar: Grammar | ToolCalls | None = None,
+    known: torch.Tensor | None = None,
 ) -> Generator[Prefilled | Step, None, None]:
     """Prefill ``prompt`` into ``state``, then yield decode steps until the context is full.
 
     With a ``grammar`` (``engine.runtime.grammar``) every row sampled from is masked to what it allows,
     the tokens it forces are fed with the next step as drafts of source ``FORCED`` (a model step saved
     each time all stand; checked like any draft, so the reply equals the one without them), and other
-    drafts are cut at the first token it rejects."""
+    drafts are cut at the first token it rejects.
+
+    ``state`` holds a strict prefix of ``prompt``, or all of it when ``known`` gives the logits [vocab] of
+    its last token (a draft prefilled to its end while it was typed): then no model step runs before the
+    first token."""
     start = len(state)
-    assert start < len(prompt) and state.tokens == prompt[:start], "state must hold a strict prefix of the prompt"
+    whole = known is not None and start == len(prompt)  # prefilled to its end, its last logits kept
+    assert (start < len(prompt) or whole) and state.tokens == prompt[:start], "state must hold a prefix of the prompt"
     limit = context or 1 << 62  # positions the model can hold
-    logits = None
+    logits = known[None] if whole and known is not None else None
+    if whole:
+        yield Prefilled(len(prompt), len(prompt), 0.0)
     for begin in range(start, len(prompt), PREFILL_CHUNK):
         t = time.perf_counter()
         chunk = prompt[begin : begin + PREFILL_CHUNK]

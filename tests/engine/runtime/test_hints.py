@@ -73,7 +73,7 @@ def test_a_hinted_draft_is_reused_and_the_reply_is_the_same(runner: EngineRunner
     m = done(hinted).metrics
     assert m.typed_tokens >= progress[-1].total - HINT_CHUNK and m.typed_tokens > 0
     assert m.computed_tokens <= m.prompt_tokens - m.typed_tokens
-    assert m.computed_tokens == 1  # the whole prompt but its last token was prefilled: the text was finished
+    assert m.computed_tokens == 0  # the whole prompt was prefilled and its last logits kept: the text was finished
     assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
 
 
@@ -138,13 +138,13 @@ def test_the_stable_prefix_holds_back_what_a_keystroke_changes(tiny_dir: Path) -
     too_long = [{"role": "user", "content": "word " * 2000}]  # older text would be dropped at Send
     assert stable_prefix(render, too_long) == []
     # a hint prefills the stable part, then the rest but the last token, guessing the text is finished
-    assert hint_tokens(render, messages) == full[:-1] and full[: len(stable)] == stable
+    assert hint_tokens(render, messages) == full and full[: len(stable)] == stable
     assert hint_tokens(render, too_long) == []
 
 
 def test_typing_on_after_a_finished_guess_crops_it_and_the_reply_is_the_same(runner: EngineRunner) -> None:
     """A pause prefills the draft to its end (the guess that it is finished); typing on changes the end, so
-    the guess is cropped back to what is still true and the new end prefilled: the Send computes one token
+    the guess is cropped back to what is still true and the new end prefilled: the Send runs no model step
     and replies as without hints."""
     first = [SYSTEM, {"role": "user", "content": LONG}]
     more = [SYSTEM, {"role": "user", "content": LONG + " Please list the crates"}]
@@ -160,7 +160,7 @@ def test_typing_on_after_a_finished_guess_crops_it_and_the_reply_is_the_same(run
     assert len(guessed) - 20 < shared < len(guessed) < len(entry.tokens)  # the guessed end was cropped, not more
     hinted = send(runner, "typed", more)
     assert token_ids(hinted) == token_ids(plain)
-    assert done(hinted).metrics.computed_tokens == 1
+    assert done(hinted).metrics.computed_tokens == 0
 
 
 def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runner: EngineRunner) -> None:
@@ -192,3 +192,19 @@ def test_a_draft_moved_to_another_chat_leaves_nothing_stale(runner: EngineRunner
     settle(runner)
     assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
     assert runner.engine.hints.job is None  # type: ignore[attr-defined]
+
+
+def test_a_send_of_other_text_than_the_finished_guess_computes_its_end(runner: EngineRunner) -> None:
+    """The guess's kept logits belong to its exact prompt: a Send whose text went on after the last hint
+    (typed faster than a pause) reuses what is still true and computes the rest, replying as without hints."""
+    first = [SYSTEM, {"role": "user", "content": LONG}]
+    more = [SYSTEM, {"role": "user", "content": LONG + " Thanks"}]
+    plain = send(runner, "plain", more)
+    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
+    hint(runner, "typed", first)
+    settle(runner)
+    assert runner.engine.prefix_cache.entries[HINT + "conv:typed"].logits is not None  # type: ignore[attr-defined]
+    hinted = send(runner, "typed", more)
+    assert token_ids(hinted) == token_ids(plain)
+    m = done(hinted).metrics
+    assert 0 < m.computed_tokens <= 30 and m.typed_tokens > 0  # " Thanks" and the end markers, in bytes

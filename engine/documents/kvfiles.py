@@ -10,6 +10,7 @@ document from the library removes every KV file that holds it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -23,6 +24,11 @@ HEADER_LIMIT = 100 << 20  # a safetensors header longer than this is not one of 
 
 def document_key(prefix: list[int]) -> str:
     """The prefix cache key (and file name stem) of a prefix of whole documents."""
+    return _document_key(tuple(prefix))
+
+
+@functools.lru_cache(maxsize=64)
+def _document_key(prefix: tuple[int, ...]) -> str:  # every Send and hint of a chat asks for its prefix's key
     return DOCUMENTS + hashlib.sha256(json.dumps(list(prefix)).encode()).hexdigest()[:24]
 
 

@@ -76,6 +76,7 @@ class Documents:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}  # document -> tokens of its whole text, in ``_counted_by``'s tokens
         self._counted_by: Any = None  # the tokenizer those counts are of (a new model's starts them again)
+        self._costs: dict[str, int] = {}  # the headers' and intros' tokens, in ``_counted_by``'s tokens
 
     def store(self) -> Any:
         with self._lock:
@@ -89,11 +90,25 @@ class Documents:
             return self._store
 
     def count(self, tokenizer: Any, doc_id: str, text: str) -> int:
-        if tokenizer is not self._counted_by:
-            self._counts, self._counted_by = {}, tokenizer
+        self._same_tokenizer(tokenizer)
         if doc_id not in self._counts:
             self._counts[doc_id] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         return self._counts[doc_id]
+
+    def cost(self, tokenizer: Any, text: str) -> int:
+        """The tokens of a short rendering part (an intro, a document's tag, a passage's header), counted once:
+        every Send and every hint of a chat with documents asks for the same few."""
+        self._same_tokenizer(tokenizer)
+        found = self._costs.get(text)
+        if found is None:
+            found = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(text) <= 256 and len(self._costs) < 4096:  # headers and intros, not passages' texts
+                self._costs[text] = found
+        return found
+
+    def _same_tokenizer(self, tokenizer: Any) -> None:
+        if tokenizer is not self._counted_by:
+            self._counts, self._costs, self._counted_by = {}, {}, tokenizer
 
     def apply(
         self,
@@ -127,7 +142,7 @@ class Documents:
             found.append((info, None))
 
         def cost(text: str) -> int:
-            return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return self.cost(tokenizer, text)
 
         intro = cost(render.WHOLE_INTRO)
         budget = max(0, min(whole_limit, room - intro))

@@ -78,6 +78,7 @@ class Serving:
     identity: ModelIdentity | None
     decoder: Decoder | None
     prefix_cache: PrefixCache | None
+    _base_memo: tuple[Any, str, list[int]] | None = None  # (tokenizer, messages, their prompt): see _base_ids
     draft: DraftModel | None
     answers: AnswerMemory
     history: HistoryIndex
@@ -218,7 +219,7 @@ class Serving:
         assert self.loaded is not None
         tokenizer, context = self.loaded.tokenizer, self.loaded.context_length
         budget = prompt_budget(context, request.sampling.max_tokens)
-        base_ids = render(tokenizer, messages, tools=schemas)
+        base_ids = self._base_ids(messages, schemas)
         room = budget - len(base_ids) - MARGIN
         whole_limit = min(int(budget * PROMPT_SHARE), self._cache_tokens(WHOLE_SHARE))
         try:
@@ -240,6 +241,19 @@ class Serving:
             self.on_event(Warning("documents", message))
         applied.base_ids = base_ids
         return applied
+
+    def _base_ids(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None) -> list[int]:
+        """The prompt of ``messages`` without documents (what they leave room for), the last one remembered:
+        the hints of a draft and its Send ask for the same."""
+        assert self.loaded is not None
+        tokenizer = self.loaded.tokenizer
+        key = json.dumps([messages, schemas], sort_keys=True, default=str)
+        memo = self._base_memo
+        if memo is not None and memo[0] is tokenizer and memo[1] == key:
+            return list(memo[2])
+        ids = render(tokenizer, messages, tools=schemas)
+        self._base_memo = (tokenizer, key, list(ids))
+        return ids
 
     def _cache_tokens(self, share: float) -> int:
         """How many positions of KV ``share`` of the prefix cache holds (a large number when not known)."""

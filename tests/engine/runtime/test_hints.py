@@ -137,21 +137,27 @@ def test_the_stable_prefix_holds_back_what_a_keystroke_changes(tiny_dir: Path) -
         assert longer[: len(stable)] == stable, more  # whatever is typed next, the prefilled part stays true
     too_long = [{"role": "user", "content": "word " * 2000}]  # older text would be dropped at Send
     assert stable_prefix(render, too_long) == []
-    # a hint prefills the stable part, then the rest but the last token, guessing the text is finished
+    # a hint prefills the stable part, then the rest to the prompt's end, guessing the text is finished
     assert hint_tokens(render, messages) == full and full[: len(stable)] == stable
     assert hint_tokens(render, too_long) == []
+
+
+def finished_guess(runner: EngineRunner, typed_on: str) -> tuple[list[dict[str, str]], list[object]]:
+    """(the messages with ``typed_on`` after LONG, their reply with no hint); then LONG hinted to its end,
+    the guess that the text is finished, as a pause in typing leaves it."""
+    more = [SYSTEM, {"role": "user", "content": LONG + typed_on}]
+    plain = send(runner, "plain", more)
+    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
+    hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG}])
+    settle(runner)
+    return more, plain
 
 
 def test_typing_on_after_a_finished_guess_crops_it_and_the_reply_is_the_same(runner: EngineRunner) -> None:
     """A pause prefills the draft to its end (the guess that it is finished); typing on changes the end, so
     the guess is cropped back to what is still true and the new end prefilled: the Send runs no model step
     and replies as without hints."""
-    first = [SYSTEM, {"role": "user", "content": LONG}]
-    more = [SYSTEM, {"role": "user", "content": LONG + " Please list the crates"}]
-    plain = send(runner, "plain", more)
-    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
-    hint(runner, "typed", first)
-    settle(runner)
+    more, plain = finished_guess(runner, " Please list the crates")
     guessed = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
     hint(runner, "typed", more)
     settle(runner)
@@ -197,12 +203,7 @@ def test_a_draft_moved_to_another_chat_leaves_nothing_stale(runner: EngineRunner
 def test_a_send_of_other_text_than_the_finished_guess_computes_its_end(runner: EngineRunner) -> None:
     """The guess's kept logits belong to its exact prompt: a Send whose text went on after the last hint
     (typed faster than a pause) reuses what is still true and computes the rest, replying as without hints."""
-    first = [SYSTEM, {"role": "user", "content": LONG}]
-    more = [SYSTEM, {"role": "user", "content": LONG + " Thanks"}]
-    plain = send(runner, "plain", more)
-    runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
-    hint(runner, "typed", first)
-    settle(runner)
+    more, plain = finished_guess(runner, " Thanks")
     assert runner.engine.prefix_cache.entries[HINT + "conv:typed"].logits is not None  # type: ignore[attr-defined]
     hinted = send(runner, "typed", more)
     assert token_ids(hinted) == token_ids(plain)

@@ -7,10 +7,11 @@ on one engine, as a user meets it: a short message in a new chat (no document: t
 question about the document in a new chat (its KV computed and saved), a second question in another new chat
 (the document's KV reused from memory); then, as the window sends them, a short message and another question
 about the document each typed in a new chat (prefilled while typed: ``engine.bench.typing_prefill``'s
-keystrokes, a hint each, Send a second after the last); then a new process (``brisk ask --attach`` on the same
-data folder) asks a third question (the KV read from disk) and another new process asks a short message (the
-baseline a new process gets); then, per round, a new engine on the same data folder (a restart of the window,
-in this process) gets a short message and a question about the round's document, both typed in new chats (the
+keystrokes, a hint each, Send a second after the last; and again with Send 50 ms after the last key, before
+the composer's pause sends its hint); then a new process (``brisk ask --attach`` on the same data folder) asks
+a third question (the KV read from disk) and another new process asks a short message (the baseline a new
+process gets); then, per round, a new engine on the same data folder (a restart of the window, in this
+process) gets a short message and a question about the round's document, both typed in new chats (the
 document's KV read from disk while the question is typed, as the window does). TTFT is ``Metrics.ttft_s``:
 from the request's submission, the model already loaded. ``--peer URL``: an OpenAI-compatible server
 (llama.cpp's with ``cache_prompt``) gets the same rendered prompts (the document whole in the system message,
@@ -98,22 +99,27 @@ def _ask(
             "typed": m.typed_tokens, "cache_bytes": m.cache_bytes, "spans_ms": spans}  # fmt: skip
 
 
-def _typed(client: Client, system: list[dict[str, str]], question: str, documents: tuple[str, ...]) -> dict[str, Any]:
+def _typed(
+    client: Client, system: list[dict[str, str]], question: str, documents: tuple[str, ...], at_once: bool = False
+) -> dict[str, Any]:
     """``question`` typed in a new chat as the window's composer sends it (a hint a keystroke, at 6 characters a
-    second, ``engine.bench.typing_prefill``), then Send after a second; the reply's TTFT from Send."""
+    second, ``engine.bench.typing_prefill``), then Send after a second; the reply's TTFT from Send.  ``at_once``:
+    Send 50 ms after the last keystroke, before the composer's 150 ms pause has sent that keystroke's hint
+    (the engine's guess is the text without its last character)."""
     import time
 
     from engine.api import Request
     from engine.bench.typing_prefill import PAUSE_BEFORE_SEND_S, keystrokes
 
     conversation = uuid.uuid4().hex
-    for draft, pause in keystrokes([question]):
+    steps = keystrokes([question])
+    for draft, pause in steps[:-1] if at_once else steps:
         time.sleep(pause)
         messages = (*system, {"role": "user", "content": draft})
         sampling = Sampling(max_tokens=MAX_TOKENS)
         client.backend.hint(Request(uuid.uuid4().hex, messages, sampling, conversation_id=conversation,  # type: ignore[attr-defined]
                                     answer_cache=False, documents=documents))  # fmt: skip
-    time.sleep(PAUSE_BEFORE_SEND_S)
+    time.sleep(steps[-1][1] + 0.05 if at_once else PAUSE_BEFORE_SEND_S)
     return _ask(client, [*system, {"role": "user", "content": question}], documents, conversation)
 
 
@@ -149,8 +155,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from engine.bench import connect_peer
 
         peer = connect_peer(args)
-    keys = ("short", "first", "second", "typed_short", "typed_second", "restart", "new_short", "restart_typed_short",
-            "restart_typed")
+    keys = ("short", "first", "second", "typed_short", "typed_second", "typed_short_at_once", "typed_second_at_once",
+            "restart", "new_short", "restart_typed_short", "restart_typed")
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
     peer_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second")}
     with fresh_data_dir() as data, tempfile.TemporaryDirectory(prefix="brisk-docs-") as folder:
@@ -178,6 +184,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 # as the window meets them: typed, each prefilled while it is written (new chats again)
                 rows["typed_short"].append(_typed(client, system, TYPED_SHORT[r % len(TYPED_SHORT)], ()))
                 rows["typed_second"].append(_typed(client, system, QUESTIONS[(r + 1) % len(QUESTIONS)][1], doc))
+                # Enter pressed right after the last character: the guess misses it, the end is computed
+                at_once_q = f"{QUESTIONS[(r + 2) % len(QUESTIONS)][1]} Be brief."
+                rows["typed_short_at_once"].append(_typed(client, system, SHORT[(r + 2) % len(SHORT)], (), True))
+                rows["typed_second_at_once"].append(_typed(client, system, at_once_q, doc, True))
                 if peer is not None:
                     whole = [render.Whole(doc[0], path.name, path.read_text(encoding="utf-8"))]
                     for key, question, docs in (("short", SHORT[r % len(SHORT)], []), ("first", first_q, whole),
@@ -227,6 +237,8 @@ def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[di
         "second": "second question, another new chat",
         "typed_short": "short message typed in a new chat (prefilled while typed, as the window does)",
         "typed_second": "another question typed in a new chat (prefilled while typed)",
+        "typed_short_at_once": "short message typed, Send 50 ms after the last key (before its hint)",
+        "typed_second_at_once": "another question typed, Send 50 ms after the last key (before its hint)",
         "restart": "a question after a restart (new process)",
         "new_short": "short message in a new process",
         "restart_typed_short": "short message typed after a restart (new engine)",
@@ -256,11 +268,15 @@ def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[di
     again_short = median([x["ttft_ms"] for x in rows["restart_typed_short"]]) if rows["restart_typed_short"] else 0.0
     again = median([x["ttft_ms"] for x in rows["restart_typed"]]) if rows["restart_typed"] else 0.0
     ratios["restart_typed_over_restart_typed_short"] = again / again_short if again_short else None
+    quick_short = median([x["ttft_ms"] for x in rows["typed_short_at_once"]]) if rows["typed_short_at_once"] else 0.0
+    quick = median([x["ttft_ms"] for x in rows["typed_second_at_once"]]) if rows["typed_second_at_once"] else 0.0
+    ratios["typed_at_once_second_over_short"] = quick / quick_short if quick_short else None
     print(
         f"\nsecond question / short message: {ratios['second_over_short']:.2f}x; typed, as the window sends them: "
         f"{ratios['typed_second_over_typed_short'] or 0:.2f}x; after a restart / a new process's short message: "
         f"{ratios['restart_over_new_process_short']:.2f}x; typed after a restart: "
-        f"{ratios['restart_typed_over_restart_typed_short'] or 0:.2f}x (target: at most 1.5x)"
+        f"{ratios['restart_typed_over_restart_typed_short'] or 0:.2f}x; typed, Send at once: "
+        f"{ratios['typed_at_once_second_over_short'] or 0:.2f}x (target: at most 1.5x)"
     )
     return {"rows": rows, "peer": peer_rows if peer else None, "table": out_rows, "ratios": ratios}
 

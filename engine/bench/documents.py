@@ -253,28 +253,23 @@ def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[di
         if peer:
             row["peer"] = _spread([x["ttft_ms"] for x in peer_rows.get(key, [])]) if key in peer_rows else "-"
         out_rows.append(row)
-    short = median([x["ttft_ms"] for x in rows["short"]])
-    second = median([x["ttft_ms"] for x in rows["second"]])
-    restart = median([x["ttft_ms"] for x in rows["restart"]])
-    new_short = median([x["ttft_ms"] for x in rows["new_short"]])
     print(table("Questions about a 3,000-token document: TTFT, median (min-max)", out_rows))
+
+    def over(row: str, base: str) -> float | None:  # one row's median TTFT over another's
+        top, bottom = (median([x["ttft_ms"] for x in rows[k]]) if rows[k] else 0.0 for k in (row, base))
+        return top / bottom if bottom else None
+
     ratios = {
-        "second_over_short": second / short if short else None,
-        "restart_over_new_process_short": restart / new_short if new_short else None,
+        "second_over_short": over("second", "short"),
+        "restart_over_new_process_short": over("restart", "new_short"),
+        "typed_second_over_typed_short": over("typed_second", "typed_short"),
+        "restart_typed_over_restart_typed_short": over("restart_typed", "restart_typed_short"),
+        "typed_at_once_second_over_short": over("typed_second_at_once", "typed_short_at_once"),
     }
-    typed_short = median([x["ttft_ms"] for x in rows["typed_short"]]) if rows["typed_short"] else 0.0
-    typed_second = median([x["ttft_ms"] for x in rows["typed_second"]]) if rows["typed_second"] else 0.0
-    ratios["typed_second_over_typed_short"] = typed_second / typed_short if typed_short else None
-    again_short = median([x["ttft_ms"] for x in rows["restart_typed_short"]]) if rows["restart_typed_short"] else 0.0
-    again = median([x["ttft_ms"] for x in rows["restart_typed"]]) if rows["restart_typed"] else 0.0
-    ratios["restart_typed_over_restart_typed_short"] = again / again_short if again_short else None
-    quick_short = median([x["ttft_ms"] for x in rows["typed_short_at_once"]]) if rows["typed_short_at_once"] else 0.0
-    quick = median([x["ttft_ms"] for x in rows["typed_second_at_once"]]) if rows["typed_second_at_once"] else 0.0
-    ratios["typed_at_once_second_over_short"] = quick / quick_short if quick_short else None
     print(
-        f"\nsecond question / short message: {ratios['second_over_short']:.2f}x; typed, as the window sends them: "
+        f"\nsecond question / short message: {ratios['second_over_short'] or 0:.2f}x; typed, as the window sends them: "
         f"{ratios['typed_second_over_typed_short'] or 0:.2f}x; after a restart / a new process's short message: "
-        f"{ratios['restart_over_new_process_short']:.2f}x; typed after a restart: "
+        f"{ratios['restart_over_new_process_short'] or 0:.2f}x; typed after a restart: "
         f"{ratios['restart_typed_over_restart_typed_short'] or 0:.2f}x; typed, Send at once: "
         f"{ratios['typed_at_once_second_over_short'] or 0:.2f}x (target: at most 1.5x)"
     )

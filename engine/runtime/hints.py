@@ -116,7 +116,7 @@ class Hints:
         logits = forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
         cache.insert(HINT + job.conversation, job.state)  # a Send that comes now starts from here
         entry = cache.entries.get(HINT + job.conversation)
-        if entry is not None and entry.tokens == job.tokens:  # the whole prompt: a Send of it needs no step
+        if entry is not None and not self.pending():  # the whole prompt: a Send of it needs no step
             entry.logits = logits[-1].clone()
 
     def sent(self, cache: PrefixCache, prompt: list[int]) -> None:

@@ -338,15 +338,12 @@ class Serving:
         """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
         assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
         conversation = conversation_key(request.conversation_id or request.id)
+        state, known = KVState(), None
         if request.prefix_cache:
             self._documents_kv(prompt)
-        # a draft prefilled to its end while typed, this very prompt: its last logits too, no prefill at all
-        found = self.prefix_cache.finished(prompt.ids) if request.prefix_cache else None
-        known = found[1] if found is not None else None
-        if found is not None:
-            state = found[0]
-        else:
-            state = self.prefix_cache.lookup(prompt.ids, prefer=conversation) if request.prefix_cache else KVState()
+            # a draft prefilled to its end while typed, exactly this prompt: its last logits come with it
+            found = self.prefix_cache.finished(prompt.ids)
+            state, known = found or (self.prefix_cache.lookup(prompt.ids, prefer=conversation), None)
         typed = len(state) if request.prefix_cache and (self.prefix_cache.last_key or "").startswith(HINT) else 0
         self.hints.sent(self.prefix_cache, prompt.ids)  # a draft this prompt holds is sent: its prefill is done with
         t_lookup = reply.since()

@@ -66,6 +66,14 @@ class Buffer:
         return self.start + self.capacity
 
 
+class _Borrowed:
+    """The owner of a :class:`Buffer` that wraps another layer's positions (``GrowingLayer.adopt``): never
+    the layer reading it, so its first write copies them into a buffer of its own."""
+
+
+_BORROWED = _Borrowed()
+
+
 class _CutView:
     """``keys`` or ``values`` of a :class:`GrowingLayer`: after an ``advance``, cut from its buffer when read."""
 
@@ -238,17 +246,19 @@ class GrowingLayer(DynamicLayer):
             self.buf.pinned = max(self.buf.pinned, length)
 
     def adopt(self, parts: LayerSnapshot) -> None:
-        """Start from a snapshot's views: its first segment is shared (never copied), a second is copied."""
-        self.lazy_initialization(parts[0][0], parts[0][1])
-        shared = int(parts[0][0].shape[-2])
-        self.base, self.buf, self.length = (parts[0] if shared else None), None, shared
-        if len(parts) > 1:
+        """Start from a snapshot's views: its first segment is shared (never copied), a second (a branch of a
+        branch: the positions after the shared prefix) is copied when this layer first writes, so a state
+        made to read (a reply's first token from a hint's logits) copies nothing before it."""
+        first = parts[0]
+        # what lazy_initialization sets, without its empty tensors: the views are cut from the segments
+        self.device, self.is_initialized = first[0].device, True
+        self._keys, self._values = first
+        shared = int(first[0].shape[-2])
+        self.base, self.buf, self.length = (first if shared else None), None, shared
+        if len(parts) > 1:  # read where they are until this layer first writes (reserve then copies them)
             k, v = parts[1]
-            m = int(k.shape[-2])
-            buf = self._reallocate(self.length + m, k)
-            buf.keys[..., :m, :] = k
-            buf.values[..., :m, :] = v
-            self.length += m
+            self.buf = Buffer(k, v, _BORROWED, shared)
+            self.length += int(k.shape[-2])
         self._stale = True
 
 
@@ -264,6 +274,8 @@ Snapshot = tuple[LayerSnapshot, ...]  # one a layer
 
 def cut_segments(parts: LayerSnapshot, n: int) -> LayerSnapshot:
     """The first ``n`` positions of a layer's segments."""
+    if n >= sum(int(k.shape[-2]) for k, _ in parts):
+        return parts  # all of them: no views to cut
     out: list[Pair] = []
     for k, v in parts:
         m = min(n, int(k.shape[-2]))
@@ -324,7 +336,8 @@ class KVState:
     @classmethod
     def from_snapshot(cls, snap: Snapshot, tokens: list[int], length: int | None = None) -> KVState:
         """A state holding the first ``length`` tokens of ``snap``: it shares the first segment of each layer
-        (no copy, ever) and copies a second one (a branch of a branch: the positions after the shared prefix)."""
+        (no copy, ever) and reads a second one (a branch of a branch: the positions after the shared prefix)
+        where it is until its first write copies it (:meth:`GrowingLayer.adopt`)."""
         n = len(tokens) if length is None else length
         cache = new_cache()
         for parts in snap:

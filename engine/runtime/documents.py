@@ -61,6 +61,7 @@ class Applied:
     sources: tuple[dict[str, Any], ...] = ()
     warnings: list[str] = field(default_factory=list)
     base_ids: list[int] = field(default_factory=list)  # the prompt without the documents (where they begin)
+    found_ids: tuple[str, ...] = ()  # the documents found in the index: a reply marks them used (Documents.touch)
 
     @property
     def tokens(self) -> int:
@@ -126,7 +127,7 @@ class Documents:
         ``room``: the prompt tokens left for documents once the messages themselves are counted (the reply's
         room, the system prompt, the history and the question come first: documents never push the question
         out); ``whole_limit``: the most tokens that go in whole (what the prefix cache can keep); ``passages``
-        False leaves out the retrieved passages and touches nothing (a draft being typed); ``into_user``: the
+        False leaves out the retrieved passages (a draft being typed); ``into_user``: the
         chat template has no system role, so whole documents open the first user message instead."""
         store = self.store()
         warnings: list[str] = []
@@ -184,9 +185,6 @@ class Documents:
                 "The conversation leaves no room in the model's context for passages of the attached documents; "
                 "start a new chat to ask about them."
             )
-        if found and passages:
-            with contextlib.suppress(Exception):  # last use is a nicety, never the reply's end
-                store.touch([info.id for info, _ in found])
         if whole:
             used += intro  # the documents' part of the prompt: the introduction, the tags and the texts
         if into_user:  # no system role: the documents open the first user turn (kept within the chat only)
@@ -197,6 +195,7 @@ class Documents:
                 passage_tokens,
                 render.sources(whole, chosen),
                 warnings,
+                found_ids=tuple(info.id for info, _ in found),
             )
         return Applied(
             render.with_documents(messages, whole, chosen),
@@ -205,4 +204,12 @@ class Documents:
             passage_tokens,
             render.sources(whole, chosen),
             warnings,
+            found_ids=tuple(info.id for info, _ in found),
         )
+
+    def touch(self, doc_ids: Sequence[str]) -> None:
+        """Mark ``doc_ids`` used now (the Documents view's "last use"); after a reply, off its first token's
+        path (an index write)."""
+        if doc_ids:
+            with contextlib.suppress(Exception):  # last use is a nicety, never the reply's end
+                self.store().touch(list(doc_ids))

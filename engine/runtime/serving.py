@@ -182,6 +182,8 @@ class Serving:
         if applied is not None:
             metrics = _with_document_metrics(metrics, applied, first_prompt, first.cached_tokens)
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
+        if applied is not None:  # an index write: after the reply's tokens, not before its first
+            self.documents.touch(applied.found_ids)
         with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
             reply.emit(Done(request.id, reply.since(), text, finish, metrics))
             self._keep_answer(request, result, finish, rounds, metrics)

@@ -242,6 +242,7 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
     doc = index.add("rules.md", NOTE)
     with engine_on(tiny_dir, index) as first:
         ask(first, "How far ahead is the crane booked?", (doc,))
+    index.touched.clear()
     with engine_on(tiny_dir, index) as typing:  # a restart: the user attaches nothing new and types a question
         question = "What colour are the badges?"
         messages = (SYSTEM, {"role": "user", "content": question})
@@ -251,9 +252,11 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
             settle(typing)
         assert any(k.startswith(DOCUMENTS) for k in typing.engine.prefix_cache.entries)  # read while typing
         assert not [w for w in typing.client.warnings if w.kind == "documents"]  # drafts warn of nothing
+        assert index.touched == [], "a draft is not a use of the document"
         events, reply = ask(typing, question, (doc,), conversation_id="typed")
         assert reply.metrics.document_reused == reply.metrics.document_tokens > 0
         assert token_ids(events) == rendered(typing, question, (doc,))
+        assert index.touched == [doc], "the reply marks it used (by its Done)"
 
 
 def test_documents_never_push_the_question_out_of_the_prompt(runner: EngineRunner) -> None:

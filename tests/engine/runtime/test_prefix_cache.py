@@ -467,6 +467,31 @@ def test_a_branch_of_a_long_prefix_shares_it_and_holds_only_its_own_positions() 
     assert torch.equal(again.cache.layers[0].keys[0, 0, 1000:, 0], torch.arange(5.0))
 
 
+def test_a_branch_of_a_branch_reads_its_positions_in_place_until_it_writes() -> None:
+    """A reply that starts from a hint's finished prefill (``PrefixCache.finished``) copies nothing before its
+    first token; its first write copies the hint's positions, and neither side sees the other's writes."""
+    base = fake_state(list(range(100)), layers=1)
+    hint = KVState.from_snapshot(base.snapshot(), base.tokens)
+    hint.cache.layers[0].append(torch.full((1, 2, 4, 8), 5.0), torch.full((1, 2, 4, 8), 5.0))
+    hint.tokens += [1, 2, 3, 4]
+    own = hint.cache.layers[0].segments()[1][0]
+    reply = KVState.from_snapshot(hint.snapshot(), hint.tokens)
+    layer = reply.cache.layers[0]
+    before = [k for k, _ in layer.segments()]
+    assert [k.untyped_storage().data_ptr() for k in before] == [
+        base.snapshot()[0][0][0].untyped_storage().data_ptr(),
+        own.untyped_storage().data_ptr(),
+    ], "both segments read where they are"
+    hint.cache.layers[0].append(torch.full((1, 2, 2, 8), 9.0), torch.full((1, 2, 2, 8), 9.0))  # the hint goes on
+    hint.tokens += [5, 6]
+    parts = layer.append(torch.full((1, 2, 1, 8), 7.0), torch.full((1, 2, 1, 8), 7.0))  # the reply's first write
+    reply.tokens.append(8)
+    assert parts[1][0].untyped_storage().data_ptr() != own.untyped_storage().data_ptr(), "copied on write"
+    assert parts[1][0][0, 0, :, 0].tolist() == [5.0, 5.0, 5.0, 5.0, 7.0]
+    assert hint.cache.layers[0].segments()[1][0][0, 0, :, 0].tolist() == [5.0] * 4 + [9.0] * 2
+    assert torch.equal(layer.keys[..., :100, :], base.snapshot()[0][0][0]) and layer.keys.shape[-2] == 105
+
+
 def test_a_branch_that_outgrows_its_shared_prefix_takes_it_in_and_is_one_segment_again() -> None:
     """A document prefilled on top of a system prompt: the prompt's 10 positions are copied in (not the
     document's 50 copied out by every later chat that shares the document)."""

@@ -62,6 +62,7 @@ class Applied:
     warnings: list[str] = field(default_factory=list)
     base_ids: list[int] = field(default_factory=list)  # the prompt without the documents (where they begin)
     found_ids: tuple[str, ...] = ()  # the documents found in the index: a reply marks them used (Documents.touch)
+    searched: bool = False  # some are too long to go whole: their passages depend on the question
 
     @property
     def tokens(self) -> int:
@@ -196,6 +197,7 @@ class Documents:
                 render.sources(whole, chosen),
                 warnings,
                 found_ids=tuple(info.id for info, _ in found),
+                searched=bool(searched),
             )
         return Applied(
             render.with_documents(messages, whole, chosen),
@@ -205,6 +207,7 @@ class Documents:
             render.sources(whole, chosen),
             warnings,
             found_ids=tuple(info.id for info, _ in found),
+            searched=bool(searched),
         )
 
     def touch(self, doc_ids: Sequence[str]) -> None:

@@ -61,7 +61,7 @@ from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
-from engine.runtime.serving import CONVERSATION, Serving, conversation_key
+from engine.runtime.serving import CONVERSATION, Prepared, Serving, conversation_key
 from engine.runtime.speculative import DraftModel, HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
@@ -373,12 +373,17 @@ class Engine(Serving):
             max_tokens = request.sampling.max_tokens
             messages = list(request.messages)
             whole: tuple[str, ...] = ()
+            applied = None
             if request.documents:  # whole documents only: the passages depend on the words still being typed
                 applied = self._with_documents(request, messages, schemas, passages=False)
                 messages, whole = applied.messages, applied.whole
-            tokens = hint_tokens(lambda m: self._prompt(m, max_tokens, schemas, whole), messages)
+            prompt = self._prompt(messages, max_tokens, schemas, whole)
+            tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
+                                 messages)  # fmt: skip
+            # a Send of this very text takes this rendering (Serving._prepare)
+            self.prepared = Prepared(self.request_key(request, schemas), self.loaded.tokenizer, applied, prompt)
             if whole:  # a restart's document KV, read while the question is typed
-                self._documents_kv(self._prompt(messages, max_tokens, schemas, whole))
+                self._documents_kv(prompt)
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
             self.hints.drop(self.prefix_cache)  # one composer, one draft: whatever was prefilled before is stale
             return 0, 0

@@ -69,6 +69,16 @@ def system_key(tokens: list[int]) -> str:
     return PERSISTED + hashlib.sha256(str(tokens).encode()).hexdigest()[:16]
 
 
+@dataclasses.dataclass
+class Prepared:
+    """A request's documents and prompt as a hint rendered them (``Engine._start_hint``), for its Send."""
+
+    key: str  # ``Serving.request_key`` of the request
+    tokenizer: Any
+    applied: Applied | None
+    prompt: Prompt
+
+
 class Serving:
     """The request path; the engine's state it works on is declared here and set by ``Engine``."""
 
@@ -79,6 +89,7 @@ class Serving:
     decoder: Decoder | None
     prefix_cache: PrefixCache | None
     _base_memo: tuple[Any, str, list[int]] | None = None  # (tokenizer, messages, their prompt): see _base_ids
+    prepared: Prepared | None = None  # the last hint's rendering of its request: see _prepare
     draft: DraftModel | None
     answers: AnswerMemory
     history: HistoryIndex
@@ -123,15 +134,13 @@ class Serving:
         messages: list[dict[str, Any]] = list(request.messages)
         applied: Applied | None = None
         try:
-            if request.documents and not request.raw:
-                applied = self._with_documents(request, messages, schemas)
-                messages = applied.messages
-            whole = applied.whole if applied is not None else ()
             if request.raw:
                 text, context = messages[0]["content"], self.loaded.context_length
                 prompt = raw_prompt(self.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
-                prompt = self._prompt(messages, request.sampling.max_tokens, schemas, whole)
+                applied, prompt = self._prepare(request, messages, schemas)
+                messages = applied.messages if applied is not None else messages
+            whole = applied.whole if applied is not None else ()
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             reply.fail(str(exc))
@@ -207,6 +216,40 @@ class Serving:
         assert self.loaded is not None
         prompt = build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
         return dataclasses.replace(prompt, documents=documents) if documents and prompt.system_tokens else prompt
+
+    def request_key(self, request: Request, schemas: list[dict[str, Any]] | None) -> str:
+        """What a request's documents and prompt are rendered from (the model's tokenizer aside): its messages,
+        documents, tools and reply length, the context and the prefix cache's size (which documents fit whole)."""
+        assert self.loaded is not None
+        budget = self.prefix_cache.budget_bytes if self.prefix_cache is not None else 0
+        parts = [request.messages, request.documents, schemas, request.sampling.max_tokens,
+                 self.loaded.context_length, budget]  # fmt: skip
+        return json.dumps(parts, sort_keys=True, default=str)
+
+    def _prepare(
+        self, request: Request, messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None
+    ) -> tuple[Applied | None, Prompt]:
+        """The request's documents and prompt: the last hint's rendering where it was of this very request
+        (a Send of the text typed: the same messages, documents, tools and reply length, on the same model;
+        every document whole and still in the index), else rendered now."""
+        assert self.loaded is not None
+        memo = self.prepared
+        same = memo is not None and memo.tokenizer is self.loaded.tokenizer
+        if memo is not None and same and memo.key == self.request_key(request, schemas):
+            applied = memo.applied
+            if applied is None:
+                return None, memo.prompt
+            indexed = set(applied.found_ids) == set(request.documents) and not applied.searched
+            with contextlib.suppress(Exception):  # an index that cannot be read: rendered again, which says so
+                store = self.documents.store()
+                if indexed and all(store.get(doc_id) is not None for doc_id in applied.found_ids):
+                    return applied, memo.prompt
+        applied = None
+        if request.documents:
+            applied = self._with_documents(request, messages, schemas)
+            messages = applied.messages
+        whole = applied.whole if applied is not None else ()
+        return applied, self._prompt(messages, request.sampling.max_tokens, schemas, whole)
 
     def _with_documents(
         self,

@@ -259,6 +259,47 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
         assert index.touched == [doc], "the reply marks it used (by its Done)"
 
 
+def typed_then_sent(runner: EngineRunner, question: str, documents: tuple[str, ...], between=None):  # noqa: ANN001, ANN201
+    """``question`` as a draft (a hint, prefilled to its end), ``between()``, then its Send in the same chat;
+    the reply's events and Done, and how often the Send rendered its documents."""
+    from engine.api import Request
+    from tests.engine.runtime.test_hints import settle
+
+    messages = (SYSTEM, {"role": "user", "content": question})
+    runner.engine.hint(Request(uuid.uuid4().hex, messages, GREEDY, conversation_id="c", documents=documents))  # type: ignore[attr-defined]
+    settle(runner)
+    if between is not None:
+        between()
+    engine = runner.engine
+    rendered_now = []
+    original = engine._with_documents  # type: ignore[attr-defined]
+    engine._with_documents = lambda *a, **kw: rendered_now.append(1) or original(*a, **kw)  # type: ignore[attr-defined]
+    try:
+        events, reply = ask(runner, question, documents, conversation_id="c")
+    finally:
+        del engine._with_documents  # type: ignore[attr-defined]
+    return events, reply, len(rendered_now)
+
+
+def test_a_send_of_the_typed_text_takes_the_hints_rendering_and_replies_the_same(runner: EngineRunner) -> None:
+    doc = runner.index.add("rules.md", NOTE)  # type: ignore[attr-defined]
+    question = "What colour are the badges?"
+    events, reply, renders = typed_then_sent(runner, question, (doc,))
+    assert renders == 0, "the Send of the text the hint rendered renders nothing again"
+    assert reply.metrics.document_reused == reply.metrics.document_tokens > 0 and reply.metrics.computed_tokens == 0
+    assert [s["name"] for s in reply.metrics.sources] == ["rules.md"]
+    assert token_ids(events) == rendered(runner, question, (doc,))
+
+
+def test_a_document_removed_after_the_hint_is_left_out_of_the_send_with_a_warning(runner: EngineRunner) -> None:
+    index = runner.index  # type: ignore[attr-defined]
+    doc = index.add("rules.md", NOTE)
+    _, reply, renders = typed_then_sent(runner, "What colour are the badges?", (doc,), lambda: index.texts.pop(doc))
+    assert renders == 1, "the hint's rendering holds a document the index no longer has: rendered again"
+    assert reply.metrics.document_tokens == 0 and not reply.metrics.sources
+    assert [w for w in runner.client.warnings if w.kind == "documents" and "no longer" in w.message]
+
+
 def test_documents_never_push_the_question_out_of_the_prompt(runner: EngineRunner) -> None:
     index = runner.index  # type: ignore[attr-defined]
     doc = index.add("rules.md", "Rule: " + "the crane is booked three days ahead; " * 9)  # fits alone, not with this

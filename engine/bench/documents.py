@@ -227,7 +227,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _spread(values: list[float]) -> str:
-    return f"{median(values):.0f} ({min(values):.0f}-{max(values):.0f})" if values else "-"
+    """Median (min-max); tenths where the values are a few milliseconds (the typed rows' ratios are of those)."""
+    places = 1 if values and max(values) < 10 else 0
+    return f"{median(values):.{places}f} ({min(values):.{places}f}-{max(values):.{places}f})" if values else "-"
 
 
 def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[dict[str, Any]]], peer: bool) -> dict:

@@ -9,10 +9,12 @@ question about the document in a new chat (its KV computed and saved), a second 
 about the document each typed in a new chat (prefilled while typed: ``engine.bench.typing_prefill``'s
 keystrokes, a hint each, Send a second after the last; and again with Send 50 ms after the last key, before
 the composer's pause sends its hint); then a new process (``brisk ask --attach`` on the same data folder) asks
-a third question (the KV read from disk) and another new process asks a short message (the baseline a new
-process gets); then, per round, a new engine on the same data folder (a restart of the window, in this
-process) gets a short message and a question about the round's document, both typed in new chats (the
-document's KV read from disk while the question is typed, as the window does). TTFT is ``Metrics.ttft_s``:
+a question not yet asked about that document (the KV read from disk) and another new process asks a short
+message (the baseline a new process gets); then, per round, a new engine on the same data folder (a restart of
+the window, in this process) gets a short message and a question about the round's document, both typed in
+new chats (the document's KV read from disk while the question is typed, as the window does). No message is
+sent twice in a run (a repeat would reuse an earlier chat's KV beyond what the row measures). TTFT is
+``Metrics.ttft_s``:
 from the request's submission, the model already loaded. ``--peer URL``: an OpenAI-compatible server
 (llama.cpp's with ``cache_prompt``) gets the same rendered prompts (the document whole in the system message,
 as Brisk renders it): the short message, the first question and the second; a server keeps no KV across
@@ -48,8 +50,18 @@ QUESTIONS = [
     ("What is the late fee for a returned tool?", "Where do deliveries arrive after six?"),
     ("Who can approve overtime?", "How often is the fire alarm tested?"),
 ]
-SHORT = ["Say hello in French.", "Name a primary colour.", "What is two plus three?", "Give me a synonym for big."]
-TYPED_SHORT = ["Name a large ocean.", "What is ten minus four?", "Say goodbye in Spanish.", "Name a kind of tree."]
+# Short messages, none sent twice in a run (a repeat would reuse an earlier chat's KV and flatter the baseline):
+# one list per row, as many as rounds
+SHORT = ["Say hello in French.", "Name a primary colour.", "What is two plus three?", "Give me a synonym for big.",
+         "Name a planet near the sun."]  # fmt: skip
+TYPED_SHORT = ["Name a large ocean.", "What is ten minus four?", "Say goodbye in Spanish.", "Name a kind of tree.",
+               "Spell the word cat."]  # fmt: skip
+AT_ONCE_SHORT = ["Name a farm animal.", "What is six times two?", "Say thank you in German.", "Name a winter sport.",
+                 "Give me an antonym for fast."]  # fmt: skip
+NEW_PROCESS_SHORT = ["Name a river in Africa.", "What is nine plus one?", "Say good night in Italian.",
+                     "Name a musical instrument.", "Give me a synonym for small."]  # fmt: skip
+RESTART_TYPED_SHORT = ["Name a desert.", "What is eight minus five?", "Say yes in Japanese.", "Name a kind of bird.",
+                       "Give me a word that rhymes with moon."]  # fmt: skip
 SECTIONS = [
     ("Opening hours", "The north workshop opens at {h} on weekdays and at {s} on Saturdays; it is closed on Sundays "
      "and public holidays. The south workshop keeps the same hours but closes an hour earlier in winter."),
@@ -178,19 +190,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 doc = (attached[0].doc_id,)
                 doc_ids.append(doc)
                 first_q, second_q = QUESTIONS[r]
-                rows["short"].append(_ask(client, [*system, {"role": "user", "content": SHORT[r % len(SHORT)]}]))
+                rows["short"].append(_ask(client, [*system, {"role": "user", "content": SHORT[r]}]))
                 rows["first"].append(_ask(client, [*system, {"role": "user", "content": first_q}], doc))
                 rows["second"].append(_ask(client, [*system, {"role": "user", "content": second_q}], doc))
                 # as the window meets them: typed, each prefilled while it is written (new chats again)
-                rows["typed_short"].append(_typed(client, system, TYPED_SHORT[r % len(TYPED_SHORT)], ()))
+                rows["typed_short"].append(_typed(client, system, TYPED_SHORT[r], ()))
                 rows["typed_second"].append(_typed(client, system, QUESTIONS[(r + 1) % len(QUESTIONS)][1], doc))
                 # Enter pressed right after the last character: the guess misses it, the end is computed
                 at_once_q = f"{QUESTIONS[(r + 2) % len(QUESTIONS)][1]} Be brief."
-                rows["typed_short_at_once"].append(_typed(client, system, SHORT[(r + 2) % len(SHORT)], (), True))
+                rows["typed_short_at_once"].append(_typed(client, system, AT_ONCE_SHORT[r], (), True))
                 rows["typed_second_at_once"].append(_typed(client, system, at_once_q, doc, True))
                 if peer is not None:
                     whole = [render.Whole(doc[0], path.name, path.read_text(encoding="utf-8"))]
-                    for key, question, docs in (("short", SHORT[r % len(SHORT)], []), ("first", first_q, whole),
+                    for key, question, docs in (("short", SHORT[r], []), ("first", first_q, whole),
                                                 ("second", second_q, whole)):  # fmt: skip
                         messages = render.with_documents([*system, {"role": "user", "content": question}], docs, [])
                         peer_rows[key].append(_ask(peer, messages))
@@ -198,15 +210,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             client.close()
         for r in range(rounds):  # new processes on the same data folder: the KV comes from disk
             path = Path(folder) / f"handbook-{r + 1}.md"
-            rows["restart"].append(_child_ask(f"{QUESTIONS[r][0]} Answer briefly.", args, path))
-            rows["new_short"].append(_child_ask(SHORT[(r + 1) % len(SHORT)], args, None))
+            unasked = QUESTIONS[(r + 3) % len(QUESTIONS)][0]  # not yet asked about this document
+            rows["restart"].append(_child_ask(unasked, args, path))
+            rows["new_short"].append(_child_ask(NEW_PROCESS_SHORT[r], args, None))
         for r in range(rounds):  # the window restarted: a new engine, the document's KV on disk, questions typed
             again = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)))
             try:
                 again.load(spec)
-                short_q = TYPED_SHORT[(r + 1) % len(TYPED_SHORT)]
+                short_q = RESTART_TYPED_SHORT[r]
                 rows["restart_typed_short"].append(_typed(again, system, short_q, ()))
-                rows["restart_typed"].append(_typed(again, system, f"{QUESTIONS[r][0]} Answer briefly.", doc_ids[r]))
+                rows["restart_typed"].append(_typed(again, system, QUESTIONS[(r + 4) % len(QUESTIONS)][0], doc_ids[r]))
             finally:
                 again.close()
         del data

@@ -108,9 +108,13 @@ def run_gui(model: str | None = None, db_path: Path | None = None) -> int:
 
         def shot(event: object) -> None:
             if isinstance(event, Loaded | LoadFailed):
-                window.grab().save(smoke)
                 print(f"smoke: {type(event).__name__}", flush=True)
-                QTimer.singleShot(0, app.quit)
+
+                def save() -> None:  # once the window has laid out what the load changed, as a user sees it
+                    window.grab().save(smoke)
+                    app.quit()
+
+                QTimer.singleShot(500, save)
 
         bridge.event.connect(shot)
 

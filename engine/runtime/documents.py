@@ -188,20 +188,11 @@ class Documents:
             )
         if whole:
             used += intro  # the documents' part of the prompt: the introduction, the tags and the texts
-        if into_user:  # no system role: the documents open the first user turn (kept within the chat only)
-            return Applied(
-                render.with_documents(messages, whole, chosen, into_user=True),
-                (),
-                used,
-                passage_tokens,
-                render.sources(whole, chosen),
-                warnings,
-                found_ids=tuple(info.id for info, _ in found),
-                searched=bool(searched),
-            )
+        # no system role (into_user): the documents open the first user turn, kept within the chat only, so no
+        # prefix of whole documents is shared
         return Applied(
-            render.with_documents(messages, whole, chosen),
-            tuple(doc.doc_id for doc in render.whole_order(whole)),
+            render.with_documents(messages, whole, chosen, into_user=into_user),
+            () if into_user else tuple(doc.doc_id for doc in render.whole_order(whole)),
             used,
             passage_tokens,
             render.sources(whole, chosen),

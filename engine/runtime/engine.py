@@ -371,13 +371,10 @@ class Engine(Serving):
         if text.strip() and request.prefix_cache and not request_problems(request):
             _view, schemas = self._tool_view(request)
             max_tokens = request.sampling.max_tokens
-            messages = list(request.messages)
-            whole: tuple[str, ...] = ()
-            applied = None
-            if request.documents:  # whole documents only: the passages depend on the words still being typed
-                applied = self._with_documents(request, messages, schemas, passages=False)
-                messages, whole = applied.messages, applied.whole
-            prompt = self._prompt(messages, max_tokens, schemas, whole)
+            # whole documents only: the passages depend on the words still being typed
+            applied, prompt = self._render(request, list(request.messages), schemas, passages=False)
+            messages = applied.messages if applied is not None else list(request.messages)
+            whole = applied.whole if applied is not None else ()
             tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
                                  messages)  # fmt: skip
             # a Send of this very text takes this rendering (Serving._prepare)

@@ -235,20 +235,28 @@ class Serving:
         assert self.loaded is not None
         memo = self.prepared
         same = memo is not None and memo.tokenizer is self.loaded.tokenizer
-        if memo is not None and same and memo.key == self.request_key(request, schemas):
-            applied = memo.applied
-            if applied is None:
-                return None, memo.prompt
-            indexed = set(applied.found_ids) == set(request.documents) and not applied.searched
-            with contextlib.suppress(Exception):  # an index that cannot be read: rendered again, which says so
-                store = self.documents.store()
-                if indexed and all(store.get(doc_id) is not None for doc_id in applied.found_ids):
-                    return applied, memo.prompt
-        applied = None
-        if request.documents:
-            applied = self._with_documents(request, messages, schemas)
-            messages = applied.messages
-        whole = applied.whole if applied is not None else ()
+        if memo is None or not same or memo.key != self.request_key(request, schemas):
+            return self._render(request, messages, schemas)
+        applied = memo.applied
+        if applied is None:
+            return None, memo.prompt
+        indexed = set(applied.found_ids) == set(request.documents) and not applied.searched
+        with contextlib.suppress(Exception):  # an index that cannot be read: rendered again, which says so
+            store = self.documents.store()
+            if indexed and all(store.get(doc_id) is not None for doc_id in applied.found_ids):
+                return applied, memo.prompt
+        return self._render(request, messages, schemas)
+
+    def _render(
+        self,
+        request: Request,
+        messages: list[dict[str, Any]],
+        schemas: list[dict[str, Any]] | None,
+        passages: bool = True,
+    ) -> tuple[Applied | None, Prompt]:
+        """The request's documents (``_with_documents``; ``passages`` False: a draft's) and its prompt."""
+        applied = self._with_documents(request, messages, schemas, passages) if request.documents else None
+        messages, whole = (applied.messages, applied.whole) if applied is not None else (messages, ())
         return applied, self._prompt(messages, request.sampling.max_tokens, schemas, whole)
 
     def _with_documents(

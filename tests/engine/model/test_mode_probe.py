@@ -217,6 +217,27 @@ def test_decide_prefers_the_fastest_qualifying_mode() -> None:
     assert choice == "bfloat16" and "2.00x" in reason
 
 
+def test_decide_ranks_by_a_short_reply_not_by_the_step_alone() -> None:
+    # The Intel Xeon's figures (one thread): q8-cpu's 32-row prefill 1.68x float32's, its step 0.58x fp16-cpu's.
+    # Under the old rule (prefill at most 1.5x, then the fastest step) fp16-cpu was chosen and every reply
+    # decoded at 0.58x the speed; a turn of 32 prompt tokens and 64 steps is 1,565 against 2,335 ms.
+    figures = {
+        "float32": {"step_ms": 73.4, "prefill_ms": 180.8, "agreement": 1.0},
+        "fp16-cpu": {"step_ms": 33.8, "prefill_ms": 172.0, "agreement": 1.0},
+        "q8-cpu": {"step_ms": 19.7, "prefill_ms": 303.8, "agreement": 1.0},
+    }
+    choice, reason = mode_probe.decide(figures)
+    assert choice == "q8-cpu"
+    assert "q8-cpu 1,565 ms, fp16-cpu 2,335 ms" in reason, reason
+    # a step a little faster does not pay for a prompt much slower to read
+    figures["q8-cpu"] = {"step_ms": 32.0, "prefill_ms": 340.0, "agreement": 1.0}
+    assert mode_probe.decide(figures)[0] == "fp16-cpu"
+    # and a first token over twice float32's rules a mode out whatever its step
+    figures["q8-cpu"] = {"step_ms": 5.0, "prefill_ms": 2.01 * 180.8, "agreement": 1.0}
+    choice, reason = mode_probe.decide(figures)
+    assert choice == "fp16-cpu" and "over 2x float32's" in reason, reason
+
+
 def test_decide_when_the_model_was_too_short_to_time_its_prefill() -> None:
     figures = {
         "float32": {"step_ms": 10.0, "prefill_ms": None, "agreement": 1.0},

@@ -38,10 +38,11 @@ message's prompt) and ``TURN_STEPS`` decode steps, what a user waits for a
 short reply.  (Ranked by the step alone under a limit of 1.5x on the prefill, an
 Intel Xeon with AVX-512 VNNI chose fp16-cpu, whose step took 1.7x q8-cpu's,
 because q8-cpu's 32-row prefill was 1.68x float32's: every reply decoded at
-0.58x the speed for a first token some 40 ms sooner.) Modes in ``engine.quant.NEVER_DEFAULT`` (int4-cpu) are never
-candidates. A measurement is noisy when, for some candidate, its step time
-relative to float32's varies between rounds by more than ``MAX_SPREAD``; it is
-then measured once more (more steps, which also count for the agreement), and
+0.58x the speed for a first token some 40 ms sooner.) Modes in
+``engine.quant.NEVER_DEFAULT`` (int4-cpu) are never candidates. A measurement
+is noisy when, for some candidate, its step time relative to float32's varies
+between rounds by more than ``MAX_SPREAD``; it is then measured once more (more
+steps, which also count for the agreement), and
 if it stays noisy float32 is used for this run and nothing is saved. A trusted
 choice is saved in ``cache/cpu_mode.json`` under ``key`` (model fingerprint,
 CPU model, torch version, dtype asked for) with ``PROBE_VERSION``, so later
@@ -266,12 +267,11 @@ def decide(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
     """
     ref = figures["float32"]
     notes = []
-    best, best_step = "float32", ref["step_ms"]
-    turns: dict[str, float] = {}
+    turns: dict[str, float] = {}  # the modes that qualify: a short reply's time in each
     for name, fig in figures.items():
         if name == "float32":
             continue
-        if fig["agreement"] < MIN_AGREEMENT or fig["step_ms"] is None or best_step is None:
+        if fig["agreement"] < MIN_AGREEMENT or fig["step_ms"] is None or ref["step_ms"] is None:
             why = f"changes too many answers (needs {MIN_AGREEMENT:.0%})"
             notes.append(f"{name} agreement {fig['agreement']:.1%}: {why}")
             continue
@@ -285,16 +285,14 @@ def decide(figures: dict[str, dict[str, Any]]) -> tuple[str, str]:
         else:
             notes.append(said)
             turns[name] = _turn(fig)
-            if best == "float32" or _turn(fig) < _turn(figures[best]):
-                best, best_step = name, fig["step_ms"]
     head = "float32" if ref["step_ms"] is None else f"float32 {ref['step_ms']:.1f} ms a step"
     detail = "; ".join([head, *notes])
-    if best == "float32":
-        return best, f"no mode is clearly faster and keeps {MIN_AGREEMENT:.0%} agreement ({detail})"
-    assert best_step is not None and ref["step_ms"] is not None
-    speedup = ref["step_ms"] / best_step
+    if not turns:
+        return "float32", f"no mode is clearly faster and keeps {MIN_AGREEMENT:.0%} agreement ({detail})"
+    best = min(turns, key=turns.__getitem__)  # the first of equals, in the figures' order
+    speedup = ref["step_ms"] / figures[best]["step_ms"]
     said = f"{best} decodes {speedup:.2f}x as fast as float32 and keeps the answers"
-    if len(turns) > 1:  # why this one of several: a short reply's time in each
+    if len(turns) > 1:  # why this one of several
         ranked = ", ".join(f"{name} {ms:,.0f} ms" for name, ms in sorted(turns.items(), key=lambda item: item[1]))
         said += f"; a {CHUNK}-token prompt and {TURN_STEPS} tokens: {ranked}"
     return best, f"{said} ({detail})"

@@ -61,7 +61,7 @@ from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
-from engine.runtime.serving import CONVERSATION, Prepared, Serving, conversation_key
+from engine.runtime.serving import CONVERSATION, Prepared, Serving, conversation_key, with_applied
 from engine.runtime.speculative import DraftModel, HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
@@ -372,9 +372,9 @@ class Engine(Serving):
             _view, schemas = self._tool_view(request)
             max_tokens = request.sampling.max_tokens
             # whole documents only: the passages depend on the words still being typed
-            applied, prompt = self._render(request, list(request.messages), schemas, passages=False)
-            messages = applied.messages if applied is not None else list(request.messages)
-            whole = applied.whole if applied is not None else ()
+            messages = list(request.messages)
+            applied, prompt = self._render(request, messages, schemas, passages=False)
+            messages, whole = with_applied(applied, messages)
             tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
                                  messages)  # fmt: skip
             # a Send of this very text takes this rendering (Serving._prepare)

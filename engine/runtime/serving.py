@@ -139,8 +139,7 @@ class Serving:
                 prompt = raw_prompt(self.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
                 applied, prompt = self._prepare(request, messages, schemas)
-                messages = applied.messages if applied is not None else messages
-            whole = applied.whole if applied is not None else ()
+            messages, whole = with_applied(applied, messages)
             drafters = self._drafters(request, len(prompt.ids))
         except ValueError as exc:
             reply.fail(str(exc))
@@ -256,7 +255,7 @@ class Serving:
     ) -> tuple[Applied | None, Prompt]:
         """The request's documents (``_with_documents``; ``passages`` False: a draft's) and its prompt."""
         applied = self._with_documents(request, messages, schemas, passages) if request.documents else None
-        messages, whole = (applied.messages, applied.whole) if applied is not None else (messages, ())
+        messages, whole = with_applied(applied, messages)
         return applied, self._prompt(messages, request.sampling.max_tokens, schemas, whole)
 
     def _with_documents(
@@ -486,6 +485,14 @@ class Serving:
             kept = False
         if not kept:
             self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+
+
+def with_applied(
+    applied: Applied | None, messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The messages a prompt is rendered from and its whole documents' ids: ``applied``'s where the request has
+    documents, else ``messages`` as they are and none."""
+    return (applied.messages, applied.whole) if applied is not None else (messages, ())
 
 
 def _question_vector(question: str) -> Any:

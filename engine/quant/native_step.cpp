@@ -165,6 +165,13 @@ void rms_rows(const float* h, const float* w, float* out, int64_t rows, int64_t 
 // from half the bytes.
 
 constexpr int64_t Q8_GROUP = 32;
+
+// A step reads each weight once, front to back; asking for the bytes 4 KB ahead keeps enough lines in
+// flight that one core is not held to what the hardware prefetcher alone fetches.  Measured on an
+// Intel Xeon (2 cores, AVX-512 VNNI), SmolLM2-135M q8-cpu, 10 replies of 96 tokens each way,
+// interleaved: the native step 9.51 ms a token without, 7.43 with (1 KB, 2 KB and 8 KB ahead: slower
+// than 4 KB or no faster).
+constexpr int64_t PREFETCH_AHEAD = 4096;
 constexpr float X_LEVELS = 16383.f;
 
 struct Q8Rows {
@@ -300,12 +307,13 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
     return _mm512_permutexvar_ps(
         pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
   };
-  if constexpr (STREAM) {  // a step's few rows: weights from memory, each row front to back (the prefetcher)
+  if constexpr (STREAM) {  // a step's few rows: weights from memory, each row front to back
 #pragma GCC unroll 4
     for (int k = 0; k < OUTS; ++k) {
       const uint8_t* wrow = w + (o + k) * stride;
       const float* drow = wd + (o + k) * groups;
       for (int64_t g2 = 0; g2 < pairs; ++g2) {
+        _mm_prefetch(reinterpret_cast<const char*>(wrow + g2 * (BITS * 8) + PREFETCH_AHEAD), _MM_HINT_T0);
         const __m512i wv = pair_weights<BITS>(wrow, g2);
         const __m512 sw = pair_steps(drow, g2);
 #pragma GCC unroll 4
@@ -382,6 +390,9 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
     __m256 acc[ROWS];
     for (int r = 0; r < ROWS; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
+      if constexpr (STREAM)  // once a cache line: every 2 groups in 8 bits, every 4 in 4
+        if (g % (64 / (BITS * 4)) == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(wrow + g * (BITS * 4) + PREFETCH_AHEAD), _MM_HINT_T0);
 #pragma GCC unroll 4
       for (int r = 0; r < ROWS; ++r) {
         const __m256i dot = group_dot16(group_weights<BITS>(wrow, g), x.x16.data() + (r0 + r) * width + g * Q8_GROUP);

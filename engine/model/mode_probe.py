@@ -75,8 +75,8 @@ from engine.model.kv import KVState, forward
 from engine.paths import atomic_write, cache_dir
 from engine.quant.kernels import GEMV_ROWS
 
-PROBE_VERSION = 5  # 1: one 320-token prefill, timings apart; 2: before q8-cpu; 3: q8-cpu all in 8 bits; 4: measured
-# again; 5: ranked by a turn (prefill and steps), the prefill limit 2x
+PROBE_VERSION = 6  # 1: one 320-token prefill, timings apart; 2: before q8-cpu; 3: q8-cpu all in 8 bits; 4: measured
+# again; 5: ranked by a turn (prefill and steps), the prefill limit 2x; 6: q8-cpu's step prefetches, float16 steps
 MIN_AGREEMENT = 0.99
 MARGIN = 0.9  # a mode's decode step must take at most this fraction of float32's
 PREFILL_LIMIT = 2.0  # ... and its CHUNK-token prefill at most this multiple of float32's

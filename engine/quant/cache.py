@@ -55,7 +55,8 @@ from engine.quant.kernels import Fp16Linear, Int4Linear, Int8Linear, Q8Linear, i
 from engine.quant.modes import CPU_MODES, MODES, require
 
 FORMAT = 1  # bump when the saved layout changes; old caches are then rebuilt
-Q8_LAYOUT = 2  # q8-cpu copies: 2 keeps layers from 4-bit GGUFs in 4 bits (1: all in 8); older copies are rebuilt
+Q8_LAYOUT = 3  # q8-cpu copies: 2 keeps layers from 4-bit GGUFs in 4 bits (1: all in 8); 3 their steps in float16
+# where exact; older copies are rebuilt
 META = "quant.json"
 WAITING = "Another Brisk is preparing the model; waiting for it to finish"
 KINDS = {

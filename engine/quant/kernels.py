@@ -307,6 +307,23 @@ def _q4_fit(groups: torch.Tensor) -> Fit:
     return _closest_grid(groups, grids, 15)
 
 
+def _half_grid(
+    groups: torch.Tensor, steps: torch.Tensor, mins: torch.Tensor, top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The layer's grids with steps and minimums in float16 (q, steps, minimums) where that rounds nothing
+    the float32 grids kept: every group's largest error no larger, float32 rounding apart.  Weights from a
+    GGUF land there (the file stores each group's scale and minimum in float16), and the native step then
+    reads 4 bytes a group for them instead of 8.  None where any group would lose (weights from float)."""
+    half_steps, half_mins = steps.half(), mins.half()
+    if not (torch.isfinite(half_steps).all() and torch.isfinite(half_mins).all()):
+        return None
+    q, _, _, error = _closest_grid(groups, ((half_steps.float(), half_mins.float()),), top)
+    _, _, _, before = _closest_grid(groups, ((steps, mins),), top)
+    if not bool((error <= before + 4e-7 * groups.abs().amax(dim=-1)).all()):
+        return None
+    return q, half_steps, half_mins
+
+
 def q8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(uint8 q [out, in], float32 steps d and minimums m [out, in / 32]) with weight ~ d * q + m per group
     (the grids: :func:`_q8_fit`)."""
@@ -345,12 +362,13 @@ class Q8Linear(nn.Module):
     Float32 in and out.  The input is quantized per group to 15-bit integers, each group's
     product is summed exactly in int32 (the native kernel, ``engine.quant.native``) and scaled
     by the two steps, and the minimum's term is added: float32 rounding only, so its output
-    stays as close to float32's as fp16-cpu's.  Reads about 1.25 bytes a weight.
+    stays as close to float32's as fp16-cpu's.  Reads about 1.25 bytes a weight.  Steps and
+    minimums are kept in float16 where that rounds nothing (:func:`_half_grid`): 1.125 bytes.
 
     A layer whose every group lies on 16 levels as closely as on 8-bit's 256 (weights that came
     from a 4-bit GGUF) keeps them in 4 bits (``bits == 4``: ``qweight`` is [out, in / 2], see
-    :func:`pack4`): the same products from 0.75 bytes a weight.  Nothing is rounded that 8 bits
-    would have kept, so the choice never changes a reply's agreement with float32.
+    :func:`pack4`): the same products from 0.75 bytes a weight (0.625 with float16 steps).  Nothing is
+    rounded that 8 bits would have kept, so the choice never changes a reply's agreement with float32.
     """
 
     qweight: torch.Tensor
@@ -401,6 +419,10 @@ class Q8Linear(nn.Module):
             if bool((error4 <= error8 + 4e-7 * groups.abs().amax(dim=-1)).all()):
                 q, steps, mins, bits = pack4(q4.to(torch.uint8).reshape(linear.weight.shape)), steps4, mins4, 4
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits)
+        halves = _half_grid(groups, steps, mins, 15 if bits == 4 else 255)
+        if halves is not None:
+            q = halves[0].to(torch.uint8).reshape(linear.weight.shape)
+            q, steps, mins = (pack4(q) if bits == 4 else q), halves[1], halves[2]
         layer.qweight, layer.steps, layer.mins = q, steps.contiguous(), mins.contiguous()
         if linear.bias is not None:
             layer.bias = linear.bias.detach().float().clone()

@@ -41,20 +41,22 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int LANES = 16;
 
-inline float dot(const float* a, const float* b, int64_t n) {
+template <typename A>
+inline float dot(const A* a, const float* b, int64_t n) {  // A: float, or at::Half (read as float32)
   float acc[LANES] = {0};
   int64_t d = 0;
   for (; d + LANES <= n; d += LANES)
-    for (int k = 0; k < LANES; ++k) acc[k] += a[d + k] * b[d + k];
+    for (int k = 0; k < LANES; ++k) acc[k] += static_cast<float>(a[d + k]) * b[d + k];
   float s = 0.f;
   for (int k = 0; k < LANES; ++k) s += acc[k];
-  for (; d < n; ++d) s += a[d] * b[d];
+  for (; d < n; ++d) s += static_cast<float>(a[d]) * b[d];
   return s;
 }
 
@@ -172,6 +174,12 @@ constexpr int64_t Q8_GROUP = 32;
 // interleaved: the native step 9.51 ms a token without, 7.43 with (1 KB, 2 KB and 8 KB ahead: slower
 // than 4 KB or no faster).
 constexpr int64_t PREFETCH_AHEAD = 4096;
+
+// A layer's steps and minimums are float32, or float16 where every one of them is exact in 16 bits
+// (weights from a GGUF, which stores them so): S is float or at::Half.  Read as float32 either way, so
+// a layer gives the same result, bit for bit, from either; float16 reads 4 bytes a group instead of 8.
+inline float scale_at(const float* p, int64_t i) { return p[i]; }
+inline float scale_at(const at::Half* p, int64_t i) { return static_cast<float>(p[i]); }
 constexpr float X_LEVELS = 16383.f;
 
 struct Q8Rows {
@@ -286,9 +294,9 @@ inline __m512i pair_weights(const uint8_t* wrow, int64_t g2) {
 // OUTS weight rows from o times ROWS activation rows from r0, each (o, r) in its own sum: independent
 // chains of additions keep the CPU busy while one waits.  Per (o, r) the operations and their order
 // are the same whatever OUTS and ROWS, so results never depend on them.
-template <int BITS, int ROWS, int OUTS, bool STREAM>
-inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x,
-                    int64_t r0, int64_t width, int64_t o, float* y, int64_t y_stride) {
+template <int BITS, int ROWS, int OUTS, bool STREAM, typename S>
+inline void q8_vnni(const uint8_t* w, const S* wd, const S* wm, const float* bias, const Q8Rows& x, int64_t r0,
+                    int64_t width, int64_t o, float* y, int64_t y_stride) {
   const int64_t groups = width / Q8_GROUP;
   const int64_t pairs = width / 64;
   const int64_t stride = width * BITS / 8;  // bytes a weight row
@@ -303,15 +311,29 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
     const __m512i high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(hi));
     return _mm512_dpbusd_epi32(_mm512_slli_epi32(high, 7), wv, _mm512_loadu_si512(lo));
   };
-  const auto pair_steps = [&pick](const float* drow, int64_t g2) {
-    return _mm512_permutexvar_ps(
-        pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)))));
+  const auto pair_steps = [&pick](const S* drow, int64_t g2) {
+    __m128 two;  // the pair's two steps in lanes 0 and 1
+    if constexpr (std::is_same_v<S, float>) {
+      two = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(drow + 2 * g2)));
+    } else {
+      int32_t bits;
+      std::memcpy(&bits, drow + 2 * g2, sizeof(bits));
+      two = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+    }
+    return _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(two));
+  };
+  // sixteen minimums (``some`` of them) as float32
+  const auto mins16 = [](const S* m, __mmask16 some) {
+    if constexpr (std::is_same_v<S, float>)
+      return _mm512_maskz_loadu_ps(some, m);
+    else
+      return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(some, m));
   };
   if constexpr (STREAM) {  // a step's few rows: weights from memory, each row front to back
 #pragma GCC unroll 4
     for (int k = 0; k < OUTS; ++k) {
       const uint8_t* wrow = w + (o + k) * stride;
-      const float* drow = wd + (o + k) * groups;
+      const S* drow = wd + (o + k) * groups;
       for (int64_t g2 = 0; g2 < pairs; ++g2) {
         _mm_prefetch(reinterpret_cast<const char*>(wrow + g2 * (BITS * 8) + PREFETCH_AHEAD), _MM_HINT_T0);
         const __m512i wv = pair_weights<BITS>(wrow, g2);
@@ -346,23 +368,23 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
   }
   for (int k = 0; k < OUTS; ++k) {
     const uint8_t* wrow = w + (o + k) * stride;
-    const float* drow = wd + (o + k) * groups;
-    const float* mrow = wm + (o + k) * groups;
+    const S* drow = wd + (o + k) * groups;
+    const S* mrow = wm + (o + k) * groups;
     for (int r = 0; r < ROWS; ++r) {
       // the minimums' term, sum over groups of m * xsum, sixteen groups an instruction
       const float* xsum = x.xsum.data() + (r0 + r) * groups;
       __m512 sum = acc[k][r];
       int64_t g = 0;
-      for (; g + 16 <= groups; g += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(mrow + g), _mm512_loadu_ps(xsum + g), sum);
+      for (; g + 16 <= groups; g += 16) sum = _mm512_fmadd_ps(mins16(mrow + g, 0xFFFF), _mm512_loadu_ps(xsum + g), sum);
       if (g < groups) {
         const __mmask16 some = static_cast<__mmask16>((1u << (groups - g)) - 1u);
-        sum = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(some, mrow + g), _mm512_maskz_loadu_ps(some, xsum + g), sum);
+        sum = _mm512_fmadd_ps(mins16(mrow + g, some), _mm512_maskz_loadu_ps(some, xsum + g), sum);
       }
       float odd = 0.f;
       if (groups % 2) {  // an odd last group (8-bit only: 4-bit rows are whole pairs)
         const int64_t last = groups - 1;
         const __m256i dot = group_dot16(group_weights<8>(wrow, last), x.x16.data() + (r0 + r) * width + last * Q8_GROUP);
-        odd = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(drow[last] * x.xs[(r0 + r) * groups + last])));
+        odd = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale_at(drow, last) * x.xs[(r0 + r) * groups + last])));
       }
       const float v = _mm512_reduce_add_ps(sum) + odd;
       y[(r0 + r) * y_stride + o + k] = bias != nullptr ? v + bias[o + k] : v;
@@ -371,20 +393,21 @@ inline void q8_vnni(const uint8_t* w, const float* wd, const float* wm, const fl
 }
 #endif
 
-template <int BITS, int ROWS, bool STREAM>
-void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t r0,
-             int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
+template <int BITS, int ROWS, bool STREAM, typename S>
+void q8_tile(const uint8_t* w, const S* wd, const S* wm, const float* bias, const Q8Rows& x, int64_t r0, int64_t width,
+             int64_t begin, int64_t end, float* y, int64_t y_stride) {
 #ifdef BRISK_Q8_VNNI512
   // a step's rows (STREAM): weight rows read once each, in order; a prompt's: two at a time from the cache
   constexpr int OUTS = ROWS == 1 ? 4 : (STREAM ? (ROWS == 2 ? 2 : 1) : 2);
   int64_t o = begin;
-  for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS, STREAM>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
-  for (; o < end; ++o) q8_vnni<BITS, ROWS, 1, STREAM>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o + OUTS <= end; o += OUTS) q8_vnni<BITS, ROWS, OUTS, STREAM, S>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
+  for (; o < end; ++o) q8_vnni<BITS, ROWS, 1, STREAM, S>(w, wd, wm, bias, x, r0, width, o, y, y_stride);
 #else
   const int64_t groups = width / Q8_GROUP;
   for (int64_t o = begin; o < end; ++o) {
     const uint8_t* wrow = w + o * (width * BITS / 8);
-    const float* drow = wd + o * groups;
+    const S* drow = wd + o * groups;
+    const S* mrow = wm + o * groups;
     float result[ROWS];
 #if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
     __m256 acc[ROWS];
@@ -396,17 +419,17 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
 #pragma GCC unroll 4
       for (int r = 0; r < ROWS; ++r) {
         const __m256i dot = group_dot16(group_weights<BITS>(wrow, g), x.x16.data() + (r0 + r) * width + g * Q8_GROUP);
-        const __m256 scale = _mm256_set1_ps(drow[g] * x.xs[(r0 + r) * groups + g]);
+        const __m256 scale = _mm256_set1_ps(scale_at(drow, g) * x.xs[(r0 + r) * groups + g]);
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
       }
     }
-    for (int r = 0; r < ROWS; ++r) result[r] = hsum8(acc[r]) + dot(wm + o * groups, x.xsum.data() + (r0 + r) * groups, groups);
+    for (int r = 0; r < ROWS; ++r) result[r] = hsum8(acc[r]) + dot(mrow, x.xsum.data() + (r0 + r) * groups, groups);
 #else
     for (int r = 0; r < ROWS; ++r) {
       float lanes[8] = {0};
       for (int64_t g = 0; g < groups; ++g) {
         const int16_t* xg = x.x16.data() + (r0 + r) * width + g * Q8_GROUP;
-        const float scale = drow[g] * x.xs[(r0 + r) * groups + g];
+        const float scale = scale_at(drow, g) * x.xs[(r0 + r) * groups + g];
         for (int k = 0; k < 8; ++k) {
           int32_t part = 0;
           for (int j = 0; j < 4; ++j) part += weight_at<BITS>(wrow, g, 4 * k + j) * static_cast<int32_t>(xg[4 * k + j]);
@@ -414,7 +437,7 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
         }
       }
       result[r] = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7])) +
-                  dot(wm + o * groups, x.xsum.data() + (r0 + r) * groups, groups);
+                  dot(mrow, x.xsum.data() + (r0 + r) * groups, groups);
     }
 #endif
     for (int r = 0; r < ROWS; ++r) y[(r0 + r) * y_stride + o] = bias != nullptr ? result[r] + bias[o] : result[r];
@@ -424,17 +447,17 @@ void q8_tile(const uint8_t* w, const float* wd, const float* wm, const float* bi
 
 // All n rows, in tiles of up to 4 (a weight row is read once a tile; a tile's sums fit in registers),
 // over blocks of 16 weight rows, so that a prompt's many tiles find a block's weights in the L1 cache.
-template <int BITS, bool STREAM>
-void q8_block(const uint8_t* w, const float* wd, const float* wm, const float* bias, const Q8Rows& x, int64_t n,
-              int64_t width, int64_t begin, int64_t end, float* y, int64_t y_stride) {
+template <int BITS, bool STREAM, typename S>
+void q8_block(const uint8_t* w, const S* wd, const S* wm, const float* bias, const Q8Rows& x, int64_t n, int64_t width,
+              int64_t begin, int64_t end, float* y, int64_t y_stride) {
   for (int64_t b0 = begin; b0 < end; b0 += 16) {
     const int64_t b1 = std::min(end, b0 + 16);
     int64_t r0 = 0;
-    for (; r0 + 4 <= n; r0 += 4) q8_tile<BITS, 4, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
+    for (; r0 + 4 <= n; r0 += 4) q8_tile<BITS, 4, STREAM, S>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride);
     switch (n - r0) {
-      case 3: q8_tile<BITS, 3, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 2: q8_tile<BITS, 2, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
-      case 1: q8_tile<BITS, 1, STREAM>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 3: q8_tile<BITS, 3, STREAM, S>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 2: q8_tile<BITS, 2, STREAM, S>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
+      case 1: q8_tile<BITS, 1, STREAM, S>(w, wd, wm, bias, x, r0, width, b0, b1, y, y_stride); break;
       default: break;
     }
   }
@@ -447,6 +470,7 @@ struct Q8Part {
   at::Tensor w, d, m, b;
   int64_t in;  // inputs (the steps' groups times 32)
   int bits;    // 8, or 4: two weights a byte
+  bool half;   // steps and minimums in float16 (else float32)
 };
 
 constexpr size_t Q8_TENSORS = 4;
@@ -474,14 +498,15 @@ std::vector<Q8Part> q8_parts(const std::vector<at::Tensor>& flat) {
                 "q8 weights: [out, in] in 8 bits, or [out, in / 2] in 4 bits with inputs a multiple of 64");
     TORCH_CHECK(width < 0 || in == width, "q8 parts of one projection take the same inputs");
     width = in;
+    const bool half = d.scalar_type() == at::kHalf;
     for (const at::Tensor* t : {&d, &m})
-      TORCH_CHECK(t->dim() == 2 && t->is_contiguous() && t->scalar_type() == at::kFloat && t->device().is_cpu() &&
-                      t->size(0) == w.size(0) && t->size(1) == in / Q8_GROUP,
-                  "q8 steps and minimums: contiguous float32 [out, in / 32] on the CPU");
+      TORCH_CHECK(t->dim() == 2 && t->is_contiguous() && t->scalar_type() == (half ? at::kHalf : at::kFloat) &&
+                      t->device().is_cpu() && t->size(0) == w.size(0) && t->size(1) == in / Q8_GROUP,
+                  "q8 steps and minimums: both contiguous float32, or both float16, [out, in / 32] on the CPU");
     TORCH_CHECK(b.numel() == 0 || (b.dim() == 1 && b.is_contiguous() && b.scalar_type() == at::kFloat &&
                                    b.device().is_cpu() && b.size(0) == w.size(0)),
                 "q8 bias: empty, or contiguous float32 [out] on the CPU");
-    parts.push_back({w, d, m, b, in, bits});
+    parts.push_back({w, d, m, b, in, bits, half});
   }
   return parts;
 }
@@ -507,17 +532,21 @@ at::Tensor q8_product(const float* x, int64_t n, const std::vector<Q8Part>& part
       if (lo >= hi) continue;
       const Q8Part& p = parts[i];
       const uint8_t* w = p.w.data_ptr<uint8_t>();
-      const float* d = p.d.data_ptr<float>();
-      const float* m = p.m.data_ptr<float>();
       const float* b = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
       float* out = yp + starts[i];  // this part's outputs start at its column; rows are its own
       const int64_t from = lo - starts[i], to = hi - starts[i];
-      if (p.bits == 4)
-        stream ? q8_block<4, true>(w, d, m, b, rows, n, width, from, to, out, total)
-               : q8_block<4, false>(w, d, m, b, rows, n, width, from, to, out, total);
+      const auto run = [&](const auto* d, const auto* m) {
+        if (p.bits == 4)
+          stream ? q8_block<4, true>(w, d, m, b, rows, n, width, from, to, out, total)
+                 : q8_block<4, false>(w, d, m, b, rows, n, width, from, to, out, total);
+        else
+          stream ? q8_block<8, true>(w, d, m, b, rows, n, width, from, to, out, total)
+                 : q8_block<8, false>(w, d, m, b, rows, n, width, from, to, out, total);
+      };
+      if (p.half)
+        run(p.d.data_ptr<at::Half>(), p.m.data_ptr<at::Half>());
       else
-        stream ? q8_block<8, true>(w, d, m, b, rows, n, width, from, to, out, total)
-               : q8_block<8, false>(w, d, m, b, rows, n, width, from, to, out, total);
+        run(p.d.data_ptr<float>(), p.m.data_ptr<float>());
     }
   });
   return y;
@@ -530,7 +559,7 @@ at::Tensor q8_dequantize(const std::vector<at::Tensor>& flat) {
   const std::vector<Q8Part> parts = q8_parts(flat);
   const int64_t width = parts[0].in, groups = width / Q8_GROUP;
   const std::vector<int64_t> starts = part_starts(parts);
-  at::Tensor out = at::empty({starts.back(), width}, parts[0].d.options());
+  at::Tensor out = at::empty({starts.back(), width}, parts[0].w.options().dtype(at::kFloat));
   float* op = out.data_ptr<float>();
   at::parallel_for(0, starts.back(), 16, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
@@ -539,11 +568,15 @@ at::Tensor q8_dequantize(const std::vector<at::Tensor>& flat) {
       const Q8Part& p = parts[i];
       const int64_t row = o - starts[i];
       const uint8_t* wrow = p.w.data_ptr<uint8_t>() + row * (width * p.bits / 8);
-      const float* d = p.d.data_ptr<float>() + row * groups;
-      const float* m = p.m.data_ptr<float>() + row * groups;
       float* dst = op + o * width;
+      const int64_t first = row * groups;  // the row's first step and minimum
+      const float* d = p.half ? nullptr : p.d.data_ptr<float>() + first;
+      const float* m = p.half ? nullptr : p.m.data_ptr<float>() + first;
+      const at::Half* dh = p.half ? p.d.data_ptr<at::Half>() + first : nullptr;
+      const at::Half* mh = p.half ? p.m.data_ptr<at::Half>() + first : nullptr;
       for (int64_t g = 0; g < groups; ++g) {
-        const float step = d[g], low = m[g];
+        const float step = p.half ? scale_at(dh, g) : d[g];
+        const float low = p.half ? scale_at(mh, g) : m[g];
         float* v = dst + g * Q8_GROUP;
         if (p.bits == 4)
           for (int64_t j = 0; j < Q8_GROUP; ++j) v[j] = step * static_cast<float>(weight_at<4>(wrow, g, j)) + low;

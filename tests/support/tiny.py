@@ -19,8 +19,8 @@ __all__ = ["CHATML", "SPECIAL", "load_fp16", "load_q8", "make_tiny_model", "make
 
 
 def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64, four_bit: bool = False) -> Path:
-    """``four_bit``: every weight matrix snapped to 16 levels a group of 32 inputs (as a Q4_1 GGUF's), so
-    q8-cpu keeps its layers in 4 bits."""
+    """``four_bit``: every weight matrix snapped to 16 levels a group of 32 inputs, each group's step and
+    minimum in float16 (as a Q4_1 GGUF's), so q8-cpu keeps its layers in 4 bits, their steps in float16."""
     tokenizer = make_tokenizer()
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -45,8 +45,10 @@ def make_tiny_model(path: Path, seed: int = 0, layers: int = 2, hidden: int = 64
                 if p.dim() == 2:
                     groups = p.reshape(p.shape[0], -1, 32)
                     low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-                    step = ((high - low) / 15).clamp(min=1e-8)  # a constant group (a zero row) stays itself
-                    p.copy_((torch.round((groups - low) / step) * step + low).reshape(p.shape))
+                    step = ((high - low) / 15).clamp(min=1e-4).half().float()  # a constant group stays itself
+                    low = low.half().float()
+                    levels = torch.round((groups - low) / step).clamp(0, 15)
+                    p.copy_((levels * step + low).reshape(p.shape))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -124,6 +124,52 @@ def test_weights_from_a_4_bit_gguf_are_kept_in_4_bits_and_give_8_bits_results(ki
     assert Q8Linear.from_linear(lin, four=False).bits == 8
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_steps_from_a_gguf_are_kept_in_float16_and_give_the_same_results(kind: str) -> None:
+    built = native.module(wait=True)
+    assert built is not None, native.status()
+    torch.manual_seed(5)
+    outputs, inputs = 70, 192
+    d = (torch.rand(outputs, inputs // 32, 1) * 0.02 + 0.001).half().float()  # a GGUF's float16 scales
+    if kind == "Q4_1":
+        q = torch.randint(0, 16, (outputs, inputs // 32, 32)).float()
+        q[..., 0], q[..., 1] = 0, 15
+        w = d * q + (torch.randn(outputs, inputs // 32, 1) * 0.05).half().float()
+    else:
+        q = torch.randint(-127, 128, (outputs, inputs // 32, 32)).float()
+        q[..., 3] = 127
+        w = d * q
+    lin = nn.Linear(inputs, outputs).requires_grad_(False)
+    lin.weight.copy_(w.reshape(outputs, inputs))
+    half = Q8Linear.from_linear(lin)
+    assert half.bits == (4 if kind == "Q4_1" else 8)
+    assert half.steps.dtype == half.mins.dtype == torch.float16
+    levels = unpack4(half.qweight) if half.bits == 4 else half.qweight
+    back = levels.float().reshape(outputs, -1, 32) * half.steps.float()[..., None] + half.mins.float()[..., None]
+    assert float((back.reshape(outputs, inputs) - lin.weight).abs().max()) <= 1e-6 * float(lin.weight.abs().max())
+    # the same values in float32: the kernel gives the same floats, bit for bit, from fewer bytes
+    wide = [half.qweight, half.steps.float(), half.mins.float(), half.parts()[3]]
+    for rows in (1, 2, 4, 5, 9, PROMPT_ROWS):
+        x = torch.randn(rows, inputs) * torch.linspace(0.01, 30, inputs)
+        ours = built.q8_linear(x, half.parts())
+        assert torch.equal(ours, built.q8_linear(x, wide))
+        reference = q8_reference(x, half.parts())
+        assert float((ours - reference).norm() / reference.norm()) < 5e-5
+        assert torch.equal(half(x), half(x.clone()))
+    assert torch.equal(built.q8_dequantize(half.parts()), built.q8_dequantize(wide))
+    mixed = [half.qweight, half.steps, half.mins.float(), half.parts()[3]]
+    with pytest.raises(RuntimeError, match="both float16"):
+        built.q8_linear(torch.randn(1, inputs), mixed)
+
+
+def test_steps_that_float16_would_round_stay_in_float32() -> None:
+    assert Q8Linear.from_linear(layer(128, 16)).steps.dtype == torch.float32  # weights from float
+    assert Q8Linear.from_linear(q4_layer(128, 8)).steps.dtype == torch.float32  # float32 steps on 16 levels
+    huge = q4_layer(128, 8)
+    huge.weight.mul_(1e6)  # steps beyond float16's range
+    assert Q8Linear.from_linear(huge).steps.dtype == torch.float32
+
+
 def test_weights_not_on_16_levels_stay_in_8_bits() -> None:
     assert Q8Linear.from_linear(layer(128, 16)).bits == 8  # random weights: 4 bits would round them
     assert Q8Linear.from_linear(q4_layer(96, 8)).bits == 8  # inputs not a multiple of 64: no 4-bit layout
@@ -176,8 +222,15 @@ def test_a_zero_group_and_a_zero_input_give_zeros_not_nans() -> None:
     assert torch.isfinite(q(torch.randn(2, 64))).all()
 
 
-def test_greedy_decode_through_the_native_step_equals_the_eager_q8_path(tiny_dir: Path) -> None:
+def test_greedy_decode_through_the_native_step_equals_the_eager_q8_path(
+    tiny_dir: Path, request: pytest.FixtureRequest
+) -> None:
     model = load_q8(tiny_dir)
+    layers = [m for m in model.modules() if isinstance(m, Q8Linear)]
+    four = request.node.callspec.params["tiny_dir"] == "4-bit"
+    assert {m.bits for m in layers} == {4 if four else 8}
+    # the 4-bit copy's groups are a GGUF's (float16 steps and minimums): its layers keep them in float16
+    assert {m.steps.dtype for m in layers} == {torch.float16 if four else torch.float32}
     fast = kv.fast_forward(model)
     assert native.module(wait=True) is not None and fast is not None and fast.native is not None
     ours, theirs = KVState(), KVState()

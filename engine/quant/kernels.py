@@ -308,18 +308,18 @@ def _q4_fit(groups: torch.Tensor) -> Fit:
 
 
 def _half_grid(
-    groups: torch.Tensor, steps: torch.Tensor, mins: torch.Tensor, top: int
+    groups: torch.Tensor, steps: torch.Tensor, mins: torch.Tensor, bound: torch.Tensor, top: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """The layer's grids with steps and minimums in float16 (q, steps, minimums) where that rounds nothing
-    the float32 grids kept: every group's largest error no larger, float32 rounding apart.  Weights from a
-    GGUF land there (the file stores each group's scale and minimum in float16), and the native step then
-    reads 4 bytes a group for them instead of 8.  None where any group would lose (weights from float)."""
+    the float32 grids kept: every group's largest error within ``bound`` (the float32 grid's, float32
+    rounding apart).  Weights from a GGUF land there (the file stores each group's scale and minimum in
+    float16), and the native step then reads 4 bytes a group for them instead of 8.  None where any group
+    would lose (weights from float)."""
     half_steps, half_mins = steps.half(), mins.half()
     if not (torch.isfinite(half_steps).all() and torch.isfinite(half_mins).all()):
         return None
     q, _, _, error = _closest_grid(groups, ((half_steps.float(), half_mins.float()),), top)
-    _, _, _, before = _closest_grid(groups, ((steps, mins),), top)
-    if not bool((error <= before + 4e-7 * groups.abs().amax(dim=-1)).all()):
+    if not bool((error <= bound).all()):
         return None
     return q, half_steps, half_mins
 
@@ -411,19 +411,19 @@ class Q8Linear(nn.Module):
     def from_linear(cls, linear: nn.Linear, four: bool = True) -> Q8Linear:
         """The layer in 8 bits, or in 4 where that rounds nothing 8 bits keep (``four``, inputs a multiple of 64)."""
         groups = _groups(linear.weight)
-        q8, steps, mins, error8 = _q8_fit(groups)
-        q, bits = q8.to(torch.uint8).reshape(linear.weight.shape), 8
+        rounding = 4e-7 * groups.abs().amax(dim=-1)  # float32's: a few units in the last place of the largest
+        q, steps, mins, error = _q8_fit(groups)
+        bits = 8
         if four and linear.in_features % (2 * Q8_GROUP) == 0:
-            q4, steps4, mins4, error4 = _q4_fit(groups)
-            # float32 rounding apart (a few units in the last place of the group's largest weight)
-            if bool((error4 <= error8 + 4e-7 * groups.abs().amax(dim=-1)).all()):
-                q, steps, mins, bits = pack4(q4.to(torch.uint8).reshape(linear.weight.shape)), steps4, mins4, 4
-        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits)
-        halves = _half_grid(groups, steps, mins, 15 if bits == 4 else 255)
+            fit4 = _q4_fit(groups)
+            if bool((fit4[3] <= error + rounding).all()):
+                (q, steps, mins, error), bits = fit4, 4
+        halves = _half_grid(groups, steps, mins, error + rounding, 15 if bits == 4 else 255)
         if halves is not None:
-            q = halves[0].to(torch.uint8).reshape(linear.weight.shape)
-            q, steps, mins = (pack4(q) if bits == 4 else q), halves[1], halves[2]
-        layer.qweight, layer.steps, layer.mins = q, steps.contiguous(), mins.contiguous()
+            q, steps, mins = halves
+        q = q.to(torch.uint8).reshape(linear.weight.shape)
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, bits)
+        layer.qweight, layer.steps, layer.mins = pack4(q) if bits == 4 else q, steps.contiguous(), mins.contiguous()
         if linear.bias is not None:
             layer.bias = linear.bias.detach().float().clone()
         return layer

@@ -50,6 +50,7 @@ from engine.api import (
 )
 from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems, is_remote
 from engine.client import format_problems
+from engine.documents.render import place_of
 from engine.paths import settings_path
 from engine.safe_read import NotRegularFile, read_regular
 from engine.storage import Settings
@@ -389,12 +390,12 @@ def print_event(event: Event, as_json: bool) -> None:
 
 
 def source_label(source: Mapping[str, Any]) -> str:
-    """``handbook.md`` for a whole document, ``[2] notes.md, part 3`` for a passage."""
+    """``handbook.md`` for a whole document, ``[2] notes.md, part 3`` or ``[1] report.pdf, page 12`` for a passage."""
     name = str(source.get("name", ""))
     chunk = source.get("chunk", -1)
     if not isinstance(chunk, int) or chunk < 0:
         return name
-    return f"{source.get('label', '')} {name}, part {chunk + 1}".strip()
+    return f"{source.get('label', '')} {name}, {place_of(source)}".strip()
 
 
 def summary(m: Metrics) -> list[str]:

@@ -47,6 +47,23 @@ class Passage:
     end: int
     text: str
     path: str = ""
+    page: int | None = None  # a PDF's page (from 1) where the passage begins, None for a text without pages
+    last_page: int | None = None
+
+
+def where(chunk: int, page: int | None, last_page: int | None) -> str:
+    """How a passage is named after its document: ``page 12``, ``pages 12-13``, or ``part 3`` without pages."""
+    if page is None:
+        return f"part {chunk + 1}"
+    return f"pages {page}-{last_page}" if last_page is not None and last_page > page else f"page {page}"
+
+
+def place_of(source: Any) -> str:
+    """:func:`where` for a reply's source as :func:`sources` lists it (a mapping, as saved with the reply)."""
+    chunk, page, last = source.get("chunk"), source.get("page"), source.get("last_page")
+    chunk = chunk if isinstance(chunk, int) else 0
+    page = page if isinstance(page, int) and page > 0 else None
+    return where(chunk, page, last if isinstance(last, int) else None)
 
 
 def whole_order(docs: Sequence[Whole]) -> list[Whole]:
@@ -79,7 +96,8 @@ def passages_block(passages: Sequence[Passage]) -> str:
         return ""
     parts = [PASSAGES_INTRO]
     for number, passage in enumerate(ordered, 1):
-        parts.append(f"[{number}] {passage.name}, part {passage.chunk + 1}:\n{passage.text.strip()}")
+        place = where(passage.chunk, passage.page, passage.last_page)
+        parts.append(f"[{number}] {passage.name}, {place}:\n{passage.text.strip()}")
     return "\n\n".join(parts)
 
 
@@ -113,7 +131,10 @@ def sources(whole: Sequence[Whole], passages: Sequence[Passage]) -> tuple[dict[s
     for doc in whole_order(whole):
         found.append(_source(doc.doc_id, doc.name, doc.path, -1, 0, len(doc.text), doc.name))
     for number, p in enumerate(passage_order(passages), 1):
-        found.append(_source(p.doc_id, p.name, p.path, p.chunk, p.start, p.end, f"[{number}]"))
+        source = _source(p.doc_id, p.name, p.path, p.chunk, p.start, p.end, f"[{number}]")
+        if p.page is not None:
+            source |= {"page": p.page, "last_page": p.last_page if p.last_page is not None else p.page}
+        found.append(source)
     return tuple(found)
 
 

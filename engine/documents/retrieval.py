@@ -60,6 +60,8 @@ class Hit:
     score: float  # fused, 0..1: higher is better
     bm25_rank: int | None  # 1-based rank among the BM25 candidates, None when not among them
     vector_rank: int | None  # the same among the vector candidates
+    page: int | None = None  # a PDF's page (from 1) where the chunk begins; None for a text without pages
+    last_page: int | None = None  # and where it ends
 
 
 def ordered(hits: Iterable[Hit]) -> list[Hit]:

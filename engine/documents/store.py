@@ -59,6 +59,7 @@ import os
 import sqlite3
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -156,7 +157,12 @@ def _v1(db: Database) -> None:
         db.execute(sql)
 
 
-SCHEMA = Schema("documents", (_v1,))
+def _v2(db: Database) -> None:
+    """Where each page of a PDF begins in its text, so a passage can be cited by page."""
+    db.execute("ALTER TABLE documents ADD COLUMN page_starts TEXT NOT NULL DEFAULT '[]'")
+
+
+SCHEMA = Schema("documents", (_v1, _v2))
 _INFO = (
     "d.id, d.path, d.name, d.kind, d.size_bytes, d.mtime, d.chars, d.pages, d.added_at, d.last_used, d.state, "
     "d.notes, d.embedded, (SELECT count(*) FROM chunks c WHERE c.doc_id = d.id), "
@@ -173,6 +179,14 @@ def _info(row: Sequence[Any]) -> DocumentInfo:
     values[12] = bool(values[12])
     values[14] = int(values[14] or 0)
     return DocumentInfo(*values)
+
+
+def pages_of(page_starts: Sequence[int], start: int, end: int) -> tuple[int | None, int | None]:
+    """The first and last page (from 1) that the text ``[start, end)`` lies on, given where each page
+    begins; (None, None) for a document without pages."""
+    if not page_starts:
+        return None, None
+    return max(1, bisect_right(page_starts, start)), max(1, bisect_right(page_starts, max(start, end - 1)))
 
 
 def _notes(raw: Any) -> list[str]:
@@ -325,7 +339,8 @@ class DocumentStore:
                 return False
             if not spans and text.strip():  # added by another process between our look and this write
                 raise _Again
-            row = {**meta, "id": doc_id, "chars": len(text), "added_at": now, "notes": json.dumps(_notes(source.notes))}
+            row = {**meta, "id": doc_id, "chars": len(text), "added_at": now, "notes": json.dumps(_notes(source.notes)),
+                   "page_starts": json.dumps([int(n) for n in getattr(source, "page_starts", ()) or ()])}  # fmt: skip
             row["state"] = "indexing" if embed is not None and spans else "indexed"
             db.execute(
                 f"INSERT INTO documents ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})", [*row.values()]
@@ -476,7 +491,7 @@ class DocumentStore:
                 cosine = lambda key: None if (row := matrix.row_of.get(key)) is None else float(scores[row])  # noqa: E731
         best = fuse(words, near, cosine)[:k]
         sql = (
-            'SELECT c.doc_id, d.name, d.path, c.idx, c.start, c."end", c.text FROM chunks c '
+            'SELECT c.doc_id, d.name, d.path, c.idx, c.start, c."end", c.text, d.page_starts FROM chunks c '
             "JOIN documents d ON d.id = c.doc_id WHERE c.doc_id = ? AND c.idx = ?"
         )
 
@@ -485,8 +500,9 @@ class DocumentStore:
             for key, score, bm25_rank, vector_rank in best:
                 row = db.execute(sql, list(key)).fetchone()
                 if row is not None:  # removed by another process since it was ranked
-                    doc, name, path, idx, start, end, text = row
-                    hits.append(Hit(doc, name, path, idx, start, end, text, score, bm25_rank, vector_rank))
+                    doc, name, path, idx, start, end, text, starts = row
+                    first, last = pages_of(json.loads(starts or "[]"), start, end)
+                    hits.append(Hit(doc, name, path, idx, start, end, text, score, bm25_rank, vector_rank, first, last))
             return hits
 
         return self._run("read the found passages", fetch) if best else []

@@ -175,7 +175,8 @@ class Documents:
             vector = embed(question) if embed is not None else None
             hits = store.search(question, searched, k=PASSAGES, query_vector=vector)
             for hit in hits:  # best first, while they fit (each with its numbered header)
-                passage = render.Passage(hit.doc_id, hit.name, hit.idx, hit.start, hit.end, hit.text, hit.path)
+                passage = render.Passage(hit.doc_id, hit.name, hit.idx, hit.start, hit.end, hit.text, hit.path,
+                                         hit.page, hit.last_page)  # fmt: skip
                 spent = cost(render.passages_block([passage]).removeprefix(render.PASSAGES_INTRO) + "\n\n")
                 if passage_tokens + spent > limit:
                     break

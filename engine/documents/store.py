@@ -322,6 +322,7 @@ class DocumentStore:
             "size_bytes": int(source.size_bytes or 0),
             "mtime": float(source.mtime or 0.0),
             "pages": source.pages,
+            "page_starts": json.dumps([int(n) for n in getattr(source, "page_starts", ()) or ()]),  # a PDF's pages
             "last_used": now,
         }
 
@@ -339,8 +340,7 @@ class DocumentStore:
                 return False
             if not spans and text.strip():  # added by another process between our look and this write
                 raise _Again
-            row = {**meta, "id": doc_id, "chars": len(text), "added_at": now, "notes": json.dumps(_notes(source.notes)),
-                   "page_starts": json.dumps([int(n) for n in getattr(source, "page_starts", ()) or ()])}  # fmt: skip
+            row = {**meta, "id": doc_id, "chars": len(text), "added_at": now, "notes": json.dumps(_notes(source.notes))}
             row["state"] = "indexing" if embed is not None and spans else "indexed"
             db.execute(
                 f"INSERT INTO documents ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})", [*row.values()]

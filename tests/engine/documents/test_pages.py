@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 from engine.cli.common import source_label
@@ -108,3 +109,19 @@ def test_an_index_of_the_first_schema_is_brought_up_to_date(tmp_path: Path) -> N
         store.close()
     with sqlite3.connect(db_path) as conn:
         assert "page_starts" in {r[1] for r in conn.execute("PRAGMA table_info(documents)")}
+
+
+def test_a_pdf_indexed_before_pages_were_kept_gets_them_when_attached_again(tmp_path: Path) -> None:
+    path = tmp_path / "inspection.pdf"
+    path.write_bytes(make_pdf(pdf_pages(12)))
+    converted = convert(path)
+    store = DocumentStore(tmp_path / "documents.db")
+    try:
+        info = store.add(replace(converted, page_starts=()))  # as an index of the first schema held it
+        assert store.search("marker9", [info.id], k=1)[0].page is None
+        again = store.add(converted)  # the same text: the same document, its pages now known
+        assert again.id == info.id
+        hit = store.search("marker9", [info.id], k=1)[0]
+        assert hit.page is not None and hit.last_page is not None and hit.page <= 9 <= hit.last_page
+    finally:
+        store.close()

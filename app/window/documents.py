@@ -10,25 +10,31 @@ GUI thread; the chat stays usable throughout.
 * **Attach** (the composer's paperclip, File > Attach files… Ctrl+O, File >
   Attach a folder… Ctrl+Shift+O, or files dropped on the chat or the composer):
   the library reads and indexes the files on a worker while the chat stays
-  usable; the line above the composer says which file (and page) it is on,
-  with Cancel.  The documents read go to the chat that was open when they were
+  usable; the line above the composer says which file (and page, or passage
+  being indexed) it is on, with Cancel (which ends quietly, keeping what was
+  read before it).  The documents read go to the chat that was open when they were
   asked for (kept in the history file, or for a new chat until its first
   message creates it) and are sent with each of its requests; each file that
-  could not be read is named in a banner in the library's words.  A remote
-  engine reads no documents: the paperclip is greyed with the reason.
+  could not be read is named in a banner in the library's words.  A file that
+  changed since it was attached before is read again, and every chat holding
+  its older text now holds the new one (as Re-index does).  A remote engine
+  reads no documents: the paperclip is greyed with the reason.
 * **Chips** show the open chat's documents with the loaded model's token count
   (counted on a worker when a local model is loaded; "≈" from the characters
   until then), kept in the chat's entries so the context meter and the next
   start know them; one too long to go whole into the prompt says "searched".
   × detaches one.  Opening a chat checks its documents on a worker: a file
   that changed on disk is read again (the chat then holds the new text's id),
-  one removed from the index is greyed and no longer sent.
+  one removed from the index is greyed and no longer sent, unless its file was
+  read again since (in another chat, or by ``brisk documents add``): the chat
+  then holds that newer text.
 * **Sources** and the **Documents view** (Tools > Documents…, Ctrl+Shift+D):
   :class:`~app.window.document_views.LibraryViews`, mixed in here.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +66,9 @@ FILE_FILTER = (
 PROGRESS_MS = 100  # the progress line is redrawn at most this often, however fast files go by
 COUNT_BATCH = 16  # documents counted per call of the tokenizer
 Library = Callable[[], Any]
+# the name the library's progress gives while a file's passages are indexed (engine.documents.library.indexing_name;
+# matched here so that the window imports none of the document converters before a file is attached)
+INDEXING = re.compile(r"(?P<name>.+) \((?P<done>\d+) of (?P<of>\d+) passages\)")
 
 
 @dataclass
@@ -217,7 +226,7 @@ class DocumentsController(LibraryViews, QObject):
             return
         with job.lock:
             done, total, name = job.latest
-        self.window.composer.chips.show_progress(progress_text(done, total, name), done, total)
+        self.window.composer.chips.show_progress(progress_line(done, total, name), done, total)
 
     def _end_job(self) -> None:
         self.job = None
@@ -238,6 +247,10 @@ class DocumentsController(LibraryViews, QObject):
         entries = [entry(r.doc_id, r.name, str(r.path), int(r.chars), self.counts.get(r.doc_id)) for r in good]
         window.session.skip_documents.difference_update(e["id"] for e in entries)
         added, where = self._add_to_chat(job.target, entries)
+        for r, new in zip(good, entries, strict=True):  # a changed file: chats holding its older text get this one
+            old = getattr(r, "replaced", "")
+            if old and old != r.doc_id:
+                self.replace_everywhere(old, new)
         if problems:
             window.show_banner("documents", "warning", problems_text(problems, len(good)))
         else:
@@ -329,7 +342,7 @@ class DocumentsController(LibraryViews, QObject):
         window.composer.chips.set_documents(docs, session.skip_documents & set(ids), self.searched(docs))
         window.show_context(messages)
         if check and ids and session.conversation_id is not None:
-            self._check(session.conversation_id, ids)
+            self._check(session.conversation_id, ids, {d["id"]: str(d.get("path") or "") for d in docs})
         self.count(ids)  # in this model's tokens (a count kept from another model is shown until then)
 
     def searched(self, docs: list[dict[str, Any]]) -> set[str]:
@@ -344,7 +357,11 @@ class DocumentsController(LibraryViews, QObject):
         except StoreError:
             return set()
 
-    def _check(self, conversation: str, ids: list[str]) -> None:
+    def _check(self, conversation: str, ids: list[str], paths: dict[str, str] | None = None) -> None:
+        """Look for files changed on disk and documents gone from the index (``paths``: each id's file, whose
+        newer text may have been attached since, in another chat or by ``brisk documents add``)."""
+        where = paths or {}
+
         def work() -> tuple[set[str], dict[str, dict[str, Any]], list[str]]:
             library = self.library()
             gone: set[str] = set()
@@ -352,6 +369,11 @@ class DocumentsController(LibraryViews, QObject):
             notes: list[str] = []
             for doc_id in ids:
                 now, said = library.refresh([doc_id])
+                if not now:
+                    newer = library.store.by_path(Path(where[doc_id]).resolve()) if where.get(doc_id) else None
+                    if newer is not None and newer.id != doc_id:  # its file was read again since: that text now
+                        now, _ = library.refresh([newer.id])
+                        said = [f"{newer.name} changed on disk and was read again; this chat now uses the new text."]
                 if not now:  # no longer in the index: its chip says so
                     gone.add(doc_id)
                     continue
@@ -453,6 +475,17 @@ class DocumentsController(LibraryViews, QObject):
         """The window closes: a reading in progress stops (nothing half-indexed is kept)."""
         if self.job is not None:
             self.job.cancel.set()
+
+
+def progress_line(done: int, total: int, name: str) -> str:
+    """The line above the composer for the library's ``progress(done, total, name)``: ``Indexing big.pdf: 96
+    of 800 passages…`` while a file's passages are indexed, else :func:`~app.state.attachments.progress_text`."""
+    part = INDEXING.fullmatch(name)
+    if part is None:
+        return progress_text(done, total, name)
+    of = int(part.group("of"))
+    line = f"Indexing {part.group('name')}: {int(part.group('done')):,} of {of:,} passage{'' if of == 1 else 's'}\u2026"
+    return line + (f" (file {min(done + 1, total):,} of {total:,})" if total > 1 else "")
 
 
 def _swapped(docs: Iterable[dict[str, Any]], old: str, new: dict[str, Any]) -> list[dict[str, Any]]:

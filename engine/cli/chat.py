@@ -119,11 +119,16 @@ def attach_documents(paths: Sequence[str], as_json: bool) -> tuple[tuple[str, ..
         return (), [f"The documents could not be attached ({exc})"]
     ids = tuple(dict.fromkeys(r.doc_id for r in results if r.ok))
     warnings = [Warning("documents", r.problem) for r in results if not r.ok]
-    warnings += [Warning("documents", f"{Path(r.path).name}: {note}") for r in results if r.ok for note in r.notes]
+    warnings += [Warning("documents", _named(Path(r.path).name, note)) for r in results if r.ok for note in r.notes]
     print_warnings(warnings, as_json)
     if not ids:
         return (), ["None of the attached files could be read; see the messages above"]
     return ids, []
+
+
+def _named(name: str, note: str) -> str:
+    """A note about the file ``name``, naming it once (most notes name it already: "x.txt is not UTF-8; …")."""
+    return note if name in note else f"{name}: {note}"
 
 
 def cmd_ask(args: argparse.Namespace) -> int:

@@ -6,8 +6,14 @@ converts each file (``engine.documents.convert``), indexes it
 ready) and returns one :class:`Attached` per file, a clear message for each
 that could not be taken; a folder is walked (hidden folders, caches and
 virtual environments left out).  ``progress(done, total, name)`` is called
-between files and while a long file is read; ``cancel()`` stops between pieces
-and leaves nothing half-indexed.  ``remove`` deletes a document's index rows
+between files (``name``: the file's name), while a long file is read
+(``report.pdf (12 of 40)``, its pages) and while it is indexed
+(``report.pdf (96 of 800 passages)``, see :func:`indexing_name`);
+``cancel()`` stops between pieces, even while a folder is listed, and leaves
+nothing half-indexed (the result of the piece it stopped says ``cancelled``).
+A file whose text changed since it was last attached replaces the older text's
+document (``Attached.replaced`` names it, so a client can move every chat
+holding it to the new one).  ``remove`` deletes a document's index rows
 and every KV file that holds it; ``refresh`` re-reads a document whose file
 changed on disk (size or time) and returns the ids to use now: the old id's KV
 can no longer match, since its name is a hash of the old text's tokens.
@@ -22,8 +28,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +40,7 @@ from engine.documents.kvfiles import forget_document, kv_files
 from engine.documents.store import IndexCancelled
 
 Progress = Callable[[int, int, str], None]
+EMBEDDER_WAIT_S = 60.0  # how long indexing waits for the embedding model to load before going by words alone
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Attached:
     problem: str = ""  # "" when attached
     notes: tuple[str, ...] = ()
     cancelled: bool = False  # the user cancelled before this file was indexed (nothing of it was kept)
+    replaced: str = ""  # the id of this path's older text, removed from the index now (its file changed)
 
     @property
     def ok(self) -> bool:
@@ -71,7 +81,14 @@ class DocumentLibrary:
         for raw in paths:
             path = Path(os.path.expanduser(str(raw)))
             if path.is_dir():
-                found, skipped = walk(path, cancel=cancel)
+                try:
+                    found, skipped = walk(path, cancel=cancel)
+                except Cancelled as exc:  # cancelled while listing: no file is read (as after any Cancel)
+                    results.append(Attached(str(path), problem=str(exc), cancelled=True))
+                    break
+                except DocumentError as exc:  # gone or unreadable meanwhile: said, the others still read
+                    results.append(Attached(str(path), problem=str(exc)))
+                    continue
                 files.extend(found)
                 results.extend(Attached(str(path), problem=message) for message in skipped)
                 if not found:
@@ -96,19 +113,26 @@ class DocumentLibrary:
             if progress is not None and of:
                 progress(number, total, f"{path.name} ({done} of {of})")
 
+        def passages(done: int, of: int) -> None:
+            if progress is not None and of:
+                progress(number, total, indexing_name(path.name, done, of))
+
+        embed = self._embed
+        if embed is _shared_embed and cancel is not None:  # waiting for the model to load must not outlast Cancel
+            embed = partial(_shared_embed, cancel=cancel)
         try:
             converted = convert(path, progress=pages, cancel=cancel)
-            info = self.store.add(converted, embed=self._embed, cancel=cancel)
+            info = self.store.add(converted, embed=embed, progress=passages, cancel=cancel)
         except (Cancelled, IndexCancelled) as exc:
             return Attached(str(path), problem=str(exc), cancelled=True)
         except DocumentError as exc:
             return Attached(str(path), problem=str(exc))
         except Exception as exc:  # the index's own errors say what to do; anything else names the file
             return Attached(str(path), problem=f"{path.name} could not be indexed ({exc}).")
-        replaced = getattr(info, "replaced", None)
+        replaced = getattr(info, "replaced", None) or ""
         if replaced:
             forget_document(replaced)  # the file changed: the old text's KV can never be used again
-        return Attached(str(path), info.id, info.name, info.chars, notes=tuple(converted.notes))
+        return Attached(str(path), info.id, info.name, info.chars, notes=tuple(converted.notes), replaced=replaced)
 
     def list(self) -> builtins.list[Any]:
         """Every document in the index (``DocumentInfo``), with the bytes of KV kept for it on disk."""
@@ -163,12 +187,33 @@ class DocumentLibrary:
         return ids, notes
 
 
-def _shared_embed(texts: list[str]) -> Any:
+def indexing_name(name: str, done: int, of: int) -> str:
+    """The ``name`` that ``progress`` gets while a file's passages are indexed: ``report.pdf (96 of 800
+    passages)`` (the window's progress line reads it back)."""
+    return f"{name} ({done} of {of} passages)"
+
+
+def _shared_embed(texts: list[str], cancel: Callable[[], bool] | None = None) -> Any:
     """Vectors of ``texts`` from the process's embedder, waiting for it to load (indexing runs in the
-    background); None when it cannot load: the document is searched by its words alone."""
+    background); None when it cannot load, or when ``cancel()`` came true while it loads: the document is
+    then searched by its words alone until its vectors are made (``DocumentStore.embed_missing``)."""
     from engine.answer_cache.embed import shared_embedder
 
     embedder = shared_embedder()
-    if not embedder.wait(60):
+    if not _wait_for(embedder, cancel):
         return None
     return embedder.embed(texts)
+
+
+def _wait_for(embedder: Any, cancel: Callable[[], bool] | None) -> bool:
+    """Wait up to :data:`EMBEDDER_WAIT_S` for ``embedder`` to load, a tenth of a second at a time when
+    ``cancel`` is given (so a Cancel is heard at once); true when it is ready."""
+    if cancel is None:
+        return bool(embedder.wait(EMBEDDER_WAIT_S))
+    deadline = time.monotonic() + EMBEDDER_WAIT_S
+    while not cancel() and (now := time.monotonic()) < deadline:
+        if embedder.wait(min(0.1, deadline - now)):
+            return True
+        if time.monotonic() - now < 0.05:  # the wait ended at once: the load ended without a model
+            return False
+    return False

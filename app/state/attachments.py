@@ -9,8 +9,8 @@ A chat's attached documents are the history file's entries
 * which of them go into the prompt whole and which are searched for passages
   (:func:`searched_ids`, the engine's rule as the window can know it: see
   ``WHOLE_SHARE``), and the context meter's share of them, :func:`documents_tokens`;
-* indexing: :func:`progress_text` and :func:`problems_text` (one line per file
-  that could not be attached, in the library's words);
+* indexing: :func:`progress_text` and :func:`problems_text` (one line per problem,
+  in the library's words: a file, or for a folder the files of one kind left out);
 * a reply's sources (``Metrics.sources``, saved with the reply): :func:`sources_of`
   reads them back from stored metrics, :func:`source_label` names one under the
   reply ("handbook.md", "[1] notes.md, part 3") and :func:`position_text` says
@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from engine.documents.render import place_of
 
 SEP = " \u00b7 "
 APPROX = "\u2248 "
@@ -139,11 +141,12 @@ def progress_text(done: int, total: int, name: str) -> str:
 
 
 def problems_text(problems: Sequence[str], attached: int) -> str:
-    """The banner for files that could not be attached: each in the library's words, then what was attached."""
+    """The banner for files that could not be attached: each problem in the library's words, then what was
+    attached.  The headline counts no files: one problem can be one file or, for a folder, thousands of them
+    ("3 files of kinds Brisk cannot read were left out of src")."""
     shown = [p.strip() for p in problems[:MAX_PROBLEMS]]
     more = len(problems) - len(shown)
-    head = "1 file could not be attached" if len(problems) == 1 else f"{len(problems):,} files could not be attached"
-    lines = [f"{head}:", *(f"\u2022 {p}" for p in shown)]
+    lines = ["Some files could not be attached:", *(f"\u2022 {p}" for p in shown)]
     if more:
         lines.append(f"\u2022 and {more:,} more.")
     if attached:
@@ -167,14 +170,14 @@ def _int(value: object, default: int = 0) -> int:
 
 
 def source_label(source: Mapping[str, Any]) -> str:
-    """``handbook.md`` (a whole document) or ``[1] notes.md, part 3`` (a passage)."""
+    """``handbook.md`` (a whole document), ``[1] notes.md, part 3`` or ``[2] report.pdf, page 12`` (a passage)."""
     name = str(source.get("name") or "document")
     chunk = _int(source.get("chunk"), -1)
     if chunk < 0:
         return name
     label = str(source.get("label") or "")
     number = f"{label} " if label and label != name else ""
-    return f"{number}{name}, part {chunk + 1}"
+    return f"{number}{name}, {place_of(source)}"
 
 
 def position_text(source: Mapping[str, Any], total_chars: int | None = None) -> str:
@@ -183,7 +186,8 @@ def position_text(source: Mapping[str, Any], total_chars: int | None = None) -> 
     if _int(source.get("chunk"), -1) < 0 or end <= start:
         return f"the whole text ({total_chars:,} characters)" if total_chars else "the whole text"
     of = f" of {total_chars:,}" if total_chars else ""
-    return f"characters {start:,}\u2013{end:,}{of}"
+    page = f"{place_of(source)}, " if _int(source.get("page")) > 0 else ""  # a PDF's: "page 12, characters ..."
+    return f"{page}characters {start:,}\u2013{end:,}{of}"
 
 
 def passage_of(text: str, source: Mapping[str, Any]) -> str:

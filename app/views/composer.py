@@ -142,6 +142,7 @@ class Composer(QWidget):
         layout.addLayout(row)
         self.hint = QLabel()
         self.hint.setObjectName("hint")
+        self.hint.setWordWrap(True)  # wraps before it widens the window (the context meter beside it is long)
         self.hint.hide()
         self.context = QLabel()  # the context meter: how much of the model's context the chat fills
         self.context.setObjectName("hint")

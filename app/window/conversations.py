@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
-from app.state.attachments import documents_tokens
-from app.state.context import context_text, documents_read, tokens_in_chat, with_documents
+from app.state.context import meter_text, meter_tip, usage
 from app.state.session import ChatSession
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
@@ -68,22 +67,21 @@ class ConversationActions:
         self.typing.chat_changed()  # the draft in the composer now belongs to this chat
 
     def show_context(self, messages: list[Any] | None = None) -> None:
-        """The context meter for the open chat (``messages``: its stored messages, read if not given), with the
-        attached documents that go whole into its prompt until a reply has read them."""
+        """The context meter for the open chat (``messages``: its stored messages, read if not given): the whole,
+        and the attached documents' share of it (the tooltip has each part).  Called again when a document is
+        attached or detached, it counts the chat's documents as they are now."""
         if messages is None:
             messages = self._messages() if self.session.conversation_id else []
         loaded = getattr(self, "loaded", None)
         length = loaded.info.context_length if loaded is not None else 0
         replies = [m.metrics for m in messages if m.role == "assistant"]
-        used = tokens_in_chat(replies)
         try:
             docs = self.session.documents()
         except StoreError:
             docs = []
-        not_whole = self.session.skip_documents | self.documents.searched(docs)  # gone, or searched for passages
-        attached, estimated = documents_tokens(docs, not_whole)
-        total = with_documents(used, documents_read(replies), attached)
-        self.composer.context.setText(context_text(total, length, estimated and total != used))
+        parts = usage(replies, docs, self.session.skip_documents, self.documents.searched(docs))
+        self.composer.context.setText(meter_text(parts, length))
+        self.composer.context.setToolTip(meter_tip(parts, length))
 
     def open_conversation(self, conversation_id: str) -> None:
         try:
@@ -138,7 +136,7 @@ class ConversationActions:
         row = self.sidebar.model.row_of(conversation_id)
         title = self.sidebar.model.conversation_at(row).title if row is not None else "this conversation"
         answer = QMessageBox.question(
-            self,
+            cast(QWidget, self),  # the MainWindow it is mixed into
             "Delete conversation",
             f"Delete \u201c{title}\u201d and all its messages? This cannot be undone.",
             QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
@@ -155,8 +153,9 @@ class ConversationActions:
             return None
         if path is None:
             name = re.sub(r"[^\w\- ]+", "", title).strip() or "conversation"
+            window = cast(QWidget, self)  # the MainWindow it is mixed into
             chosen, _ = QFileDialog.getSaveFileName(
-                self, "Export Markdown", str(Path.home() / f"{name}.md"), "Markdown (*.md);;All files (*)"
+                window, "Export Markdown", str(Path.home() / f"{name}.md"), "Markdown (*.md);;All files (*)"
             )
             if not chosen:
                 return None

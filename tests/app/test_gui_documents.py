@@ -167,7 +167,7 @@ def test_files_that_cannot_be_read_are_each_named_and_the_others_attached(
     banner = window.banner("documents")
     assert banner is not None and banner.kind == "warning"
     text = banner.text()
-    assert text.startswith("2 files could not be attached:")
+    assert text.startswith("Some files could not be attached:")
     assert "blob.bin" in text and "binary" in text, "the library's own words for a binary file"
     assert "gone.md" in text and "does not exist" in text
     assert "The other 2 were attached." in text
@@ -505,3 +505,25 @@ def test_compare_replays_a_message_with_the_chats_documents(harness, qtbot, monk
         dialog.run_button.click()
     replayed = fake(window).requests[before:]
     assert replayed and all(r.documents == ids for r in replayed), "each replay reads what the reply read"
+
+
+def test_a_pdf_passage_is_listed_and_shown_with_its_page(harness, qtbot, monkeypatch, files: Path) -> None:  # noqa: ANN001
+    window = harness.open(size=(1100, 740))
+    attach_with_paperclip(qtbot, window, monkeypatch, [files / "notes.txt"])
+    (notes,) = window.session.documents()
+    start = NOTES.index("Part 3")
+    end = NOTES.index("\n", start)
+    sources = ({"doc_id": notes["id"], "name": "notes.txt", "path": notes["path"], "chunk": 2, "start": start,
+                "end": end, "label": "[1]", "page": 12, "last_page": 13},)  # fmt: skip
+    fake(window).metrics = Metrics(**{**METRICS.to_dict(), "document_tokens": 40, "sources": sources})
+    chat(qtbot, window, "What was approved?")
+    bubble = last_bubble(window)
+    assert bubble.sources.text() == "Sources: [1] notes.txt, pages 12-13"
+    rect = window.chat_view.source_rect(bubble.message_id, 0)
+    qtbot.mouseClick(window.chat_view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    dialog = window.documents.passage
+    assert dialog is not None
+    qtbot.waitUntil(lambda: dialog.passage != "")
+    assert "notes.txt, pages 12-13" in dialog.windowTitle()
+    assert dialog.where.text().startswith(f"Pages 12-13, characters {start:,}\u2013{end:,} of {len(NOTES):,}")
+    dialog.close()

@@ -87,7 +87,7 @@ class LibraryViews:
         def work() -> tuple[list[Any], dict[str, int]]:
             library = self.library()
             infos = library.list()
-            return infos, {info.id: library.kv_bytes(info.id) for info in infos}
+            return infos, library.kv_bytes_all()  # every KV file's header read once, not once per document
 
         def then(found: tuple[list[Any], dict[str, int]]) -> None:
             self._check_notice()

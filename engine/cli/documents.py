@@ -47,7 +47,7 @@ def cmd_documents(args: argparse.Namespace) -> int:
         return fail(f"The document index could not be used ({exc})", as_json, EXIT_REQUEST)
 
 
-def _row(library: Any, info: Any) -> dict[str, Any]:
+def _row(info: Any, kv: dict[str, int]) -> dict[str, Any]:
     return {
         "id": info.id,
         "name": info.name,
@@ -58,13 +58,14 @@ def _row(library: Any, info: Any) -> dict[str, Any]:
         "chunks": info.chunks,
         "state": info.state,
         "searchable_by_meaning": info.embedded,
-        "kv_bytes": library.kv_bytes(info.id),
+        "kv_bytes": kv.get(info.id, 0),
         "last_used": info.last_used,
     }
 
 
 def _list(library: Any, as_json: bool) -> int:
-    rows = [_row(library, info) for info in library.list()]
+    kv = library.kv_bytes_all()  # every KV file's header read once
+    rows = [_row(info, kv) for info in library.list()]
     if as_json:
         for row in rows:
             print(json.dumps(row))

@@ -26,7 +26,6 @@ twice, or in two chats, is one document, and a request names documents by id
 from __future__ import annotations
 
 import builtins
-import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.documents.convert import Cancelled, DocumentError, convert, walk
-from engine.documents.kvfiles import forget_document, kv_files
+from engine.documents.kvfiles import file_documents, forget_document, kv_files
 from engine.documents.store import IndexCancelled
 
 Progress = Callable[[int, int, str], None]
@@ -140,10 +139,19 @@ class DocumentLibrary:
 
     def kv_bytes(self, doc_id: str) -> int:
         """Bytes of KV files on disk that hold ``doc_id`` (0 when its prefix was never computed)."""
-        total = 0
-        for path in kv_files(doc_id):
-            with contextlib.suppress(OSError):  # a file removed meanwhile holds nothing
-                total += path.stat().st_size
+        return self.kv_bytes_all().get(doc_id, 0)
+
+    def kv_bytes_all(self) -> dict[str, int]:
+        """Bytes of KV files on disk per document id that any of them holds: each file's header read once, so
+        a view of thousands of documents does not read every file once per document."""
+        total: dict[str, int] = {}
+        for path in kv_files():
+            try:
+                size = path.stat().st_size
+            except OSError:  # a file removed meanwhile holds nothing
+                continue
+            for doc_id in set(file_documents(path)):
+                total[doc_id] = total.get(doc_id, 0) + size
         return total
 
     def remove(self, doc_id: str) -> None:

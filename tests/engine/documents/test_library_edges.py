@@ -174,3 +174,42 @@ def test_the_cli_names_a_file_once_in_its_notes(
     err = capsys.readouterr().err
     assert "warning: latin1.txt is not UTF-8" in err, err
     assert err.count("latin1.txt") == 1, err  # was: "latin1.txt: latin1.txt is not UTF-8; ..."
+
+
+def _kv_file(directory: Path, name: str, doc_ids: list[str], payload: int) -> Path:
+    """A file laid out as the engine saves a document prefix's KV: a safetensors header naming its documents."""
+    import json
+    import struct
+
+    header = json.dumps({"__metadata__": {"documents": json.dumps(doc_ids)}}).encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(payload))
+    return path
+
+
+def test_kv_bytes_for_every_document_read_each_file_once(
+    store: DocumentStore, brisk_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.documents import kvfiles
+    from engine.paths import cache_dir
+
+    root = cache_dir() / "kv"
+    one = _kv_file(root / "documents-aaaa", "one", ["a", "b"], 1000)
+    two = _kv_file(root / "documents-aaaa", "two", ["b"], 500)
+    three = _kv_file(root / "documents-bbbb", "three", ["a", "a"], 300)  # another model's copy; a listed twice
+    (root / "documents-bbbb" / "not-kv.txt").write_text("ignored")
+    reads: list[Path] = []
+    real = kvfiles.file_documents
+
+    def counted(path: Path) -> tuple[str, ...]:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(library_module, "file_documents", counted)
+    library = words_only(store)
+    sizes = library.kv_bytes_all()
+    size = {p: p.stat().st_size for p in (one, two, three)}
+    assert sizes == {"a": size[one] + size[three], "b": size[one] + size[two]}
+    assert sorted(reads) == sorted([one, two, three])  # each header once, whatever the number of documents
+    assert library.kv_bytes("b") == sizes["b"] and library.kv_bytes("never-computed") == 0

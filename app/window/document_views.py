@@ -138,7 +138,7 @@ class LibraryViews:
 
         def work() -> tuple[list[str], list[str], Any]:
             library = self.library()
-            ids, notes = library.refresh([doc_id])
+            ids, notes = library.refresh([doc_id], retry_vectors=True)  # and vectors that were never made
             info = library.store.get(ids[0]) if ids and ids[0] != doc_id else None
             return ids, notes, info
 

@@ -160,10 +160,12 @@ class DocumentLibrary:
         forget_document(doc_id)
 
     def refresh(
-        self, doc_ids: Sequence[str], cancel: Callable[[], bool] | None = None
+        self, doc_ids: Sequence[str], cancel: Callable[[], bool] | None = None, retry_vectors: bool = False
     ) -> tuple[builtins.list[str], builtins.list[str]]:
         """The ids to send now for ``doc_ids``: a document whose file changed on disk is read again (a new id),
-        one whose file is gone keeps its indexed text; second item: what the user should hear about that."""
+        one whose file is gone keeps its indexed text; second item: what the user should hear about that.
+        ``retry_vectors`` (Re-index): an unchanged document whose passages lack vectors (the embedder was not
+        ready, or failed) is read again too, which makes the missing vectors."""
         ids: builtins.list[str] = []
         notes: builtins.list[str] = []
         for doc_id in doc_ids:
@@ -180,7 +182,9 @@ class DocumentLibrary:
                 notes.append(f"{info.name} is no longer at {info.path}; its indexed text is used.")
                 ids.append(doc_id)
                 continue
-            if stat.st_size == info.size_bytes and abs(stat.st_mtime - info.mtime) < 1e-3:
+            unchanged = stat.st_size == info.size_bytes and abs(stat.st_mtime - info.mtime) < 1e-3
+            missing_vectors = retry_vectors and info.chunks > 0 and not info.embedded
+            if unchanged and not missing_vectors:
                 ids.append(doc_id)
                 continue
             assert path is not None
@@ -189,6 +193,13 @@ class DocumentLibrary:
                 ids.append(result.doc_id)
                 if result.doc_id != doc_id:
                     notes.append(f"{info.name} changed on disk; it was read again.")
+                elif missing_vectors:
+                    now = self.store.get(doc_id)
+                    notes.append(
+                        f"{info.name}: its passages can now be searched by meaning too."
+                        if now is not None and now.embedded
+                        else f"{info.name}: its passages are still searched by their words only (no vectors yet)."
+                    )
             else:
                 notes.append(f"{result.problem} The text indexed before is used.")
                 ids.append(doc_id)

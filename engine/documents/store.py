@@ -434,7 +434,7 @@ class DocumentStore:
         return done
 
     def _failed(self, doc_ids: Iterable[str], exc: Exception) -> None:
-        note = f"Searched by its words only: making its vectors failed ({exc}); they are tried again later."
+        note = f"Searched by its words only: making its vectors failed ({exc}); re-index it to try again."
 
         def mark(db: Database) -> None:
             for doc_id in doc_ids:

@@ -213,3 +213,23 @@ def test_kv_bytes_for_every_document_read_each_file_once(
     assert sizes == {"a": size[one] + size[three], "b": size[one] + size[two]}
     assert sorted(reads) == sorted([one, two, three])  # each header once, whatever the number of documents
     assert library.kv_bytes("b") == sizes["b"] and library.kv_bytes("never-computed") == 0
+
+
+def test_re_index_makes_the_vectors_an_unchanged_file_never_got(tmp_path: Path, store: DocumentStore) -> None:
+    path = tmp_path / "long.md"
+    path.write_text(LONG, encoding="utf-8")
+    (attached,) = words_only(store).attach([path])  # the embedder was not ready: words only
+    info = store.get(attached.doc_id)
+    assert info is not None and info.chunks > 1 and not info.embedded
+
+    def embed(texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), 8), dtype=np.float32)
+
+    library = DocumentLibrary(store, embed=embed)
+    assert library.refresh([attached.doc_id]) == ([attached.doc_id], [])  # opening a chat does not embed
+    assert not store.get(attached.doc_id).embedded  # type: ignore[union-attr]
+    ids, notes = library.refresh([attached.doc_id], retry_vectors=True)  # Re-index
+    assert ids == [attached.doc_id]
+    assert notes == ["long.md: its passages can now be searched by meaning too."]
+    assert store.get(attached.doc_id).embedded  # type: ignore[union-attr]
+    assert library.refresh([attached.doc_id], retry_vectors=True) == ([attached.doc_id], [])  # nothing left to do

@@ -117,7 +117,9 @@ class DocumentsController(LibraryViews, QObject):
         composer.chips.detach_requested.connect(self.detach)
         composer.chips.cancel_requested.connect(self.cancel)
         window.chat_view.source_requested.connect(self.show_source)
-        for target in (window.chat_view.viewport(), composer.editor.viewport(), composer):
+        # the window too: a drop on the sidebar, the panels or the status bar reaches it (Qt hands a drag to
+        # the nearest widget under the cursor that accepts drops)
+        for target in (window.chat_view.viewport(), composer.editor.viewport(), composer, window):
             target.setAcceptDrops(True)
             target.installEventFilter(self)
         self.settings_changed()

@@ -527,3 +527,14 @@ def test_a_pdf_passage_is_listed_and_shown_with_its_page(harness, qtbot, monkeyp
     assert "notes.txt, pages 12-13" in dialog.windowTitle()
     assert dialog.where.text().startswith(f"Pages 12-13, characters {start:,}\u2013{end:,} of {len(NOTES):,}")
     dialog.close()
+
+
+def test_files_dropped_anywhere_on_the_window_are_attached(harness, qtbot, files: Path) -> None:  # noqa: ANN001
+    window = harness.open()
+    chat(qtbot, window, "Hello")
+    assert drop(window.sidebar, [files / "handbook.md"])  # the chat list, not only the chat and the composer
+    settle(qtbot, window)
+    assert [d["name"] for d in window.session.documents()] == ["handbook.md"]
+    assert drop(window.statusBar(), [files / "notes.txt"])
+    settle(qtbot, window)
+    assert sorted(d["name"] for d in window.session.documents()) == ["handbook.md", "notes.txt"]

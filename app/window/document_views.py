@@ -52,23 +52,40 @@ class LibraryViews:
         self.passage = dialog
         dialog.show()
         doc_id = str(source["doc_id"])
+        name = str(source.get("name") or "This document")
+
+        def read() -> tuple[str, str]:
+            """(the document's text, "text"), or ("", "replaced") when a newer text of its file took its place in
+            the index (Re-index, or the file attached again after it changed), or ("", "removed")."""
+            store = self.library().store
+            try:
+                return store.text(doc_id), "text"
+            except KeyError:  # NotFoundError: the document left the index
+                newer = store.by_path(source["path"]) if source.get("path") else None
+                return "", "replaced" if newer is not None and newer.id != doc_id else "removed"
 
         def missing(exc: Exception) -> None:
-            if isinstance(exc, KeyError):  # NotFoundError: the document left the index
-                why = (
-                    f"{source.get('name', 'This document')} is no longer in the document index (it was removed), "
-                    "so the passage cannot be shown. Attach the file again to read it."
+            if self.passage is dialog:
+                dialog.show_missing(f"The passage could not be read: {exc}")
+
+        def shown(found: tuple[str, str]) -> None:
+            text, state = found
+            if self.passage is not dialog:
+                return
+            if state == "text":
+                dialog.show_text(text)
+            elif state == "replaced":
+                dialog.show_missing(
+                    f"{name} changed on disk after this reply and was read again, so the text this reply cited is "
+                    "no longer kept. Its new text is in the index; ask again to cite it."
                 )
             else:
-                why = f"The passage could not be read: {exc}"
-            if self.passage is dialog:
-                dialog.show_missing(why)
+                dialog.show_missing(
+                    f"{name} is no longer in the document index (it was removed), so the passage cannot be shown. "
+                    "Attach the file again to read it."
+                )
 
-        def shown(text: str) -> None:
-            if self.passage is dialog:
-                dialog.show_text(text)
-
-        self.run(lambda: self.library().store.text(doc_id), shown, missing)
+        self.run(read, shown, missing)
         return dialog
 
     # -- the Documents view --------------------------------------------------------------------------------------

@@ -538,3 +538,33 @@ def test_files_dropped_anywhere_on_the_window_are_attached(harness, qtbot, files
     assert drop(window.statusBar(), [files / "notes.txt"])
     settle(qtbot, window)
     assert sorted(d["name"] for d in window.session.documents()) == ["handbook.md", "notes.txt"]
+
+
+def test_a_source_whose_text_was_replaced_or_removed_says_which(harness, qtbot, files: Path) -> None:  # noqa: ANN001
+    window = harness.open(size=(1100, 740))
+    assert drop(window.composer, [files / "notes.txt"])
+    settle(qtbot, window)
+    (notes,) = window.session.documents()
+    start = NOTES.index("Part 3")
+    sources = ({"doc_id": notes["id"], "name": "notes.txt", "path": notes["path"], "chunk": 2, "start": start,
+                "end": start + 10, "label": "[1]"},)  # fmt: skip
+    fake(window).metrics = Metrics(**{**METRICS.to_dict(), "document_tokens": 40, "sources": sources})
+    chat(qtbot, window, "What was approved?")
+    reply = last_bubble(window).message_id
+
+    def opened() -> str:
+        dialog = window.documents.show_source(reply, 0)
+        assert dialog is not None
+        qtbot.waitUntil(lambda: window.documents.pending == 0)
+        return dialog.where.text()
+
+    write(files, "notes.txt", NOTES + "\nPart 9: a late addition.\n")  # the file changed; Re-index reads it again
+    window.documents.reindex(notes["id"])
+    settle(qtbot, window)
+    assert attached_ids(window) != [notes["id"]]
+    said = opened()
+    assert said.startswith("notes.txt changed on disk after this reply and was read again"), said
+    window.documents.remove(attached_ids(window)[0], confirm=False)  # now the file's text is gone altogether
+    settle(qtbot, window)
+    said = opened()
+    assert said.startswith("notes.txt is no longer in the document index (it was removed)"), said

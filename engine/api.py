@@ -248,7 +248,8 @@ class Metrics:
     document_tokens: int = 0  # prompt tokens of attached documents (whole texts or retrieved passages)
     document_reused: int = 0  # of them, tokens whose KV came from a cache (computed before, in any chat)
     # what the reply drew on: one mapping per document or passage ({"doc_id", "name", "path", "start",
-    # "end", "chunk" (-1: the whole text), "label"}), in the order the prompt gave them
+    # "end", "chunk" (-1: the whole text), "label", and for a PDF's passage "page" and "last_page"}), in the
+    # order the prompt gave them
     sources: tuple[Mapping[str, Any], ...] = ()
     plain_step_s: float | None = None  # the controller's measured plain decode step
     speedup: float | None = None  # plain_step_s x tokens against the time the reply took

@@ -38,11 +38,6 @@ def tokens_in_chat(metrics: Iterable[Mapping[str, Any] | None]) -> int | None:
     return int(m["prompt_tokens"]) + (completion if isinstance(completion, int) else 0)
 
 
-def documents_read(metrics: Iterable[Mapping[str, Any] | None]) -> bool:
-    """Whether the last computed reply's prompt held attached documents (so ``tokens_in_chat`` counts them)."""
-    return _read_tokens(last_computed(metrics)) > 0
-
-
 def _read_tokens(m: Mapping[str, Any] | None) -> int:
     read = (m or {}).get("document_tokens")
     return read if isinstance(read, int) and not isinstance(read, bool) and read > 0 else 0

@@ -8,7 +8,7 @@ through :func:`app.background.in_background`) and its result comes back on the
 GUI thread; the chat stays usable throughout.
 
 * **Attach** (the composer's paperclip, File > Attach files… Ctrl+O, File >
-  Attach a folder… Ctrl+Shift+O, or files dropped on the chat or the composer):
+  Attach a folder… Ctrl+Shift+O, or files dropped anywhere on the window):
   the library reads and indexes the files on a worker while the chat stays
   usable; the line above the composer says which file (and page, or passage
   being indexed) it is on, with Cancel (which ends quietly, keeping what was
@@ -43,7 +43,7 @@ from typing import Any
 
 from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtGui import QDropEvent
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.background import in_background
 from app.dialogs.documents import DocumentsDialog
@@ -118,10 +118,14 @@ class DocumentsController(LibraryViews, QObject):
         composer.chips.cancel_requested.connect(self.cancel)
         window.chat_view.source_requested.connect(self.show_source)
         # the window too: a drop on the sidebar, the panels or the status bar reaches it (Qt hands a drag to
-        # the nearest widget under the cursor that accepts drops)
+        # the nearest widget under the cursor that accepts drops); and every widget that takes drops of its own
+        # (the system prompt's editor, the search box), which would insert the files' paths as text
         for target in (window.chat_view.viewport(), composer.editor.viewport(), composer, window):
             target.setAcceptDrops(True)
             target.installEventFilter(self)
+        for widget in window.findChildren(QWidget):
+            if widget.acceptDrops() and widget is not window:
+                widget.installEventFilter(self)  # a drag of text still goes to it (eventFilter takes files only)
         self.settings_changed()
 
     # -- the index, opened on a worker (its converters are imported then) ----------------------------------

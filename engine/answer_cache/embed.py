@@ -241,6 +241,11 @@ class Embedder:
         return self._model is not None
 
     @property
+    def loaded(self) -> bool:
+        """Whether the load ended, with a model (:attr:`ready`) or without one (:attr:`error` says why)."""
+        return self._loaded.is_set()
+
+    @property
     def started(self) -> bool:
         return self._thread is not None
 

@@ -15,6 +15,7 @@ event's ``partial_text``) stays in the conversation's history.  The backend
 from __future__ import annotations
 
 import argparse
+import re
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -128,7 +129,8 @@ def attach_documents(paths: Sequence[str], as_json: bool) -> tuple[tuple[str, ..
 
 def _named(name: str, note: str) -> str:
     """A note about the file ``name``, naming it once (most notes name it already: "x.txt is not UTF-8; …")."""
-    return note if name in note else f"{name}: {note}"
+    named = re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", note)  # the name itself, not inside another
+    return note if named else f"{name}: {note}"
 
 
 def cmd_ask(args: argparse.Namespace) -> int:

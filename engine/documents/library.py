@@ -10,7 +10,9 @@ between files (``name``: the file's name), while a long file is read
 (``report.pdf (12 of 40)``, its pages) and while it is indexed
 (``report.pdf (96 of 800 passages)``, see :func:`indexing_name`);
 ``cancel()`` stops between pieces, even while a folder is listed, and leaves
-nothing half-indexed (the result of the piece it stopped says ``cancelled``).
+nothing half-indexed (the result of the piece it stopped says ``cancelled``);
+a Cancel while indexing waits for the embedding model to load keeps that file,
+searched by its words until Re-index makes its vectors.
 A file whose text changed since it was last attached replaces the older text's
 document (``Attached.replaced`` names it, so a client can move every chat
 holding it to the new one).  ``remove`` deletes a document's index rows
@@ -116,9 +118,7 @@ class DocumentLibrary:
             if progress is not None and of:
                 progress(number, total, indexing_name(path.name, done, of))
 
-        embed = self._embed
-        if embed is _shared_embed and cancel is not None:  # waiting for the model to load must not outlast Cancel
-            embed = partial(_shared_embed, cancel=cancel)
+        embed = self._embed_for(cancel)
         try:
             converted = convert(path, progress=pages, cancel=cancel)
             info = self.store.add(converted, embed=embed, progress=passages, cancel=cancel)
@@ -132,6 +132,20 @@ class DocumentLibrary:
         if replaced:
             forget_document(replaced)  # the file changed: the old text's KV can never be used again
         return Attached(str(path), info.id, info.name, info.chars, notes=tuple(converted.notes), replaced=replaced)
+
+    def _embed_for(self, cancel: Callable[[], bool] | None) -> Callable[[list[str]], Any]:
+        if self._embed is _shared_embed and cancel is not None:  # waiting for the model to load must not outlast Cancel
+            return partial(_shared_embed, cancel=cancel)
+        return self._embed
+
+    def _vectors_again(self, info: Any, cancel: Callable[[], bool] | None) -> builtins.list[str]:
+        """Re-index of a document whose passages lack vectors (the embedder was not ready, or failed): make them
+        from the chunks kept; what to tell the user (nothing when it had them all)."""
+        if info.chunks == 0 or info.embedded:
+            return []
+        if self.store.embed_document(info.id, self._embed_for(cancel), cancel=cancel):
+            return [f"{info.name}: its passages can now be searched by meaning too."]
+        return [f"{info.name}: its passages are still searched by their words only (no vectors yet)."]
 
     def list(self) -> builtins.list[Any]:
         """Every document in the index (``DocumentInfo``), with the bytes of KV kept for it on disk."""
@@ -181,11 +195,16 @@ class DocumentLibrary:
             if stat is None:
                 notes.append(f"{info.name} is no longer at {info.path}; its indexed text is used.")
                 ids.append(doc_id)
+                if retry_vectors:
+                    notes += self._vectors_again(info, cancel)
                 continue
             unchanged = stat.st_size == info.size_bytes and abs(stat.st_mtime - info.mtime) < 1e-3
-            missing_vectors = retry_vectors and info.chunks > 0 and not info.embedded
-            if unchanged and not missing_vectors:
+            # Re-index of a PDF indexed before its pages were kept reads it again, so its passages cite pages
+            no_pages = retry_vectors and info.kind == "pdf" and not self.store.page_starts(doc_id)
+            if unchanged and not no_pages:
                 ids.append(doc_id)
+                if retry_vectors:
+                    notes += self._vectors_again(info, cancel)
                 continue
             assert path is not None
             result = self._attach_one(path, 0, 1, None, cancel)
@@ -193,13 +212,8 @@ class DocumentLibrary:
                 ids.append(result.doc_id)
                 if result.doc_id != doc_id:
                     notes.append(f"{info.name} changed on disk; it was read again.")
-                elif missing_vectors:
-                    now = self.store.get(doc_id)
-                    notes.append(
-                        f"{info.name}: its passages can now be searched by meaning too."
-                        if now is not None and now.embedded
-                        else f"{info.name}: its passages are still searched by their words only (no vectors yet)."
-                    )
+                elif no_pages:
+                    notes.append(f"{info.name} was read again; its passages now cite their pages.")
             else:
                 notes.append(f"{result.problem} The text indexed before is used.")
                 ids.append(doc_id)
@@ -215,7 +229,7 @@ def indexing_name(name: str, done: int, of: int) -> str:
 def _shared_embed(texts: list[str], cancel: Callable[[], bool] | None = None) -> Any:
     """Vectors of ``texts`` from the process's embedder, waiting for it to load (indexing runs in the
     background); None when it cannot load, or when ``cancel()`` came true while it loads: the document is
-    then searched by its words alone until its vectors are made (``DocumentStore.embed_missing``)."""
+    then searched by its words alone until Re-index makes its vectors (``refresh(retry_vectors=True)``)."""
     from engine.answer_cache.embed import shared_embedder
 
     embedder = shared_embedder()
@@ -233,6 +247,6 @@ def _wait_for(embedder: Any, cancel: Callable[[], bool] | None) -> bool:
     while not cancel() and (now := time.monotonic()) < deadline:
         if embedder.wait(min(0.1, deadline - now)):
             return True
-        if time.monotonic() - now < 0.05:  # the wait ended at once: the load ended without a model
+        if getattr(embedder, "loaded", False):  # the load ended without a model
             return False
     return False

@@ -18,8 +18,9 @@ one transaction (searchable by words at once), then embeds the chunks in
 batches outside any transaction (the write lock is held for milliseconds, not
 for the minutes a long file takes), each batch's vectors in a short write.
 Cancelling removes everything the call wrote; a crash mid-way leaves a whole
-document with some vectors, which :meth:`~DocumentStore.embed_missing` (or the
-next ``add`` of the same text) completes.  ``state`` is ``'indexing'`` while
+document with some vectors, which :meth:`~DocumentStore.embed_document` (Re-index),
+:meth:`~DocumentStore.embed_missing` (every document, for tools) or the next
+``add`` of the same text completes.  ``state`` is ``'indexing'`` while
 vectors are being made, ``'indexed'`` after, ``'failed'`` when the embed
 function raised (words still work; ``notes`` says why).  A file whose text
 changed replaces the record of its path, once the new one is complete.
@@ -395,6 +396,32 @@ class DocumentStore:
                 break
         return done
 
+    def embed_document(
+        self,
+        doc_id: str,
+        embed: Embed,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Give vectors to the chunks of ``doc_id`` that have none, from the chunks kept (the file is not read
+        again); True when every chunk has one now.  A document still being indexed (an attach embedding it on
+        another thread) is left to that attach."""
+        info = self.get(doc_id)
+        if info is None or info.state == "indexing":
+            return False
+        self._embed([doc_id], embed, progress, cancel, stop_quietly=True)
+        self._finish(doc_id)
+        now = self.get(doc_id)
+        return now is not None and now.embedded
+
+    def page_starts(self, doc_id: str) -> builtins.list[int]:
+        """Where each page of a PDF begins in its text (empty for a text without pages, or a PDF indexed before
+        pages were kept)."""
+        sql = "SELECT page_starts FROM documents WHERE id = ?"
+        rows = self._run("read the document index", lambda db: db.execute(sql, [doc_id]).fetchall())
+        return [int(n) for n in json.loads(rows[0][0] or "[]")] if rows else []
+
     def _embed(
         self,
         doc_ids: Sequence[str],
@@ -421,7 +448,7 @@ class DocumentStore:
             batch = todo[first : first + BATCH]
             try:
                 vectors = embed([t for _, _, t in batch])
-                if vectors is None:  # the embedder is not ready: embed_missing finishes later
+                if vectors is None:  # the embedder is not ready: Re-index (embed_document) makes them later
                     break
                 rows = np.asarray(vectors, dtype=np.float32).reshape(len(batch), -1)  # one row per text, or raise
             except Exception as exc:  # kept in the document's notes and state: never silent

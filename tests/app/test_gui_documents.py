@@ -538,6 +538,13 @@ def test_files_dropped_anywhere_on_the_window_are_attached(harness, qtbot, files
     assert drop(window.statusBar(), [files / "notes.txt"])
     settle(qtbot, window)
     assert sorted(d["name"] for d in window.session.documents()) == ["handbook.md", "notes.txt"]
+    system = window.parameters.panel.system_edit  # an editor of its own: the files go to the chat, not into it
+    before = system.toPlainText()
+    window.documents.detach(next(d["id"] for d in window.session.documents() if d["name"] == "handbook.md"))
+    assert drop(system.viewport(), [files / "handbook.md"])
+    settle(qtbot, window)
+    assert system.toPlainText() == before
+    assert sorted(d["name"] for d in window.session.documents()) == ["handbook.md", "notes.txt"]
 
 
 def test_a_source_whose_text_was_replaced_or_removed_says_which(harness, qtbot, files: Path) -> None:  # noqa: ANN001

@@ -174,6 +174,10 @@ def test_the_cli_names_a_file_once_in_its_notes(
     err = capsys.readouterr().err
     assert "warning: latin1.txt is not UTF-8" in err, err
     assert err.count("latin1.txt") == 1, err  # was: "latin1.txt: latin1.txt is not UTF-8; ..."
+    from engine.cli.chat import _named
+
+    assert _named("a.md", "data.md is not UTF-8.") == "a.md: data.md is not UTF-8."  # a name inside another's
+    assert _named("notes.md", "Read notes.md.") == "Read notes.md."
 
 
 def _kv_file(directory: Path, name: str, doc_ids: list[str], payload: int) -> Path:
@@ -233,3 +237,23 @@ def test_re_index_makes_the_vectors_an_unchanged_file_never_got(tmp_path: Path, 
     assert notes == ["long.md: its passages can now be searched by meaning too."]
     assert store.get(attached.doc_id).embedded  # type: ignore[union-attr]
     assert library.refresh([attached.doc_id], retry_vectors=True) == ([attached.doc_id], [])  # nothing left to do
+
+
+def test_re_index_makes_vectors_from_the_kept_chunks_even_when_the_file_moved(
+    tmp_path: Path, store: DocumentStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "long.md"
+    path.write_text(LONG, encoding="utf-8")
+    (attached,) = words_only(store).attach([path])
+    path.unlink()  # moved away: only the index holds its text
+
+    def no_reading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the file was read again")
+
+    monkeypatch.setattr(library_module, "convert", no_reading)
+    library = DocumentLibrary(store, embed=lambda texts: np.ones((len(texts), 8), dtype=np.float32))
+    ids, notes = library.refresh([attached.doc_id], retry_vectors=True)
+    assert ids == [attached.doc_id]
+    assert notes == [f"long.md is no longer at {path}; its indexed text is used.",
+                     "long.md: its passages can now be searched by meaning too."]  # fmt: skip
+    assert store.get(attached.doc_id).embedded  # type: ignore[union-attr]

@@ -8,6 +8,8 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from engine.cli.common import source_label
 from engine.documents import render
 from engine.documents.convert import convert
@@ -123,5 +125,26 @@ def test_a_pdf_indexed_before_pages_were_kept_gets_them_when_attached_again(tmp_
         assert again.id == info.id
         hit = store.search("marker9", [info.id], k=1)[0]
         assert hit.page is not None and hit.last_page is not None and hit.page <= 9 <= hit.last_page
+    finally:
+        store.close()
+
+
+def test_re_index_reads_a_pdf_indexed_before_pages_were_kept_again(tmp_path: Path) -> None:
+    from engine.documents.library import DocumentLibrary
+
+    path = tmp_path / "inspection.pdf"
+    path.write_bytes(make_pdf(pdf_pages(12)))
+    converted = convert(path)
+    store = DocumentStore(tmp_path / "documents.db")
+    try:
+        stat = path.stat()
+        info = store.add(replace(converted, page_starts=(), size_bytes=stat.st_size, mtime=stat.st_mtime))
+        library = DocumentLibrary(store, embed=lambda texts: np.ones((len(texts), 8), dtype=np.float32))
+        assert library.refresh([info.id]) == ([info.id], [])  # opening its chat reads nothing again
+        assert store.page_starts(info.id) == []
+        ids, notes = library.refresh([info.id], retry_vectors=True)  # Re-index
+        assert ids == [info.id] and notes == ["inspection.pdf was read again; its passages now cite their pages."]
+        assert store.page_starts(info.id) == list(converted.page_starts)
+        assert library.refresh([info.id], retry_vectors=True) == ([info.id], [])  # nothing left to do
     finally:
         store.close()

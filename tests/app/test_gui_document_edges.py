@@ -128,7 +128,9 @@ def test_the_progress_line_moves_on_while_a_file_is_indexed_and_cancel_still_wor
     assert window.session.documents() == [] and window.documents.library().store.list() == [], "nothing half-kept"
 
 
-def test_a_changed_file_attached_in_another_chat_replaces_it_in_every_chat(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+def attached_then_changed(harness, qtbot, tmp_path: Path) -> tuple[Any, Path, str, str]:  # noqa: ANN001
+    """A window whose first chat holds handbook.md, then a new chat open and the file changed on disk:
+    (window, the file, the first chat's id, the old text's id)."""
     handbook = tmp_path / "handbook.md"
     handbook.write_text(HANDBOOK, encoding="utf-8")
     window = harness.open()
@@ -137,6 +139,11 @@ def test_a_changed_file_attached_in_another_chat_replaces_it_in_every_chat(harne
     (old,) = ids_of(window)
     window.new_chat()
     handbook.write_text(HANDBOOK + "\nThe office is closed on Sundays.\n", encoding="utf-8")
+    return window, handbook, first, old
+
+
+def test_a_changed_file_attached_in_another_chat_replaces_it_in_every_chat(harness, qtbot, tmp_path: Path) -> None:  # noqa: ANN001
+    window, handbook, first, old = attached_then_changed(harness, qtbot, tmp_path)
     attach(qtbot, window, handbook)  # for the next new chat
     (new,) = ids_of(window)
     assert new != old
@@ -161,14 +168,7 @@ def test_a_changed_file_attached_in_another_chat_replaces_it_in_every_chat(harne
 def test_a_changed_file_added_by_the_command_line_replaces_it_when_the_chat_opens(
     harness, qtbot, tmp_path: Path, brisk_data_dir: Path
 ) -> None:  # noqa: ANN001
-    handbook = tmp_path / "handbook.md"
-    handbook.write_text(HANDBOOK, encoding="utf-8")
-    window = harness.open()
-    first = chat(qtbot, window, "First")
-    attach(qtbot, window, handbook)
-    (old,) = ids_of(window)
-    window.new_chat()
-    handbook.write_text(HANDBOOK + "\nThe office is closed on Sundays.\n", encoding="utf-8")
+    window, handbook, first, old = attached_then_changed(harness, qtbot, tmp_path)
     other = DocumentStore(brisk_data_dir / "documents.db")  # `brisk documents add handbook.md`: another process
     try:
         (added,) = DocumentLibrary(other, embed=lambda texts: None).attach([handbook])

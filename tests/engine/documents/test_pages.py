@@ -12,7 +12,7 @@ import numpy as np
 
 from engine.cli.common import source_label
 from engine.documents import render
-from engine.documents.convert import convert
+from engine.documents.convert import Converted, convert
 from engine.documents.store import DocumentStore, pages_of
 from engine.storage.db import Schema, connect
 from tests.engine.documents.test_convert import make_pdf
@@ -113,11 +113,15 @@ def test_an_index_of_the_first_schema_is_brought_up_to_date(tmp_path: Path) -> N
         assert "page_starts" in {r[1] for r in conn.execute("PRAGMA table_info(documents)")}
 
 
-def test_a_pdf_indexed_before_pages_were_kept_gets_them_when_attached_again(tmp_path: Path) -> None:
+def inspection_pdf(tmp_path: Path) -> tuple[Path, Converted, DocumentStore]:
+    """A 12-page PDF, converted, and an empty index beside it."""
     path = tmp_path / "inspection.pdf"
     path.write_bytes(make_pdf(pdf_pages(12)))
-    converted = convert(path)
-    store = DocumentStore(tmp_path / "documents.db")
+    return path, convert(path), DocumentStore(tmp_path / "documents.db")
+
+
+def test_a_pdf_indexed_before_pages_were_kept_gets_them_when_attached_again(tmp_path: Path) -> None:
+    _, converted, store = inspection_pdf(tmp_path)
     try:
         info = store.add(replace(converted, page_starts=()))  # as an index of the first schema held it
         assert store.search("marker9", [info.id], k=1)[0].page is None
@@ -132,10 +136,7 @@ def test_a_pdf_indexed_before_pages_were_kept_gets_them_when_attached_again(tmp_
 def test_re_index_reads_a_pdf_indexed_before_pages_were_kept_again(tmp_path: Path) -> None:
     from engine.documents.library import DocumentLibrary
 
-    path = tmp_path / "inspection.pdf"
-    path.write_bytes(make_pdf(pdf_pages(12)))
-    converted = convert(path)
-    store = DocumentStore(tmp_path / "documents.db")
+    path, converted, store = inspection_pdf(tmp_path)
     try:
         stat = path.stat()
         info = store.add(replace(converted, page_starts=(), size_bytes=stat.st_size, mtime=stat.st_mtime))

@@ -169,11 +169,15 @@ def _int(value: object, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def is_passage(source: Mapping[str, Any]) -> bool:
+    """Whether a reply's source is a passage (a chunk of a document), not a whole document."""
+    return _int(source.get("chunk"), -1) >= 0
+
+
 def source_label(source: Mapping[str, Any]) -> str:
     """``handbook.md`` (a whole document), ``[1] notes.md, part 3`` or ``[2] report.pdf, page 12`` (a passage)."""
     name = str(source.get("name") or "document")
-    chunk = _int(source.get("chunk"), -1)
-    if chunk < 0:
+    if not is_passage(source):
         return name
     label = str(source.get("label") or "")
     number = f"{label} " if label and label != name else ""
@@ -183,7 +187,7 @@ def source_label(source: Mapping[str, Any]) -> str:
 def position_text(source: Mapping[str, Any], total_chars: int | None = None) -> str:
     """Where the passage lies: ``characters 1,200–2,400 of 12,000`` (the whole text for a whole document)."""
     start, end = _int(source.get("start")), _int(source.get("end"))
-    if _int(source.get("chunk"), -1) < 0 or end <= start:
+    if not is_passage(source) or end <= start:
         return f"the whole text ({total_chars:,} characters)" if total_chars else "the whole text"
     of = f" of {total_chars:,}" if total_chars else ""
     page = f"{place_of(source)}, " if _int(source.get("page")) > 0 else ""  # a PDF's: "page 12, characters ..."
@@ -193,7 +197,7 @@ def position_text(source: Mapping[str, Any], total_chars: int | None = None) -> 
 def passage_of(text: str, source: Mapping[str, Any]) -> str:
     """The cited part of a document's ``text`` (all of it for a whole document or a span it does not hold)."""
     start, end = _int(source.get("start")), _int(source.get("end"))
-    if _int(source.get("chunk"), -1) < 0 or not 0 <= start < end <= len(text):
+    if not is_passage(source) or not 0 <= start < end <= len(text):
         return text
     return text[start:end]
 

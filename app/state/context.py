@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.state.attachments import APPROX, documents_tokens, estimated_tokens, tokens_of
+from app.state.attachments import APPROX, documents_tokens, estimated_tokens, is_passage, sources_of, tokens_of
 
 TIP = "Tokens the open chat fills (system prompt, messages, replies) of the model's context"
 
@@ -32,8 +32,11 @@ def last_computed(metrics: Iterable[Mapping[str, Any] | None]) -> Mapping[str, A
 def tokens_in_chat(metrics: Iterable[Mapping[str, Any] | None]) -> int | None:
     """Tokens the chat fills after its last computed reply (``metrics`` oldest first), None when none was."""
     m = last_computed(metrics)
-    if m is None:
-        return None
+    return None if m is None else _filled(m)
+
+
+def _filled(m: Mapping[str, Any]) -> int:
+    """Tokens a computed reply's chat holds after it: its prompt and its reply."""
     completion = m.get("completion_tokens")
     return int(m["prompt_tokens"]) + (completion if isinstance(completion, int) else 0)
 
@@ -79,17 +82,16 @@ def usage(
     whole_now, estimated = documents_tokens(whole_docs)
     if last is None:
         return Usage(None, whole_now, 0, estimated, searched_now)
-    completion = last.get("completion_tokens")
-    used = int(last["prompt_tokens"]) + (completion if isinstance(completion, int) else 0)
+    used = _filled(last)
     read = _read_tokens(last)
     if not read:  # the reply read no document: those attached now were attached after it
         return Usage(used, whole_now, 0, estimated, searched_now)
     chat = max(0, used - read)
-    sources = _sources(last)
+    sources = sources_of(last)
     if not sources:  # stored without its sources: the whole documents count as attached now, the rest passages
         passages = max(0, read - whole_now) if searched_now else 0
         return Usage(chat, whole_now, passages, estimated, searched_now)
-    read_whole = {s["doc_id"] for s in sources if not _is_passage(s)}
+    read_whole = {s["doc_id"] for s in sources if not is_passage(s)}
     whole_read, passages_read = _split(sources, read, read_whole, docs)
     passages = passages_read if searched_now else 0
     if read_whole == {d.get("id") for d in whole_docs}:  # the documents that reply read: its count stands
@@ -97,23 +99,11 @@ def usage(
     return Usage(chat, whole_now, passages, estimated, searched_now)  # attached or detached since: at once
 
 
-def _sources(m: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    raw = m.get("sources")
-    if not isinstance(raw, list | tuple):
-        return []
-    return [s for s in raw if isinstance(s, Mapping) and isinstance(s.get("doc_id"), str)]
-
-
-def _is_passage(source: Mapping[str, Any]) -> bool:
-    chunk = source.get("chunk")
-    return isinstance(chunk, int) and chunk >= 0
-
-
 def _split(
     sources: Sequence[Mapping[str, Any]], read: int, read_whole: set[str], docs: Sequence[Mapping[str, Any]]
 ) -> tuple[int, int]:
     """A reply's ``read`` document tokens as (whole texts, searched passages)."""
-    passages_read = [s for s in sources if _is_passage(s)]
+    passages_read = [s for s in sources if is_passage(s)]
     if not passages_read:
         return read, 0
     if not read_whole:

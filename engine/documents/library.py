@@ -148,16 +148,12 @@ class DocumentLibrary:
         return [f"{info.name}: its passages are still searched by their words only (no vectors yet)."]
 
     def list(self) -> builtins.list[Any]:
-        """Every document in the index (``DocumentInfo``), with the bytes of KV kept for it on disk."""
+        """Every document in the index (``DocumentInfo``); :meth:`kv_bytes_all` gives their KV on disk."""
         return list(self.store.list())
 
-    def kv_bytes(self, doc_id: str) -> int:
-        """Bytes of KV files on disk that hold ``doc_id`` (0 when its prefix was never computed)."""
-        return self.kv_bytes_all().get(doc_id, 0)
-
     def kv_bytes_all(self) -> dict[str, int]:
-        """Bytes of KV files on disk per document id that any of them holds: each file's header read once, so
-        a view of thousands of documents does not read every file once per document."""
+        """Bytes of KV files on disk per document id that any of them holds (a document whose prefix was never
+        computed is absent): each file's header read once, however many documents are listed."""
         total: dict[str, int] = {}
         for path in kv_files():
             try:
@@ -178,8 +174,9 @@ class DocumentLibrary:
     ) -> tuple[builtins.list[str], builtins.list[str]]:
         """The ids to send now for ``doc_ids``: a document whose file changed on disk is read again (a new id),
         one whose file is gone keeps its indexed text; second item: what the user should hear about that.
-        ``retry_vectors`` (Re-index): an unchanged document whose passages lack vectors (the embedder was not
-        ready, or failed) is read again too, which makes the missing vectors."""
+        ``retry_vectors`` (Re-index): a document whose passages lack vectors (the embedder was not ready, or
+        failed) gets them from the chunks kept, and an unchanged PDF indexed before pages were kept is read
+        again, so its passages cite their pages."""
         ids: builtins.list[str] = []
         notes: builtins.list[str] = []
         for doc_id in doc_ids:

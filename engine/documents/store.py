@@ -524,11 +524,14 @@ class DocumentStore:
 
         def fetch(db: Database) -> builtins.list[Hit]:
             hits = []
+            pages: dict[str, builtins.list[int]] = {}  # each document's page starts, read once a search
             for key, score, bm25_rank, vector_rank in best:
                 row = db.execute(sql, list(key)).fetchone()
                 if row is not None:  # removed by another process since it was ranked
                     doc, name, path, idx, start, end, text, starts = row
-                    first, last = pages_of(json.loads(starts or "[]"), start, end)
+                    if doc not in pages:
+                        pages[doc] = json.loads(starts or "[]")
+                    first, last = pages_of(pages[doc], start, end)
                     hits.append(Hit(doc, name, path, idx, start, end, text, score, bm25_rank, vector_rank, first, last))
             return hits
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str]) -> int:
     import torch
 
-    from engine.quant.native import MANIFEST, SOURCE, VARIANTS, _cpu_flags
+    from engine.quant.native import MANIFEST, SOURCES, VARIANTS, _cpu_flags
 
     out = Path(argv[0]) if argv else ROOT / "build" / "native"
     out.mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
             # instructions that load may fail, after the library is written; only the file is wanted
             code = (
                 "from torch.utils.cpp_extension import load; "
-                f"load(name={name!r}, sources=[{str(SOURCE)!r}], extra_cflags={cflags!r}, "
+                f"load(name={name!r}, sources={[str(s) for s in SOURCES]!r}, extra_cflags={cflags!r}, "
                 f"extra_ldflags=['-fopenmp'], build_directory={build!r}, verbose=False)"
             )
             subprocess.run([sys.executable, "-c", code], check=False, cwd=ROOT)

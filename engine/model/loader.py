@@ -28,6 +28,7 @@ hub id while offline, a mode or device this machine lacks) raises
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ __all__ = [
     "pick_device",
     "resolve",
 ]
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -159,6 +162,9 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
             f"{spec.quant} keeps its own weights and computes in float32, so it does not run with precision "
             f"{spec.dtype}: set Precision to auto or float32 (--dtype), or choose another quantization."
         )
+    as_is = _load_gguf_as_is(spec, device, progress, start)
+    if as_is is not None:
+        return as_is
     location, name = resolve(spec.source, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -234,6 +240,64 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
         loaded.measuring = ModeMeasurement(deferred.key, deferred.candidates, quiet_build, assemble, loaded.model)
     progress(1.0, "Ready")
     return loaded
+
+
+GGUF_AS_IS = "gguf"  # LoadedModel.quant of a GGUF file run on its own blocks (engine.model.gguf_model)
+
+
+def gguf_runs_as_is(spec: ModelSpec) -> bool:
+    """Whether ``spec`` names a GGUF file that loads on its own blocks: a ``.gguf`` path (not the bundled
+    model, whose Q4_1 file measured faster converted: docs/PERFORMANCE.md) with quantization ``auto`` or
+    ``none`` on the CPU; any other mode asks for the file converted into that mode."""
+    return (
+        bool(spec.source)
+        and spec.source.lower().endswith(".gguf")
+        and spec.quant in ("auto", "none", GGUF_AS_IS)
+        and spec.device in ("auto", "cpu")
+        and spec.dtype in ("auto", "float32")
+        and not torch.cuda.is_available()
+    )
+
+
+def _load_gguf_as_is(spec: ModelSpec, device: torch.device, progress: Progress, start: float) -> LoadedModel | None:
+    """The GGUF file of ``spec`` on its own blocks, or None where it goes through the conversion (a file this
+    path does not run: its reason is logged and kept in ``info["gguf_as_is"]`` of the converted model)."""
+    if not gguf_runs_as_is(spec):
+        return None
+    from pathlib import Path
+
+    from engine.model import gguf_model
+    from engine.model.source import check_gguf, ollama_name
+
+    path = Path(spec.source).expanduser()
+    check_gguf(path)
+    progress(0.1, "Reading the GGUF header")
+    file = gguf_model.read_header(path)
+    try:
+        gguf_model.check(file)
+        gguf_model.check_memory(file)
+        progress(0.3, "Loading tokenizer")
+        tokenizer = gguf_model.read_tokenizer(path)
+        check_template(tokenizer, f"the chat template in {path.name}")
+        progress(0.6, "Mapping weights")
+        model = gguf_model.build_model(file, gguf_model.read_config(file))
+    except gguf_model.Unsupported as exc:
+        log.info("%s is converted: %s", path.name, exc)
+        _why_converted[str(path)] = str(exc)
+        return None
+    weights_id = gguf_model.fingerprint(file)
+    types = sorted({gguf_model.TYPES[k] for _, k, _ in file.tensors.values()} - {"F32"})
+    record = {"mode": GGUF_AS_IS, "reason": f"the file's own blocks ({', '.join(types)}), memory-mapped"}
+    name = ollama_name(path) or path.stem
+    loaded = _assemble(model, {}, tokenizer, name, str(path), device, torch.float32, GGUF_AS_IS, weights_id,
+                       record, start)  # fmt: skip
+    loaded.info["gguf_types"] = types
+    loaded.info["file_bytes"] = file.size
+    progress(1.0, "Ready")
+    return loaded
+
+
+_why_converted: dict[str, str] = {}  # GGUF path -> why it was not run as it is (for brisk models and the log)
 
 
 DEFERRED_SKIP = ("int8-cpu",)  # not measured between replies (see _auto_mode)

@@ -40,6 +40,7 @@ import torch
 
 from engine.quant import native
 from engine.quant.apply import layout_version
+from engine.quant.gguf_layers import GgufEmbedding, GgufLinear
 from engine.quant.kernels import Fp16Linear, Q8Linear
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class NativeDecode:
         self._parts: list[Any] = []  # the Fp16Linear layers collected from, and the sum of their versions
         self._parts_version = 0
         self._changes = (-1, -1)  # (Fp16Linear.changes, Q8Linear.changes) when the versions were last summed
-        self.kind = ""  # what was collected: "fp16" (packed fbgemm weights) or "q8" (Q8Linear parts)
+        self.kind = ""  # what was collected: "fp16" (packed fbgemm weights), "q8" (Q8Linear parts) or "gguf"
+        self._types: list[list[int]] = []  # "gguf": each projection's parts' ggml types
         self._norm_params: list[dict[str, Any]] = []  # the norms' parameter dicts, in the order of _collected[0]
         self._writable: tuple[int, int] | None = None  # (id, length) of the last cache.layers found writable
         self._native: tuple[Any, Any] | None = None  # (the collected tuple it was made from, native Stepper)
@@ -89,6 +91,8 @@ class NativeDecode:
         inner = self.model.model
         if type(inner.layers[0].self_attn.o_proj) is Q8Linear:
             return self._collect_q8()
+        if type(inner.layers[0].self_attn.o_proj) is GgufLinear:
+            return self._collect_gguf()
         self.kind = "fp16"
         weights: list[Any] = []
         eps: set[float] = set()
@@ -162,6 +166,41 @@ class NativeDecode:
         self._changes = (Fp16Linear.changes, Q8Linear.changes)
         if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
             raise ValueError("layers of different shapes or epsilons, or not float32")
+        return norms, weights, widths.pop(), eps.pop()
+
+    def _collect_gguf(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
+        """As :meth:`collect`, for a GGUF file run as it is (every projection and the head ``GgufLinear``):
+        each projection a flat list of (blocks, bias) parts, q/k/v and gate/up side by side, and their
+        ggml types in :attr:`_types` (the step takes both)."""
+        self.kind = "gguf"
+        inner = self.model.model
+        weights: list[Any] = []
+        types: list[list[int]] = []
+        eps: set[float] = set()
+        widths: set[tuple[int, int, int]] = set()
+        norms = self._collect_norms(eps)
+
+        def flat(*layers: Any) -> list[torch.Tensor]:
+            if not all(type(p) is GgufLinear for p in layers):
+                raise TypeError("not a GGUF layer")
+            types.append([p.kind for p in layers])
+            return [t for p in layers for t in p.parts()]
+
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            weights += [flat(attn.q_proj, attn.k_proj, attn.v_proj), flat(attn.o_proj)]
+            weights += [flat(mlp.gate_proj, mlp.up_proj), flat(mlp.down_proj)]
+            widths.add((attn.q_proj.out_features, attn.k_proj.out_features, mlp.gate_proj.out_features))
+            if attn.k_proj.out_features != attn.v_proj.out_features or (
+                mlp.gate_proj.out_features != mlp.up_proj.out_features
+            ):
+                raise ValueError("keys and values, or gate and up, of different widths")
+        weights.append(flat(self.model.lm_head))
+        self._types = types
+        self._parts, self._parts_version = [], 0  # a GGUF layer never changes its blocks
+        self._changes = (Fp16Linear.changes, Q8Linear.changes)
+        if len(eps) != 1 or len(widths) != 1 or type(inner.embed_tokens) is not GgufEmbedding:
+            raise ValueError("layers of different shapes or epsilons, or an embedding not from the file")
         return norms, weights, widths.pop(), eps.pop()
 
     def _collect_norms(self, eps: set[float]) -> list[torch.Tensor]:
@@ -277,9 +316,11 @@ class NativeDecode:
             norms, weights, (q_size, kv_size, intermediate), eps = self._collected
             make = built.q8_stepper if self.kind == "q8" else built.Stepper
             try:
-                step = make(
-                    norms, weights, self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling)
-                )
+                shape = (self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling))
+                if self.kind == "gguf":
+                    step = built.gguf_stepper(norms, weights, self._types, *shape)
+                else:
+                    step = make(norms, weights, *shape)
                 if self._head_norms:
                     step.set_head_norms(self._head_norms)
                 if self._output_norms:
@@ -313,7 +354,7 @@ class NativeDecode:
         with tables of their own: Gemma 3), from a table kept while the rotary module is."""
         rotary = self.model.model.rotary_emb
         kinds, _ = self._rope_kinds()
-        like = self.model.model.embed_tokens.weight[:1][None]
+        like = torch.empty((1, 1, 1), dtype=torch.float32)  # the tables' dtype (every step model is float32)
 
         def tables(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             pairs = [rotary(like, positions) if k is None else rotary(like, positions, k) for k in kinds]
@@ -335,10 +376,12 @@ class NativeDecode:
         cos, sin = self._rotary[1][..., past : past + n, :], self._rotary[2][..., past : past + n, :]
         return (cos, sin) if len(kinds) == 1 else (cos.contiguous(), sin.contiguous())
 
-    def _embedding(self) -> tuple[torch.Tensor, float] | None:
+    def _embedding(self) -> tuple[Any, float] | None:
         """The embedding's weight and the scale its module multiplies rows by (Gemma's sqrt(hidden), in the
         weight's dtype as its module multiplies; else 1); None for an embedding the step does not know."""
         embed = self.model.model.embed_tokens
+        if type(embed) is GgufEmbedding:
+            return embed, 1.0  # rows looked up by rows_batch (the blocks stay in the file)
         weight = embed.weight
         if weight.dtype != torch.float32 or not weight.is_contiguous():
             return None
@@ -376,6 +419,11 @@ class NativeDecode:
         if step is None or self._collected is None or embedded is None:
             return None
         embedding, scale = embedded
+        if type(embedding) is GgufEmbedding:  # the step reads row k for id k: the rows of these ids, in order
+            rows = embedding.rows(torch.tensor([t for tokens, _, _ in items for t in tokens]))
+            embedding, positions = rows, iter(range(rows.shape[0]))
+        else:
+            positions = None
         head_dim = self.fast.head_dim
         kv_heads = self._collected[2][1] // head_dim
         ids, coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], [], []
@@ -385,7 +433,7 @@ class NativeDecode:
             cos, sin = self._cos_sin(past, n)
             like = embedding.new_empty(1, kv_heads, n, head_dim)  # shaped as the keys written
             bufs = [layer.reserve(n, like) for layer in layers]
-            ids.extend(tokens)
+            ids.extend(tokens if positions is None else [next(positions) for _ in tokens])
             coss.append(cos)
             sins.append(sin)
             keys.append([b.keys for b in bufs])

@@ -58,6 +58,11 @@ log = logging.getLogger(__name__)
 
 ENABLED = os.environ.get("BRISK_NATIVE", "1") != "0"
 SOURCE = Path(__file__).with_name("native_step.cpp")
+# the step and the GGUF block families it reads (one file each: gguf_blocks.h says which), compiled together
+SOURCES = [SOURCE] + [
+    Path(__file__).with_name(f"gguf_{part}.cpp") for part in ("product", "blocks", "legacy", "kquants", "float")
+]
+HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_product.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs serially without it
 RECORD = "brisk-verified.json"  # beside the library: its sha256 after a test load passed
 BUILD_LOCK = "brisk-build.lock"  # in the build folder, held by the child that builds or tests
@@ -93,7 +98,8 @@ def _cpu_flags() -> str:
 def build_name() -> str:
     """The extension's name: the source, torch's version, the flags and this CPU's instruction set, hashed."""
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()):
+    code = [path.read_bytes() for path in (*SOURCES, *HEADERS)]
+    for part in (*code, torch.__version__.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()):
         digest.update(part)
         digest.update(b"\0")
     return f"brisk_step_{digest.hexdigest()[:16]}"
@@ -207,7 +213,7 @@ def _child(mode: str, folder_text: str, name: str) -> int:
 
                 stage = f"build with {os.environ.get('CXX') or 'c++'}"
                 loaded = load(
-                    name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+                    name=name, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
                 )
             if not callable(getattr(loaded, "Stepper", None)) or Path(loaded.__file__) != so:
                 raise NativeError(f"{so} is not the native decode step (no Stepper)")

@@ -44,6 +44,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "gguf_blocks.h"
+#include "gguf_product.h"
+
 namespace {
 
 constexpr int LANES = 16;
@@ -667,6 +670,32 @@ class Stepper {
     return step;
   }
 
+  // A GGUF file's blocks as they are: ``projections`` as above, each a flat list of (weights, bias)
+  // parts with one ggml type a part in ``types`` (see gguf_product.h).
+  static Stepper gguf(std::vector<at::Tensor> norms, const std::vector<std::vector<at::Tensor>>& projections,
+                      const std::vector<std::vector<int64_t>>& types, int64_t head_dim, int64_t q_size,
+                      int64_t kv_size, int64_t intermediate, double eps, double scaling) {
+    Stepper step(std::move(norms), head_dim, q_size, kv_size, intermediate, eps, scaling);
+    TORCH_CHECK(projections.size() == 2 * (step.norms_.size() - 1) + 1 && types.size() == projections.size(),
+                "two norms and four projections a layer, then the final norm and the head");
+    for (size_t i = 0; i < projections.size(); ++i) step.gguf_.push_back(gguf::parts(projections[i], types[i]));
+    const int64_t layers = static_cast<int64_t>(step.norms_.size() / 2);
+    const int64_t width = step.norms_[0].size(0);
+    for (int64_t i = 0; i < layers; ++i) {
+      const int64_t expect_in[4] = {width, q_size, width, intermediate};
+      const int64_t expect_out[4] = {q_size + 2 * kv_size, width, 2 * intermediate, width};
+      for (int k = 0; k < 4; ++k) {
+        int64_t out = 0;
+        for (const auto& p : step.gguf_[4 * i + k]) out += p.out;
+        TORCH_CHECK(step.gguf_[4 * i + k][0].in == expect_in[k] && out == expect_out[k], "GGUF projection of layer ",
+                    i, ": [", out, ", ", step.gguf_[4 * i + k][0].in, "], expected [", expect_out[k], ", ",
+                    expect_in[k], "]");
+      }
+    }
+    TORCH_CHECK(step.gguf_.back()[0].in == width, "GGUF head: its inputs must be the hidden width");
+    return step;
+  }
+
  private:
   Stepper(std::vector<at::Tensor> norms, int64_t head_dim, int64_t q_size, int64_t kv_size, int64_t intermediate,
           double eps, double scaling)
@@ -973,11 +1002,12 @@ class Stepper {
  private:
   at::Tensor linear(const at::Tensor& x, size_t i) const {
     if (!q8_.empty()) return q8_product(x.data_ptr<float>(), x.size(0), q8_[i], x.options());
+    if (!gguf_.empty()) return gguf::product(x, gguf_[i]);
     torch::jit::Stack stack{c10::IValue(x), weights_[i]};
     linear_->callBoxed(&stack);
     return stack[0].toTensor();
   }
-  size_t projections() const { return q8_.empty() ? weights_.size() : q8_.size(); }
+  size_t projections() const { return !q8_.empty() ? q8_.size() : !gguf_.empty() ? gguf_.size() : weights_.size(); }
 
   // h += y [n, width], a projection's output; normed first (in place, a (1 + w) norm) where ``norm`` is given.
   void residual(float* h, const at::Tensor& y, int64_t n, int64_t width, const float* norm) const {
@@ -1015,6 +1045,7 @@ class Stepper {
   float attention_cap_ = 0.f, logit_cap_ = 0.f;   // soft caps (0: none)
   std::vector<c10::IValue> weights_;              // fp16-cpu: fbgemm's packed weights
   std::vector<std::vector<Q8Part>> q8_;          // q8-cpu: each projection's parts
+  std::vector<std::vector<gguf::Part>> gguf_;    // a GGUF file's blocks: each projection's parts
   int64_t head_dim_, q_heads_, kv_heads_, intermediate_;
   float eps_, scaling_;
   std::optional<c10::OperatorHandle> linear_;
@@ -1041,6 +1072,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("base_values") = std::vector<std::vector<at::Tensor>>{},
            py::arg("starts") = std::vector<std::vector<int64_t>>{}, py::call_guard<py::gil_scoped_release>());
   m.def("q8_stepper", &Stepper::q8, "A decode step over q8 projections (see Stepper::q8)");
+  m.def("gguf_stepper", &Stepper::gguf, "A decode step over a GGUF file's blocks (see Stepper::gguf)");
+  m.def(
+      "gguf_linear",
+      [](const at::Tensor& x, const std::vector<at::Tensor>& flat, const std::vector<int64_t>& types) {
+        const std::vector<gguf::Part> parts = gguf::parts(flat, types);
+        TORCH_CHECK(x.dim() >= 1 && x.size(-1) == parts[0].in, "gguf_linear: x's last dimension must be ",
+                    parts[0].in);
+        std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+        at::Tensor y = gguf::product(x.reshape({-1, parts[0].in}), parts, true);
+        shape.back() = y.size(1);
+        return y.view(shape);
+      },
+      py::call_guard<py::gil_scoped_release>(),
+      "x [..., in] float32 times GGUF parts [(weights, bias), ...] of types [...] -> [..., sum of outputs]");
+  m.def("gguf_rows", &gguf::rows, py::call_guard<py::gil_scoped_release>(),
+        "(weights [rows, bytes], type, ids) -> those rows as float32 [len(ids), in]");
+  m.def("gguf_dequantize", &gguf::dequantize, py::call_guard<py::gil_scoped_release>(),
+        "(weights [rows, bytes], type) -> float32 [rows, in]");
+  m.def(
+      "gguf_type_info",
+      [](int64_t type) {
+        const gguf::TypeInfo info = gguf::type_info(static_cast<int>(type));
+        return py::make_tuple(info.block, info.bytes, static_cast<int>(info.act));
+      },
+      "ggml type id -> (weights a block, bytes a block, activations: 0 float32, 1 per 32, 2 per 256); block 0: unknown");
   m.def("q8_dequantize", &q8_dequantize, py::call_guard<py::gil_scoped_release>(),
         "q8 parts [(weights, steps, minimums, bias), ...] -> their weights as float32 [sum of outputs, in]");
   m.def("q8_linear", &q8_linear, py::call_guard<py::gil_scoped_release>(),

@@ -1,0 +1,261 @@
+// GGUF's K formats: super-blocks of 256 weights, sub-blocks of 16 or 32 with packed scales.
+//
+//   Q2_K  84 bytes: scales[16] (4-bit step, 4-bit minimum per 16), qs[64] (2 bits), d, dmin
+//   Q3_K 110 bytes: hmask[32] (third bit), qs[64] (2 bits), scales[12] (16 6-bit steps, -32), d
+//   Q4_K 144 bytes: d, dmin, scales[12] (8 6-bit steps and 8 6-bit minimums), qs[128] (nibbles)
+//   Q5_K 176 bytes: d, dmin, scales[12] as Q4_K, qh[32] (fifth bit), qs[128]
+//   Q6_K 210 bytes: ql[128] (low 4 bits), qh[64] (high 2 bits), scales[16] (int8 per 16), d
+//
+// Weights are w = d * step * q - dmin * minimum (Q2_K, Q4_K, Q5_K) or d * step * (q - offset) (Q3_K: 4,
+// where its third bit is clear; Q6_K: 32).  Q4_K, Q5_K and Q6_K multiply activations quantized per
+// 256 (Act256) with AVX2's integer products: within a super-block exact in int32, the minimums through
+// the activations' 16-input sums; across super-blocks in eight float lanes.  Q2_K and Q3_K (and every
+// K format on a CPU without AVX2) de-quantize a super-block at a time and multiply the float32 inputs.
+#include <cstring>
+
+#include "gguf_blocks.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GGUF_AVX2 1
+#endif
+
+namespace gguf {
+namespace {
+
+inline float h16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return half_to_float(v);
+}
+
+// Q4_K's and Q5_K's eight 6-bit steps and minimums from their 12 bytes
+inline void steps_and_minimums(const uint8_t* s, uint8_t* step, uint8_t* minimum) {
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      step[j] = s[j] & 63;
+      minimum[j] = s[j + 4] & 63;
+    } else {
+      step[j] = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+      minimum[j] = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+  }
+}
+
+void dequantize_q2k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* q = b + 16;
+  const float d = h16(b + 80), dmin = h16(b + 82);
+  int is = 0;
+  for (int half = 0; half < 2; ++half, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2) {
+      for (int part = 0; part < 2; ++part) {
+        const uint8_t sc = scales[is++];
+        const float dl = d * static_cast<float>(sc & 0x0F), ml = dmin * static_cast<float>(sc >> 4);
+        for (int l = 0; l < 16; ++l) *y++ = dl * static_cast<float>((q[l + 16 * part] >> shift) & 3) - ml;
+      }
+    }
+  }
+}
+
+void dequantize_q3k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* q = b + 32;
+  const uint8_t* packed = b + 96;
+  const float d = h16(b + 108);
+  int8_t scales[16];
+  for (int j = 0; j < 16; ++j) {  // low 4 bits from bytes 0-7, high 2 bits from bytes 8-11
+    const int low = j < 8 ? (packed[j] & 0x0F) : (packed[j - 8] >> 4);
+    const int high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+    scales[j] = static_cast<int8_t>((low | (high << 4)) - 32);
+  }
+  int is = 0;
+  uint8_t m = 1;
+  for (int half = 0; half < 2; ++half, q += 32) {
+    for (int shift = 0; shift < 8; shift += 2, m <<= 1) {
+      for (int part = 0; part < 2; ++part) {
+        const float dl = d * static_cast<float>(scales[is++]);
+        for (int l = 0; l < 16; ++l) {
+          const int k = l + 16 * part;
+          const int v = ((q[k] >> shift) & 3) - ((hmask[k] & m) ? 0 : 4);
+          *y++ = dl * static_cast<float>(v);
+        }
+      }
+    }
+  }
+}
+
+void dequantize_q45k(const uint8_t* b, float* y, bool five) {
+  const float d = h16(b), dmin = h16(b + 2);
+  uint8_t step[8], minimum[8];
+  steps_and_minimums(b + 4, step, minimum);
+  const uint8_t* qh = b + 16;
+  const uint8_t* q = five ? b + 48 : b + 16;
+  for (int p = 0; p < 4; ++p, q += 32) {
+    for (int part = 0; part < 2; ++part) {
+      const int j = 2 * p + part;
+      const float dl = d * static_cast<float>(step[j]), ml = dmin * static_cast<float>(minimum[j]);
+      for (int l = 0; l < 32; ++l) {
+        int v = part ? (q[l] >> 4) : (q[l] & 0x0F);
+        if (five) v |= ((qh[l] >> j) & 1) << 4;
+        *y++ = dl * static_cast<float>(v) - ml;
+      }
+    }
+  }
+}
+
+void dequantize_q6k(const uint8_t* b, float* y) {
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = h16(b + 208);
+  for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+      y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+      y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+      y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+    }
+  }
+}
+
+int block_bytes(int type) {
+  switch (type) {
+    case Q2_K: return 84;
+    case Q3_K: return 110;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    default: return 210;  // Q6_K
+  }
+}
+
+void dequantize_block(int type, const uint8_t* b, float* y) {
+  switch (type) {
+    case Q2_K: dequantize_q2k(b, y); break;
+    case Q3_K: dequantize_q3k(b, y); break;
+    case Q4_K: dequantize_q45k(b, y, false); break;
+    case Q5_K: dequantize_q45k(b, y, true); break;
+    default: dequantize_q6k(b, y); break;
+  }
+}
+
+// A row through float32: each super-block de-quantized, then multiplied in 16 fixed lanes.
+float dot_float(int type, const uint8_t* w, const float* x, int64_t n) {
+  const int bytes = block_bytes(type);
+  float acc[16] = {0};
+  alignas(32) float y[256];
+  for (int64_t i = 0; i < n / 256; ++i, w += bytes, x += 256) {
+    dequantize_block(type, w, y);
+    for (int j = 0; j < 256; j += 16)
+      for (int k = 0; k < 16; ++k) acc[k] += y[j + k] * x[j + k];
+  }
+  float s = 0.f;
+  for (float v : acc) s += v;
+  return s;
+}
+
+#ifdef GGUF_AVX2
+inline float hsum(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
+inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_K and Q5_K: sum over sub-blocks of step * sum(q * a), minus dmin * sum of minimum * the sub-block's inputs
+float dot_q45k(const uint8_t* w, const Act256* a, int64_t n, bool five) {
+  const int bytes = five ? 176 : 144;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  float minimums = 0.f;
+  for (int64_t i = 0; i < n / 256; ++i, w += bytes, ++a) {
+    uint8_t step[8], minimum[8];
+    steps_and_minimums(w + 4, step, minimum);
+    int32_t msum = 0;
+    for (int j = 0; j < 8; ++j) msum += minimum[j] * (a->sums[2 * j] + a->sums[2 * j + 1]);
+    const uint8_t* q = five ? w + 48 : w + 16;
+    const __m256i high = five ? load(w + 16) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i bits = load(q + 32 * p);
+      __m256i lo = _mm256_and_si256(bits, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+      if (five) {
+        const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
+        const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
+        const __m256i sixteen = _mm256_set1_epi8(16);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
+      }
+      const __m256i plo = _mm256_maddubs_epi16(lo, load(a->q + 64 * p));
+      const __m256i phi = _mm256_maddubs_epi16(hi, load(a->q + 64 * p + 32));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(step[2 * p])));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(step[2 * p + 1])));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * h16(w)), _mm256_cvtepi32_ps(sumi), acc);
+    minimums += a->d * h16(w + 2) * static_cast<float>(msum);
+  }
+  return hsum(acc) - minimums;
+}
+
+// Q6_K: sum over 16-weight runs of scale * sum((q - 32) * a), (q - 32) * a as q * a - 32 * a
+float dot_q6k(const uint8_t* w, const Act256* a, int64_t n) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
+  const __m256i m32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 256; ++i, w += 210, ++a) {
+    const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* ql = w + 64 * half;
+      const __m256i l1 = load(ql), l2 = load(ql + 32), h = load(w + 128 + 32 * half);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l2, low4),
+                             _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                             _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
+                             _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i x = load(a->q + 128 * half + 32 * k);
+        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], x), _mm256_maddubs_epi16(m32, x));
+        const int s = 8 * half + 2 * k;
+        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * h16(w + 208)), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum(acc);
+}
+#endif
+
+}  // namespace
+
+namespace kquants {
+
+void dequantize(int type, const uint8_t* w, float* y, int64_t n) {
+  const int bytes = block_bytes(type);
+  for (int64_t i = 0; i < n / 256; ++i) dequantize_block(type, w + i * bytes, y + 256 * i);
+}
+
+float dot(int type, const uint8_t* w, const float* x, const Act256* a, int64_t n) {
+#ifdef GGUF_AVX2
+  if (a != nullptr) {
+    if (type == Q4_K || type == Q5_K) return dot_q45k(w, a, n, type == Q5_K);
+    if (type == Q6_K) return dot_q6k(w, a, n);
+  }
+#else
+  (void)a;
+#endif
+  return dot_float(type, w, x, n);
+}
+
+}  // namespace kquants
+}  // namespace gguf

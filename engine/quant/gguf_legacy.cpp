@@ -1,0 +1,175 @@
+// GGUF's blocks of 32 weights with one float16 step (ggml's "legacy" formats and IQ4_NL).
+//
+//   Q4_0   18 bytes: d, 16 bytes of nibbles          w = d * (q - 8)
+//   Q4_1   20 bytes: d, m, 16 bytes of nibbles       w = d * q + m
+//   Q5_0   22 bytes: d, 4 bytes of fifth bits, nibbles  w = d * (q - 16)
+//   Q5_1   24 bytes: d, m, fifth bits, nibbles       w = d * q + m
+//   Q8_0   34 bytes: d, 32 int8                      w = d * q
+//   IQ4_NL 18 bytes: d, nibbles indexing 16 levels   w = d * LEVELS[q]
+//
+// Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble; Q5's fifth bit of weight
+// j is bit j of the 32-bit word after the step(s).  The dot products take activations quantized per
+// 32 (Act32): sum over a block of d_w * d_a * sum(q_w * q_a), plus m * s_a where the format has a
+// minimum.  The integer sums are exact; the AVX2 path and plain C++ add the blocks in the same eight
+// float lanes, and differ only where one rounds a fused multiply-add the other rounds twice.
+#include "gguf_blocks.h"
+
+#include <cstring>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define GGUF_AVX2 1
+#endif
+
+namespace gguf {
+namespace {
+
+constexpr int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline uint16_t u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The 32 integer weights of a block (before its step and minimum), and where its nibbles start.
+struct Layout {
+  int bytes, nibbles;  // block size; offset of the nibbles (Q8_0: of the int8 weights)
+  bool minimum, fifth;
+};
+
+Layout layout(int type) {
+  switch (type) {
+    case Q4_0: return {18, 2, false, false};
+    case Q4_1: return {20, 4, true, false};
+    case Q5_0: return {22, 6, false, true};
+    case Q5_1: return {24, 8, true, true};
+    case Q8_0: return {34, 2, false, false};
+    default: return {18, 2, false, false};  // IQ4_NL
+  }
+}
+
+// q[0..31] as the integers the step multiplies (offsets applied: Q4_0 -8, Q5_0 -16, IQ4_NL's levels)
+inline void block_ints(int type, const uint8_t* b, int8_t* q) {
+  const Layout l = layout(type);
+  const uint8_t* nib = b + l.nibbles;
+  if (type == Q8_0) {
+    std::memcpy(q, nib, 32);
+    return;
+  }
+  const uint32_t high = l.fifth ? u32(b + l.nibbles - 4) : 0u;
+  for (int j = 0; j < 16; ++j) {
+    int lo = nib[j] & 0x0F, hi = nib[j] >> 4;
+    if (l.fifth) {
+      lo |= ((high >> j) & 1u) << 4;
+      hi |= ((high >> (j + 16)) & 1u) << 4;
+    }
+    switch (type) {
+      case Q4_0: lo -= 8; hi -= 8; break;
+      case Q5_0: lo -= 16; hi -= 16; break;
+      case IQ4_NL: lo = IQ4_LEVELS[lo]; hi = IQ4_LEVELS[hi]; break;
+      default: break;
+    }
+    q[j] = static_cast<int8_t>(lo);
+    q[j + 16] = static_cast<int8_t>(hi);
+  }
+}
+
+#ifdef GGUF_AVX2
+inline float hsum(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
+}
+// 16 bytes of nibbles -> 32 bytes: low nibbles, then high nibbles
+inline __m256i nibbles32(const uint8_t* p) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i both = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+// 32 bits -> 32 bytes, 0xFF where the bit is set
+inline __m256i bits32(const uint8_t* p) {
+  const __m256i shuffle = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(u32(p))), shuffle);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+// sum(w * a) over 32 signed bytes each, as 8 int32 lanes (maddubs wants one unsigned side: |w|, sign moved to a)
+inline __m256i dot32(__m256i w, __m256i a) {
+  const __m256i ua = _mm256_sign_epi8(w, w), sa = _mm256_sign_epi8(a, w);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sa), _mm256_set1_epi16(1));
+}
+// the block's 32 integer weights in a register, as block_ints gives them
+inline __m256i block_ints_avx2(int type, const uint8_t* b) {
+  switch (type) {
+    case Q8_0: return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    case Q4_0: return _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+    case Q4_1: return nibbles32(b + 4);
+    case Q5_0: {  // (q | 0xF0 where the fifth bit is clear) read as int8 is q - 16 there, q + 16 - 16 elsewhere
+      const __m256i clear = _mm256_andnot_si256(bits32(b + 2), _mm256_set1_epi8(static_cast<char>(0xF0)));
+      return _mm256_or_si256(nibbles32(b + 6), clear);
+    }
+    case Q5_1: return _mm256_or_si256(nibbles32(b + 8), _mm256_and_si256(bits32(b + 4), _mm256_set1_epi8(0x10)));
+    default: {  // IQ4_NL: each nibble looks up its level
+      const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS));
+      return _mm256_shuffle_epi8(_mm256_set_m128i(levels, levels), nibbles32(b + 2));
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+namespace legacy {
+
+void dequantize(int type, const uint8_t* w, float* y, int64_t n) {
+  const Layout l = layout(type);
+  int8_t q[32];
+  for (int64_t i = 0; i < n / 32; ++i, w += l.bytes, y += 32) {
+    const float d = half_to_float(u16(w));
+    const float m = l.minimum ? half_to_float(u16(w + 2)) : 0.f;
+    block_ints(type, w, q);
+    for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(q[j]) + m;
+  }
+}
+
+float dot(int type, const uint8_t* w, const Act32* a, int64_t n) {
+  const Layout l = layout(type);
+  const int64_t blocks = n / 32;
+#ifdef GGUF_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  float minimums = 0.f;
+  for (int64_t i = 0; i < blocks; ++i, w += l.bytes) {
+    const __m256i ints = dot32(block_ints_avx2(type, w), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q)));
+    const float d = half_to_float(u16(w)) * a[i].d;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(ints), acc);
+    if (l.minimum) minimums += half_to_float(u16(w + 2)) * a[i].s;
+  }
+  return hsum(acc) + minimums;
+#else
+  // the same sums in the same order as the AVX2 path: 8 lanes of int32, scaled per block into 8 float lanes
+  float lanes[8] = {0};
+  float minimums = 0.f;
+  int8_t q[32];
+  for (int64_t i = 0; i < blocks; ++i, w += l.bytes) {
+    block_ints(type, w, q);
+    const float d = half_to_float(u16(w)) * a[i].d;
+    for (int k = 0; k < 8; ++k) {
+      int32_t s = 0;
+      for (int j = 0; j < 4; ++j) s += static_cast<int32_t>(q[4 * k + j]) * a[i].q[4 * k + j];
+      lanes[k] += d * static_cast<float>(s);
+    }
+    if (l.minimum) minimums += half_to_float(u16(w + 2)) * a[i].s;
+  }
+  const float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+  return s + minimums;
+#endif
+}
+
+}  // namespace legacy
+}  // namespace gguf

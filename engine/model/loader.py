@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -252,6 +253,7 @@ def gguf_runs_as_is(spec: ModelSpec) -> bool:
     return (
         bool(spec.source)
         and spec.source.lower().endswith(".gguf")
+        and Path(spec.source).expanduser().is_file()
         and spec.quant in ("auto", "none", GGUF_AS_IS)
         and spec.device in ("auto", "cpu")
         and spec.dtype in ("auto", "float32")
@@ -264,7 +266,6 @@ def _load_gguf_as_is(spec: ModelSpec, device: torch.device, progress: Progress, 
     path does not run: its reason is logged and kept in ``info["gguf_as_is"]`` of the converted model)."""
     if not gguf_runs_as_is(spec):
         return None
-    from pathlib import Path
 
     from engine.model import gguf_model
     from engine.model.source import check_gguf, ollama_name

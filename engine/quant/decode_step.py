@@ -420,8 +420,8 @@ class NativeDecode:
             return None
         embedding, scale = embedded
         if type(embedding) is GgufEmbedding:  # the step reads row k for id k: the rows of these ids, in order
-            rows = embedding.rows(torch.tensor([t for tokens, _, _ in items for t in tokens]))
-            embedding, positions = rows, iter(range(rows.shape[0]))
+            looked_up = embedding.rows(torch.tensor([t for tokens, _, _ in items for t in tokens]))
+            embedding, positions = looked_up, iter(range(looked_up.shape[0]))
         else:
             positions = None
         head_dim = self.fast.head_dim

@@ -30,6 +30,8 @@ class GgufLinear(nn.Module):
     def __init__(self, blocks: torch.Tensor, kind: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features, self.kind = in_features, int(blocks.shape[0]), kind
+        self.blocks: torch.Tensor
+        self.bias: torch.Tensor | None
         self.register_buffer("blocks", blocks, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
         self.has_bias = bias is not None
@@ -57,6 +59,7 @@ class GgufEmbedding(nn.Module):
     def __init__(self, blocks: torch.Tensor, kind: int, width: int) -> None:
         super().__init__()
         self.kind, self.num_embeddings, self.embedding_dim = kind, int(blocks.shape[0]), width
+        self.blocks: torch.Tensor
         self.register_buffer("blocks", blocks, persistent=False)
         # shaped as the embedding's weight (its dtype, device and size), holding nothing
         self.weight = torch.empty((self.num_embeddings, width), dtype=torch.float32, device="meta")

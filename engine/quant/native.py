@@ -213,7 +213,11 @@ def _child(mode: str, folder_text: str, name: str) -> int:
 
                 stage = f"build with {os.environ.get('CXX') or 'c++'}"
                 loaded = load(
-                    name=name, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False
+                    name=name,
+                    sources=[str(s) for s in SOURCES],
+                    extra_cflags=FLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    verbose=False,
                 )
             if not callable(getattr(loaded, "Stepper", None)) or Path(loaded.__file__) != so:
                 raise NativeError(f"{so} is not the native decode step (no Stepper)")

@@ -29,6 +29,7 @@ SOURCE_NAMES = {
 }
 SOURCES = ("bundled", "huggingface", "lmstudio", "gpt4all", "jan", "ollama", "folder")  # engine.library.scan's order
 MODE = "fp16-cpu"
+AS_IS = "gguf"  # a GGUF file Brisk runs on its own blocks: its memory as it is (engine.model.headers.AS_IS)
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,12 @@ def speed_cell(entry: Any) -> str:
 
 
 def memory_cell(entry: Any) -> str:
-    need = dict(getattr(entry, "memory_bytes", {}) or {}).get(MODE, 0)
+    needs = dict(getattr(entry, "memory_bytes", {}) or {})
+    mode = AS_IS if AS_IS in needs else MODE
+    need = needs.get(mode, 0)
     if not need:
         return "unknown"
-    fits = MODE in (getattr(entry, "fits", ()) or ())
+    fits = mode in (getattr(entry, "fits", ()) or ())
     return size_text(need) + ("" if fits else " (too big)")
 
 

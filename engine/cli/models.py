@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli.common import EXIT_MODEL, EXIT_REQUEST, fail
+from engine.model.headers import AS_IS, headline_mode
 from engine.storage import Settings
 
 
@@ -142,12 +143,14 @@ def _table(library: Any, settings: Settings) -> None:
         print("No models found. `brisk models pull REPO` downloads one; `brisk models add FOLDER` adds a folder.")
         return
     in_use = settings.model
-    rows = [("", "Name", "Found in", "Arch", "Params", "Format", "Size", "Needs (fp16)", "Fast path")]
+    rows = [("", "Name", "Found in", "Arch", "Params", "Format", "Size", "Needs", "Fast path")]
     notes = []
     for entry in library.entries:
         mark = "*" if (entry.path == in_use or (not in_use and entry.source == "bundled")) else ""
-        need = entry.memory_bytes.get("fp16-cpu", 0)
-        fits = "" if not need else (" ok" if "fp16-cpu" in entry.fits else " too big")
+        mode = headline_mode(entry.memory_bytes)  # the file as it is (a GGUF Brisk runs on its blocks), or fp16
+        need = entry.memory_bytes.get(mode, 0)
+        fits = "" if not need else (" ok" if mode in entry.fits else " too big")
+        fits += f" ({'as is' if mode == AS_IS else 'fp16'})" if need else ""
         fast = "fast + native" if entry.native_step else "fast" if entry.fast_path else "slow"
         if entry.problem:
             fast = "cannot load"

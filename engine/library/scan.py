@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.datafiles import StateError, load_state
-from engine.model.headers import Facts, HeaderError, available_memory, describe, memory_needs, ollama_models
+from engine.model.headers import AS_IS, Facts, HeaderError, available_memory, describe, memory_needs, ollama_models
 from engine.paths import atomic_write, cache_dir
 
 log = logging.getLogger("brisk.library")
@@ -326,6 +326,8 @@ def _fill(entry: ModelEntry, facts: Facts, free: int) -> None:
     )
     entry.problem = facts.problem
     entry.memory_bytes = memory_needs(facts)
+    if entry.source == "bundled":  # the bundled file loads converted (engine.model.loader.gguf_runs_as_is)
+        entry.memory_bytes.pop(AS_IS, None)
     entry.fits = [mode for mode, need in entry.memory_bytes.items() if not free or need <= free]
     if entry.memory_bytes and not entry.fits and not entry.problem:
         least = min(entry.memory_bytes.values())

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.model.headers import AS_IS_RUNTIME_BYTES
 from engine.model.source import ModelLoadError
+from engine.model.support import GGUF_AS_IS
 from engine.quant.gguf_layers import TYPES, GgufEmbedding, GgufLinear, dequantize
 
 log = logging.getLogger(__name__)
@@ -42,10 +44,10 @@ log = logging.getLogger(__name__)
 BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           20: (32, 18), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # fmt: skip
 # general.architecture -> whether its query and key rows were permuted by llama.cpp's converter
-ARCHITECTURES = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
+ARCHITECTURES = GGUF_AS_IS
 # the runtime's own memory beside the weights and KV (torch, transformers, the tokenizer, buffers),
 # measured on both real files (docs/PERFORMANCE.md, "GGUF files as they are")
-RUNTIME_BYTES = 650 * 2**20
+RUNTIME_BYTES = AS_IS_RUNTIME_BYTES
 
 
 class Unsupported(Exception):

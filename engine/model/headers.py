@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.model.support import Support, support, support_for_gguf
+from engine.model.support import GGUF_AS_IS, Support, support, support_for_gguf
 
 # GGUF architectures transformers can read (its GGUF_CONFIG_MAPPING; tests/engine/library checks the list)
 GGUF_READABLE = frozenset(
@@ -64,6 +64,9 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is not one
 RUNTIME_BYTES = 600 << 20  # Python, torch, the window and Brisk's caches, measured as RSS before a model loads
+# a GGUF file run on its blocks: the runtime beside the mapped file (torch, transformers, the tokenizer,
+# buffers), measured as RSS less the file's pages on both real files (docs/PERFORMANCE.md)
+AS_IS_RUNTIME_BYTES = 650 << 20
 KV_CONTEXT = 4096  # the KV cache counted: one conversation of this many tokens, float32
 # Bytes one linear-layer weight takes in each CPU mode (engine.quant.modes); the embedding stays float32
 MODE_BYTES = {"none": 4.0, "fp16-cpu": 2.0, "q8-cpu": 1.25}
@@ -449,12 +452,30 @@ def memory_needs(facts: Facts) -> dict[str, int]:
         needs["q8-cpu"] = int(
             4 * embed + Q4_BYTES * (linear - embed) + MODE_BYTES["q8-cpu"] * embed + kv + RUNTIME_BYTES
         )
+    if runs_as_is(facts):  # the file's blocks mapped as they are: what a load of it takes (listed first)
+        needs = {AS_IS: facts.size_bytes + kv + AS_IS_RUNTIME_BYTES, **needs}
     return needs
+
+
+AS_IS = "gguf"  # memory_needs' key for a GGUF file run on its own blocks
+
+
+def runs_as_is(facts: Facts) -> bool:
+    """Whether Brisk runs this GGUF file on its own blocks (memory-mapped, nothing converted)."""
+    arch = str(facts.config.get("gguf_architecture", facts.architecture))
+    return facts.format == "gguf" and arch in GGUF_AS_IS
+
+
+def headline_mode(needs: dict[str, int]) -> str:
+    """The mode whose memory a table shows: the file as it is where it runs so, else fp16-cpu."""
+    return AS_IS if AS_IS in needs else "fp16-cpu"
 
 
 def load_peak(facts: Facts) -> int:
     """Bytes loading takes at its peak: a GGUF file is read into memory and de-quantized to float32 before
     it is saved and quantized again; a folder's weights are read in float32."""
+    if runs_as_is(facts):
+        return facts.size_bytes + AS_IS_RUNTIME_BYTES  # mapped, not read into memory or converted
     if facts.parameters <= 0:
         return 0
     peak = 4 * facts.parameters + RUNTIME_BYTES

@@ -45,6 +45,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "gemma2": ("gemma2", "Gemma 2"),
     "gemma3_text": ("gemma3", "Gemma 3"),
 }
+# GGUF architectures whose files run on their own blocks (engine.model.gguf_model): the value says whether
+# llama.cpp's converter permuted their query and key rows (put back at load)
+GGUF_AS_IS: dict[str, bool] = {"llama": True, "mistral": True, "qwen2": False, "qwen3": False}
 # Layouts whose decode steps the native step takes (fp16-cpu, q8-cpu): all of them.
 NATIVE_LAYOUTS = ("llama", "qwen3", "phi3", "gemma2", "gemma3")
 # Rotary types whose cos/sin of a position do not depend on the sequence's length.

@@ -53,6 +53,7 @@ SCENARIOS: dict[str, str] = {
     "serve": "engine.bench.serve",
     "documents": "engine.bench.documents",
     "models": "engine.bench.models",
+    "gguf": "engine.bench.gguf",
 }
 
 

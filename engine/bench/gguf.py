@@ -1,0 +1,116 @@
+"""``brisk bench gguf --model FILE``: a GGUF file run on its own blocks, measured as a user meets it.
+
+Each run is a new ``brisk ask`` process on an empty data folder (the first start) and again on
+that folder (a later start), timed from the process's launch: the first token's time, the whole
+reply, the process's peak RSS (``ru_maxrss`` of the child) and the bytes the data folder holds
+afterwards.  Then, in one process, warm greedy replies on held-out prompts, interleaved: decode
+tok/s as installed (speculation ``auto``) and with speculation off, and a prompt of about 500
+tokens' prefill tok/s; ``--draft-model`` adds a row with that draft.  Medians with ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.bench.common import Runner, markdown_table, median
+
+PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a hash map is in three sentences.",
+    "Write a bash one-liner that counts the lines of every .py file in a folder.",
+    "Rename the variable x to total in: def f(x):\n    x = x + 1\n    return x * x",
+]
+LONG = " ".join(f"Item {i}: the parcel to room {i % 17} weighs {i * 3 % 50} kg." for i in range(40))
+
+
+def _ask(model: str, data: str, max_tokens: int) -> dict[str, Any]:
+    """One ``brisk ask`` in a new process: seconds from launch to its first token and to its end, peak RSS."""
+    env = {**os.environ, "BRISK_DATA_DIR": data, "HF_HUB_OFFLINE": "1"}
+    command = [str(Path(sys.executable).with_name("brisk")), "ask", PROMPTS[0], "--model", model, "--json",
+               "--max-tokens", str(max_tokens), "--no-answer-cache"]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    first = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if first is None and '"type": "token"' in line:
+            first = time.perf_counter() - start
+    proc.wait()
+    total = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far (KB)
+    written = sum(p.stat().st_size for p in Path(data).rglob("*") if p.is_file())
+    return {"first": first, "total": total, "rss": rss * 1024 if rss > before else 0, "written": written,
+            "rc": proc.returncode}  # fmt: skip
+
+
+def _speeds(model: str, draft: str, runs: int, max_tokens: int) -> list[list[str]]:
+    from engine.api import Sampling
+
+    runner = Runner(model, quant="auto", draft=draft)
+    modes = ["auto", "off"] + (["draft"] if draft else [])
+    got: dict[str, list[float]] = {m: [] for m in modes}
+    accepted: list[float] = []
+    prefill: list[float] = []
+    try:
+        runner.ask([{"role": "user", "content": "hi"}], 8, speculative="off")  # warm
+        for r in range(runs):
+            for i, prompt in enumerate(PROMPTS):
+                for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:  # take turns going first
+                    done = runner.ask([{"role": "user", "content": f"{prompt} ({r}.{i})"}], max_tokens,
+                                      speculative=mode)  # fmt: skip
+                    got[mode].append(done.metrics.tokens_per_s or 0.0)
+                    if mode == "draft":
+                        accepted.append(done.metrics.acceptance or 0.0)
+            done = runner.client.ask([{"role": "user", "content": f"{LONG} ({r})"}], Sampling(max_tokens=1),
+                                     speculative="off")  # fmt: skip
+            prefill.append(done.metrics.computed_tokens / (done.metrics.prefill_s or float("nan")))
+    finally:
+        runner.close()
+    rows = [[f"decode tok/s, speculation {m}", _spread(v)] for m, v in got.items()]
+    if accepted:
+        rows.append(["draft acceptance", _spread(accepted, "{:.2f}")])
+    rows.append([f"prefill tok/s ({int(done.metrics.computed_tokens)} tokens)", _spread(prefill)])
+    return rows
+
+
+def _spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    good = [v for v in values if v is not None]
+    if not good:
+        return "n/a"
+    return f"{fmt.format(median(good))} ({fmt.format(min(good))}-{fmt.format(max(good))})"
+
+
+def run(args: Any) -> dict[str, Any]:
+    model = str(Path(args.model).expanduser()) if args.model else ""
+    if not model.lower().endswith(".gguf"):
+        print("brisk bench gguf measures a .gguf file: give --model FILE.gguf")
+        return {}
+    runs = max(1, int(args.runs or 3))
+    starts: dict[str, list[dict[str, Any]]] = {"first start (empty data folder)": [], "later start": []}
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="brisk-bench-gguf-") as data:
+            starts["first start (empty data folder)"].append(_ask(model, data, 16))
+            starts["later start"].append(_ask(model, data, 16))
+    body = []
+    for name, results in starts.items():
+        body.append([f"{name}: launch to first token, s", _spread([r["first"] for r in results], "{:.2f}")])
+        body.append([f"{name}: peak RSS, MB", _spread([r["rss"] / 2**20 for r in results], "{:.0f}")])
+    body.append(["written to the data folder, KB", _spread([r["written"] / 1024 for r in starts["later start"]])])
+    body += _speeds(model, getattr(args, "draft_model", "") or "", runs, int(args.max_tokens or 128))
+    size = Path(model).stat().st_size
+    print(f"\n## {Path(model).name} ({size / 2**20:,.0f} MB), {runs} runs\n")
+    print(markdown_table(["measure", "median (range)"], body))
+    result = {"model": model, "rows": body, "starts": starts}
+    out = Path(args.out or "bench/results/gguf.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    return result

@@ -72,3 +72,14 @@ def load_q8(path: Path | str) -> Any:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return quant.quantize_cpu(model, "q8-cpu")
+
+
+def assert_same_rows(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Logits (or keys) of the same rows computed two ways (together and alone, batched and not): equal up to
+    float32 rounding and with the same greedy choices.  Bit for bit where the kernels sum in fixed lanes
+    (the native step's own products); fbgemm's fp16 GEMM on an AVX2 CPU sums one row and several rows in
+    different orders (measured: last-bit differences on an AMD EPYC), so no test asks for bits."""
+    assert a.shape == b.shape
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-4), float((a - b).abs().max())
+    if a.dim() >= 1 and a.shape[-1] > 1:
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -158,7 +158,8 @@ def test_a_mode_whose_decode_steps_disagree_is_not_chosen(tiny_dir: Path, fresh_
     record = load_model(ModelSpec(source=str(tiny_dir), quant="auto")).info["mode_probe"]
     fp16 = record["modes"]["fp16-cpu"]
     assert fp16["paths"]["prompt"] == fp16["paths"]["chunks"] == 1.0 and fp16["paths"]["steps"] == 0.5
-    assert fp16["agreement"] < mode_probe.MIN_AGREEMENT and record["chosen"] == "bfloat16"
+    # the choice falls to another mode (bfloat16 where the CPU multiplies it natively, else float32)
+    assert fp16["agreement"] < mode_probe.MIN_AGREEMENT and record["chosen"] in ("bfloat16", "float32")
     assert record["decode_steps"] == mode_probe.WARM_STEPS + mode_probe.ROUNDS * mode_probe.STEPS
 
 

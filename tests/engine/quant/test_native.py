@@ -18,7 +18,7 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
-from tests.support.tiny import load_fp16, load_q8
+from tests.support.tiny import assert_same_rows, load_fp16, load_q8
 
 # Where no C++ compiler exists the app decodes on the eager path;
 # everywhere else these must pass.
@@ -66,13 +66,14 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
     kv.forward(model, alone, prompt)
     rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
     ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
-    assert rows.shape == ones.shape and torch.equal(rows, ones)
+    assert_same_rows(rows, ones)
     for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert_same_rows(a.keys, b.keys)
+        assert_same_rows(a.values, b.values)
     # the last row only (logits_to_keep=1) is the same row
     last = kv.forward(model, together, [8, 9], decode=True)
     kv.forward(model, alone, [8], decode=True)
-    assert torch.equal(last[-1], kv.forward(model, alone, [9], decode=True)[-1])
+    assert_same_rows(last[-1], kv.forward(model, alone, [9], decode=True)[-1])
 
 
 def test_native_steps_agree_with_the_eager_path(tiny_dir: Path) -> None:
@@ -111,8 +112,8 @@ def test_a_branch_and_a_cropped_cache_decode_as_a_fresh_one(tiny_dir: Path) -> N
     kv.forward(model, fresh, list(range(5, 25)))
     kv.forward(model, fresh, [3, 4], all_logits=True, decode=True)
     expected = kv.forward(model, fresh, [50], decode=True)
-    assert torch.equal(kv.forward(model, state, [50], decode=True), expected)
-    assert torch.equal(kv.forward(model, branch, [50], decode=True), expected)
+    assert_same_rows(kv.forward(model, state, [50], decode=True), expected)
+    assert_same_rows(kv.forward(model, branch, [50], decode=True), expected)
 
 
 @pytest.mark.parametrize("load", [load_fp16, load_q8], ids=["fp16-cpu", "q8-cpu"])
@@ -135,12 +136,12 @@ def test_a_shared_prefix_is_read_in_place_and_decodes_as_a_copy_of_it(tiny_dir: 
     for tokens in ([50], [51, 52, 53], [54]):  # a step, a verification of drafts, a step
         a = kv.forward_many(model, [(shared, tokens, True), (other, [60 + len(tokens)], False)])[0]
         b = kv.forward(model, copied, tokens, all_logits=True, decode=True)
-        assert torch.equal(a, b)
+        assert_same_rows(a, b)
     layer = shared.cache.layers[0]
     assert [p[0].shape[-2] for p in layer.segments()] == [40, 8], "the prefix is read where it is"
     assert layer.buf is not None and layer.buf.start == 40 and layer.buf.capacity <= 8 + kv.MIN_CAPACITY
     assert all(torch.equal(x.keys, y) for x, y in zip(prefix.cache.layers, before, strict=True))
-    assert torch.equal(shared.cache.layers[1].keys, copied.cache.layers[1].keys)
+    assert_same_rows(shared.cache.layers[1].keys, copied.cache.layers[1].keys)
 
 
 def test_prompts_and_other_modes_keep_their_paths(tiny_dir: Path) -> None:

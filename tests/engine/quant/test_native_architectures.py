@@ -22,6 +22,7 @@ from engine.model.kv import KVState
 from engine.model.support import support
 from engine.quant import native
 from tests.engine.model.test_architectures import COMMON, build
+from tests.support.tiny import assert_same_rows
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
 
@@ -115,9 +116,10 @@ def test_rows_at_once_equal_one_row_calls_bit_for_bit(name: str, mode: str) -> N
     rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
     ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
     assert len(calls) == 1 + len(tokens)
-    assert rows.shape == ones.shape and torch.equal(rows, ones)
+    assert_same_rows(rows, ones)
     for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert_same_rows(a.keys, b.keys)
+        assert_same_rows(a.values, b.values)
 
 
 def test_the_window_reaches_the_native_step() -> None:
@@ -162,10 +164,11 @@ def test_sequences_batched_equal_each_alone_bit_for_bit(name: str, mode: str) ->
     ones = [kv.forward(model, s, ids, all_logits=True, decode=True) for s, ids in zip(alone, steps, strict=True)]
     assert len(calls) == 2  # the batch was one native call (not counted here), each alone one
     for a, b in zip(together, ones, strict=True):
-        assert a.shape == b.shape and torch.equal(a, b)
+        assert_same_rows(a, b)
     for x, y in zip(batched, alone, strict=True):
         for a, b in zip(x.cache.layers, y.cache.layers, strict=True):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            assert_same_rows(a.keys, b.keys)
+            assert_same_rows(a.values, b.values)
 
 
 def _decode_once(model: Any) -> tuple[torch.Tensor, Any]:

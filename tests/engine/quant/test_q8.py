@@ -19,7 +19,7 @@ from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
 from engine.quant.kernels import PROMPT_ROWS, Q8Linear, pack4, q8_reference, q8_weights, unpack4
-from tests.support.tiny import load_q8, make_tiny_model
+from tests.support.tiny import assert_same_rows, load_q8, make_tiny_model
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: q8-cpu runs its torch reference")
 
@@ -147,12 +147,13 @@ def test_steps_from_a_gguf_are_kept_in_float16_and_give_the_same_results(kind: s
     levels = unpack4(half.qweight) if half.bits == 4 else half.qweight
     back = levels.float().reshape(outputs, -1, 32) * half.steps.float()[..., None] + half.mins.float()[..., None]
     assert float((back.reshape(outputs, inputs) - lin.weight).abs().max()) <= 1e-6 * float(lin.weight.abs().max())
-    # the same values in float32: the kernel gives the same floats, bit for bit, from fewer bytes
+    # the same values in float32: the kernel gives the same floats from fewer bytes (bit for bit where its
+    # float16 and float32 loops sum alike: AVX-512; AVX2 rounds them apart in the last bit)
     wide = [half.qweight, half.steps.float(), half.mins.float(), half.parts()[3]]
     for rows in (1, 2, 4, 5, 9, PROMPT_ROWS):
         x = torch.randn(rows, inputs) * torch.linspace(0.01, 30, inputs)
         ours = built.q8_linear(x, half.parts())
-        assert torch.equal(ours, built.q8_linear(x, wide))
+        assert_same_rows(ours, built.q8_linear(x, wide))
         reference = q8_reference(x, half.parts())
         assert float((ours - reference).norm() / reference.norm()) < 5e-5
         expected = ours if rows < PROMPT_ROWS else nn.functional.linear(x, built.q8_dequantize(half.parts()), half.bias)

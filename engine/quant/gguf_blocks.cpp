@@ -1,8 +1,7 @@
 // The block families' dispatch and the activations' quantization (see gguf_blocks.h).
 //
-// Activations are quantized as ggml quantizes them for its integer dots: per block, step d =
-// max |x| / 127 and q = round(x / d) (0 for a block of zeros), so the same inputs give the same
-// integers on every CPU.
+// Activations are quantized per block to step d = max |x| / (127 * 128) and q = round(x / d) (0 for a
+// block of zeros), kept as q = 128 hi + lo, so the same inputs give the same integers on every CPU.
 #include <algorithm>
 #include <cmath>
 
@@ -36,36 +35,35 @@ TypeInfo type_info(int type) {
 }
 
 namespace {
-inline float block_step(const float* x, int64_t n) {
+constexpr float LEVELS = 127.f * 128.f;  // |q| at most 127 * 128: hi never -128, whose sign cannot be moved
+
+// One block of n inputs -> its step, and q = round(x / step) as hi * 128 + lo (lo in 0..127); their sum.
+inline float split(const float* x, int64_t n, int8_t* hi, int8_t* lo, int32_t* sums, int run) {
   float top = 0.f;
   for (int64_t j = 0; j < n; ++j) top = std::max(top, std::fabs(x[j]));
-  return top / 127.f;
+  const float d = top / LEVELS, inv = d > 0.f ? 1.f / d : 0.f;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t q = static_cast<int32_t>(std::max(-LEVELS, std::min(LEVELS, std::nearbyint(x[j] * inv))));
+    hi[j] = static_cast<int8_t>(q >> 7);  // floor(q / 128)
+    lo[j] = static_cast<int8_t>(q & 127);
+    sums[j / run] += q;
+  }
+  return d;
 }
 }  // namespace
 
 void quantize_act32(const float* x, Act32* out, int64_t n) {
   for (int64_t i = 0; i < n / 32; ++i, x += 32) {
-    const float d = block_step(x, 32), inv = d > 0.f ? 1.f / d : 0.f;
-    int32_t s = 0;
-    for (int j = 0; j < 32; ++j) {
-      out[i].q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
-      s += out[i].q[j];
-    }
-    out[i].d = d;
-    out[i].s = d * static_cast<float>(s);
+    int32_t sum = 0;
+    out[i].d = split(x, 32, out[i].hi, out[i].lo, &sum, 32);
+    out[i].s = out[i].d * static_cast<float>(sum);
   }
 }
 
 void quantize_act256(const float* x, Act256* out, int64_t n) {
   for (int64_t i = 0; i < n / 256; ++i, x += 256) {
-    const float d = block_step(x, 256), inv = d > 0.f ? 1.f / d : 0.f;
-    for (int j = 0; j < 256; ++j) out[i].q[j] = static_cast<int8_t>(std::nearbyint(x[j] * inv));
-    for (int r = 0; r < 16; ++r) {
-      int s = 0;
-      for (int j = 0; j < 16; ++j) s += out[i].q[16 * r + j];
-      out[i].sums[r] = static_cast<int16_t>(s);
-    }
-    out[i].d = d;
+    std::fill(out[i].sums, out[i].sums + 16, 0);
+    out[i].d = split(x, 256, out[i].hi, out[i].lo, out[i].sums, 16);
   }
 }
 
@@ -77,11 +75,11 @@ void dequantize_row(int type, const uint8_t* w, float* y, int64_t n) {
   }
 }
 
-float dot(int type, const uint8_t* w, const float* x, const Act32* a32, const Act256* a256, int64_t n) {
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   switch (type_info(type).block) {
-    case 1: return floats::dot(type, w, x, n);
-    case 32: return legacy::dot(type, w, a32, n);
-    default: return kquants::dot(type, w, x, type_info(type).act == Act::Q256 ? a256 : nullptr, n);
+    case 1: floats::dot_rows(type, w, rows, n, out); break;
+    case 32: legacy::dot_rows(type, w, rows, n, out); break;
+    default: kquants::dot_rows(type, w, rows, n, out); break;
   }
 }
 

@@ -8,13 +8,15 @@
 //   gguf_kquants.cpp  Q2_K, Q3_K, Q4_K, Q5_K, Q6_K          super-blocks of 256 with packed sub-block scales
 //   gguf_float.cpp    F32, F16, BF16                         one weight a value
 //
-// Activations (a row of the layer's float32 inputs) are quantized once a projection, as ggml does, to
-// 8 bits with one float32 step per 32 inputs (``Act32``, with the block's sum for formats that add a
-// minimum) or per 256 (``Act256``, with the sums of its sixteen 16-input runs for the K formats'
-// minimums); the integer products are summed exactly in int32 within a block (AVX2's maddubs and
-// madd, else plain C++) and in float32 across blocks.  Formats without an integer path here take the
-// float32 activations and de-quantize a block at a time.  ``dot`` sums in a fixed order whatever the
-// number of rows or threads, so a row's result never depends on what else was computed with it.
+// Activations (a row of the layer's float32 inputs) are quantized once a projection to 15-bit integers
+// with one float32 step per 32 inputs (``Act32``, with the block's sum for formats that add a minimum)
+// or per 256 (``Act256``, with the sums of its sixteen 16-input runs for the K formats' minimums),
+// each kept as two bytes, q = 128 hi + lo with lo in 0..127, so that AVX2's 8-bit products
+// (maddubs) multiply them in two passes: 15 bits keep a decode step's logits as near a float32
+// product's as q8-cpu's (8 bits, as ggml uses, flipped 2 % of a real model's greedy choices).
+// The integer products are exact within a block; blocks add in float32.  ``dot_rows`` decodes each
+// block of a weight row once for up to four rows of activations, and gives every row the same
+// sums in the same order whatever the rows beside it, so a row's result never depends on them.
 #pragma once
 
 #include <cstddef>
@@ -40,15 +42,24 @@ struct TypeInfo {
 // The format of ``type``; ``block`` is 0 for a type this file does not know.
 TypeInfo type_info(int type);
 
-struct Act32 {  // 32 inputs: x ~= d * q; s = d * sum(q) (for formats with a minimum)
+struct Act32 {  // 32 inputs: x ~= d * (128 hi + lo); s = d * sum(128 hi + lo) (for formats with a minimum)
   float d, s;
-  int8_t q[32];
+  int8_t hi[32], lo[32];
 };
 
-struct Act256 {  // 256 inputs: x ~= d * q; sums[i] = sum of q over inputs 16 i .. 16 i + 15
+struct Act256 {  // 256 inputs: x ~= d * (128 hi + lo); sums[i]: of 128 hi + lo over inputs 16 i .. 16 i + 15
   float d;
-  int8_t q[256];
-  int16_t sums[16];
+  int8_t hi[256], lo[256];
+  int32_t sums[16];
+};
+
+constexpr int MAX_ROWS = 4;  // rows of activations a weight block is decoded for at once
+
+struct Rows {  // up to MAX_ROWS rows of one projection's inputs, as the format's dot product reads them
+  int n;
+  const float* x[MAX_ROWS];
+  const Act32* a32[MAX_ROWS];
+  const Act256* a256[MAX_ROWS];
 };
 
 void quantize_act32(const float* x, Act32* out, int64_t n);   // n a multiple of 32
@@ -57,23 +68,43 @@ void quantize_act256(const float* x, Act256* out, int64_t n); // n a multiple of
 // One row of ``n`` weights of ``type`` at ``w`` -> float32 ``y``.
 void dequantize_row(int type, const uint8_t* w, float* y, int64_t n);
 
-// A row of ``n`` weights of ``type`` times one row of activations: ``x`` (float32, always given) and
-// its quantized forms (``a32`` / ``a256``: given where ``type_info(type).act`` asks for them).
-float dot(int type, const uint8_t* w, const float* x, const Act32* a32, const Act256* a256, int64_t n);
+// A row of ``n`` weights of ``type`` at ``w`` times ``rows.n`` rows of activations -> out[0 .. rows.n - 1]:
+// ``rows.x`` (float32, always given) and their quantized forms (``a32`` / ``a256``: given where
+// ``type_info(type).act`` asks for them).
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out);
 
 // The families' own entry points (dispatched by the two above).
 namespace legacy {
 void dequantize(int type, const uint8_t* w, float* y, int64_t n);
-float dot(int type, const uint8_t* w, const Act32* a, int64_t n);
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out);
 }  // namespace legacy
 namespace kquants {
 void dequantize(int type, const uint8_t* w, float* y, int64_t n);
-float dot(int type, const uint8_t* w, const float* x, const Act256* a, int64_t n);
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out);
 }  // namespace kquants
 namespace floats {
 void dequantize(int type, const uint8_t* w, float* y, int64_t n);
-float dot(int type, const uint8_t* w, const float* x, int64_t n);
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out);
 }  // namespace floats
+
+// Where a format has no integer path: ``span`` weights de-quantized at a time (``dequantize(w, y)``, w
+// advanced by ``bytes`` a span) and multiplied by every row's float32 inputs in 16 fixed lanes.
+template <typename Dequantize>
+void float_rows(const uint8_t* w, int span, int bytes, const Rows& rows, int64_t n, float* out, Dequantize dequantize) {
+  float acc[MAX_ROWS][16] = {};
+  alignas(32) float y[256];
+  for (int64_t i = 0; i < n; i += span, w += bytes) {
+    dequantize(w, y);
+    for (int r = 0; r < rows.n; ++r)
+      for (int j = 0; j < span; j += 16)
+        for (int k = 0; k < 16; ++k) acc[r][k] += y[j + k] * rows.x[r][i + j + k];
+  }
+  for (int r = 0; r < rows.n; ++r) {
+    float s = 0.f;
+    for (float v : acc[r]) s += v;
+    out[r] = s;
+  }
+}
 
 // float16 and bfloat16 bits -> float32
 float half_to_float(uint16_t h);

@@ -8,9 +8,10 @@
 //
 // Weights are w = d * step * q - dmin * minimum (Q2_K, Q4_K, Q5_K) or d * step * (q - offset) (Q3_K: 4,
 // where its third bit is clear; Q6_K: 32).  Q4_K, Q5_K and Q6_K multiply activations quantized per
-// 256 (Act256) with AVX2's integer products: within a super-block exact in int32, the minimums through
-// the activations' 16-input sums; across super-blocks in eight float lanes.  Q2_K and Q3_K (and every
-// K format on a CPU without AVX2) de-quantize a super-block at a time and multiply the float32 inputs.
+// 256 (Act256, 15 bits as two bytes) with AVX2's integer products, each half exact in int32 within a
+// super-block (the weights decoded once for every row), the minimums through the activations' 16-input
+// sums; across super-blocks in eight float lanes.  Q2_K and Q3_K (and every K format on a CPU without
+// AVX2) de-quantize a super-block once for every row and multiply the float32 inputs.
 #include <cstring>
 
 #include "gguf_blocks.h"
@@ -144,21 +145,6 @@ void dequantize_block(int type, const uint8_t* b, float* y) {
   }
 }
 
-// A row through float32: each super-block de-quantized, then multiplied in 16 fixed lanes.
-float dot_float(int type, const uint8_t* w, const float* x, int64_t n) {
-  const int bytes = block_bytes(type);
-  float acc[16] = {0};
-  alignas(32) float y[256];
-  for (int64_t i = 0; i < n / 256; ++i, w += bytes, x += 256) {
-    dequantize_block(type, w, y);
-    for (int j = 0; j < 256; j += 16)
-      for (int k = 0; k < 16; ++k) acc[k] += y[j + k] * x[j + k];
-  }
-  float s = 0.f;
-  for (float v : acc) s += v;
-  return s;
-}
-
 #ifdef GGUF_AVX2
 inline float hsum(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -167,50 +153,66 @@ inline float hsum(__m256 v) {
 }
 inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Q4_K and Q5_K: sum over sub-blocks of step * sum(q * a), minus dmin * sum of minimum * the sub-block's inputs
-float dot_q45k(const uint8_t* w, const Act256* a, int64_t n, bool five) {
+// Q4_K and Q5_K: per row, the sub-blocks' step * sum(q * a) (a = 128 hi + lo: two passes of maddubs, each
+// exact in int32), less dmin * each sub-block's minimum * its inputs' sum
+template <int R>
+void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool five) {
   const int bytes = five ? 176 : 144;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  __m256 acc = _mm256_setzero_ps();
-  float minimums = 0.f;
-  for (int64_t i = 0; i < n / 256; ++i, w += bytes, ++a) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  __m256 acc[R];
+  float minimums[R] = {};
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 256; ++i, w += bytes) {
     uint8_t step[8], minimum[8];
     steps_and_minimums(w + 4, step, minimum);
-    int32_t msum = 0;
-    for (int j = 0; j < 8; ++j) msum += minimum[j] * (a->sums[2 * j] + a->sums[2 * j + 1]);
+    const float d = h16(w), dmin = h16(w + 2);
     const uint8_t* q = five ? w + 48 : w + 16;
     const __m256i high = five ? load(w + 16) : _mm256_setzero_si256();
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i hi_sum[R], lo_sum[R];
+    for (int r = 0; r < R; ++r) hi_sum[r] = lo_sum[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
       const __m256i bits = load(q + 32 * p);
-      __m256i lo = _mm256_and_si256(bits, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+      __m256i first = _mm256_and_si256(bits, low4);
+      __m256i second = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
       if (five) {
         const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
         const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
-        const __m256i sixteen = _mm256_set1_epi8(16);
-        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
-        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
+        first = _mm256_or_si256(first, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
+        second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
       }
-      const __m256i plo = _mm256_maddubs_epi16(lo, load(a->q + 64 * p));
-      const __m256i phi = _mm256_maddubs_epi16(hi, load(a->q + 64 * p + 32));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(plo, _mm256_set1_epi16(step[2 * p])));
-      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(phi, _mm256_set1_epi16(step[2 * p + 1])));
+      const __m256i s0 = _mm256_set1_epi16(step[2 * p]), s1 = _mm256_set1_epi16(step[2 * p + 1]);
+      for (int r = 0; r < R; ++r) {
+        const Act256& a = rows.a256[r][i];
+        const int at = 64 * p;
+        hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(first, load(a.hi + at)), s0));
+        hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(second, load(a.hi + at + 32)), s1));
+        lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(first, load(a.lo + at)), s0));
+        lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(second, load(a.lo + at + 32)), s1));
+      }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * h16(w)), _mm256_cvtepi32_ps(sumi), acc);
-    minimums += a->d * h16(w + 2) * static_cast<float>(msum);
+    for (int r = 0; r < R; ++r) {
+      const Act256& a = rows.a256[r][i];
+      int64_t msum = 0;
+      for (int j = 0; j < 8; ++j) msum += static_cast<int64_t>(minimum[j]) * (a.sums[2 * j] + a.sums[2 * j + 1]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(128.f * a.d * d), _mm256_cvtepi32_ps(hi_sum[r]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.d * d), _mm256_cvtepi32_ps(lo_sum[r]), acc[r]);
+      minimums[r] += a.d * dmin * static_cast<float>(msum);
+    }
   }
-  return hsum(acc) - minimums;
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - minimums[r];
 }
 
-// Q6_K: sum over 16-weight runs of scale * sum((q - 32) * a), (q - 32) * a as q * a - 32 * a
-float dot_q6k(const uint8_t* w, const Act256* a, int64_t n) {
+// Q6_K: per row, the 16-weight runs' scale * sum((q - 32) * a), (q - 32) * a as q * a - 32 * a, per half of a
+template <int R>
+void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
   const __m256i m32 = _mm256_set1_epi8(32);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / 256; ++i, w += 210, ++a) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / 256; ++i, w += 210) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i hi_sum[R], lo_sum[R];
+    for (int r = 0; r < R; ++r) hi_sum[r] = lo_sum[r] = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = w + 64 * half;
       const __m256i l1 = load(ql), l2 = load(ql + 32), h = load(w + 128 + 32 * half);
@@ -223,16 +225,39 @@ float dot_q6k(const uint8_t* w, const Act256* a, int64_t n) {
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
                              _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
       for (int k = 0; k < 4; ++k) {
-        const __m256i x = load(a->q + 128 * half + 32 * k);
-        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], x), _mm256_maddubs_epi16(m32, x));
         const int s = 8 * half + 2 * k;
         const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+        for (int r = 0; r < R; ++r) {
+          const Act256& a = rows.a256[r][i];
+          const __m256i xh = load(a.hi + 128 * half + 32 * k), xl = load(a.lo + 128 * half + 32 * k);
+          const __m256i ph = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xh), _mm256_maddubs_epi16(m32, xh));
+          const __m256i pl = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xl), _mm256_maddubs_epi16(m32, xl));
+          hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(ph, scales));
+          lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(pl, scales));
+        }
       }
     }
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(a->d * h16(w + 208)), _mm256_cvtepi32_ps(sumi), acc);
+    const float d = h16(w + 208);
+    for (int r = 0; r < R; ++r) {
+      const float da = rows.a256[r][i].d * d;
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(128.f * da), _mm256_cvtepi32_ps(hi_sum[r]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(da), _mm256_cvtepi32_ps(lo_sum[r]), acc[r]);
+    }
   }
-  return hsum(acc);
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+template <int R>
+bool integer_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+  if (type == Q4_K || type == Q5_K) {
+    rows_q45k<R>(w, rows, n, out, type == Q5_K);
+    return true;
+  }
+  if (type == Q6_K) {
+    rows_q6k<R>(w, rows, n, out);
+    return true;
+  }
+  return false;
 }
 #endif
 
@@ -245,16 +270,20 @@ void dequantize(int type, const uint8_t* w, float* y, int64_t n) {
   for (int64_t i = 0; i < n / 256; ++i) dequantize_block(type, w + i * bytes, y + 256 * i);
 }
 
-float dot(int type, const uint8_t* w, const float* x, const Act256* a, int64_t n) {
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
 #ifdef GGUF_AVX2
-  if (a != nullptr) {
-    if (type == Q4_K || type == Q5_K) return dot_q45k(w, a, n, type == Q5_K);
-    if (type == Q6_K) return dot_q6k(w, a, n);
+  if (rows.a256[0] != nullptr) {
+    bool done = false;
+    switch (rows.n) {
+      case 1: done = integer_rows<1>(type, w, rows, n, out); break;
+      case 2: done = integer_rows<2>(type, w, rows, n, out); break;
+      case 3: done = integer_rows<3>(type, w, rows, n, out); break;
+      default: done = integer_rows<4>(type, w, rows, n, out); break;
+    }
+    if (done) return;
   }
-#else
-  (void)a;
 #endif
-  return dot_float(type, w, x, n);
+  float_rows(w, 256, block_bytes(type), rows, n, out, [type](const uint8_t* b, float* y) { dequantize_block(type, b, y); });
 }
 
 }  // namespace kquants

@@ -9,9 +9,10 @@
 //
 // Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble; Q5's fifth bit of weight
 // j is bit j of the 32-bit word after the step(s).  The dot products take activations quantized per
-// 32 (Act32): sum over a block of d_w * d_a * sum(q_w * q_a), plus m * s_a where the format has a
-// minimum.  The integer sums are exact; the AVX2 path and plain C++ add the blocks in the same eight
-// float lanes, and differ only where one rounds a fused multiply-add the other rounds twice.
+// 32 (Act32, 15 bits as two bytes): over a block d_w * d_a * sum(q_w * (128 hi + lo)), exact in int32
+// (AVX2: |q_w| times hi's sign-moved bytes, lo times q_w, by maddubs), plus m * s_a where the format has
+// a minimum.  The AVX2 path and plain C++ add the blocks in eight float lanes alike, and differ only
+// where one rounds a fused multiply-add the other rounds twice.
 #include "gguf_blocks.h"
 
 #include <cstring>
@@ -99,11 +100,6 @@ inline __m256i bits32(const uint8_t* p) {
   bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
   return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
-// sum(w * a) over 32 signed bytes each, as 8 int32 lanes (maddubs wants one unsigned side: |w|, sign moved to a)
-inline __m256i dot32(__m256i w, __m256i a) {
-  const __m256i ua = _mm256_sign_epi8(w, w), sa = _mm256_sign_epi8(a, w);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(ua, sa), _mm256_set1_epi16(1));
-}
 // the block's 32 integer weights in a register, as block_ints gives them
 inline __m256i block_ints_avx2(int type, const uint8_t* b) {
   switch (type) {
@@ -138,37 +134,67 @@ void dequantize(int type, const uint8_t* w, float* y, int64_t n) {
   }
 }
 
-float dot(int type, const uint8_t* w, const Act32* a, int64_t n) {
+namespace {
+
+template <int R>
+void rows_of(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   const Layout l = layout(type);
   const int64_t blocks = n / 32;
+  float minimums[R] = {};
 #ifdef GGUF_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  float minimums = 0.f;
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < blocks; ++i, w += l.bytes) {
-    const __m256i ints = dot32(block_ints_avx2(type, w), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[i].q)));
-    const float d = half_to_float(u16(w)) * a[i].d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(ints), acc);
-    if (l.minimum) minimums += half_to_float(u16(w + 2)) * a[i].s;
+    const __m256i q = block_ints_avx2(type, w);
+    const __m256i magnitude = _mm256_sign_epi8(q, q);
+    const float dw = half_to_float(u16(w));
+    const float m = l.minimum ? half_to_float(u16(w + 2)) : 0.f;
+    for (int r = 0; r < R; ++r) {
+      const Act32& a = rows.a32[r][i];
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.hi));
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lo));
+      const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(hi, q)), ones);
+      const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones);
+      const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(ph, 7), pl);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(sum), acc[r]);
+      if (l.minimum) minimums[r] += m * a.s;
+    }
   }
-  return hsum(acc) + minimums;
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + minimums[r];
 #else
-  // the same sums in the same order as the AVX2 path: 8 lanes of int32, scaled per block into 8 float lanes
-  float lanes[8] = {0};
-  float minimums = 0.f;
+  float lanes[R][8] = {};
   int8_t q[32];
   for (int64_t i = 0; i < blocks; ++i, w += l.bytes) {
     block_ints(type, w, q);
-    const float d = half_to_float(u16(w)) * a[i].d;
-    for (int k = 0; k < 8; ++k) {
-      int32_t s = 0;
-      for (int j = 0; j < 4; ++j) s += static_cast<int32_t>(q[4 * k + j]) * a[i].q[4 * k + j];
-      lanes[k] += d * static_cast<float>(s);
+    const float dw = half_to_float(u16(w));
+    const float m = l.minimum ? half_to_float(u16(w + 2)) : 0.f;
+    for (int r = 0; r < R; ++r) {
+      const Act32& a = rows.a32[r][i];
+      for (int k = 0; k < 8; ++k) {
+        int32_t s = 0;
+        for (int j = 4 * k; j < 4 * k + 4; ++j) s += static_cast<int32_t>(q[j]) * (128 * a.hi[j] + a.lo[j]);
+        lanes[r][k] += dw * a.d * static_cast<float>(s);
+      }
+      if (l.minimum) minimums[r] += m * a.s;
     }
-    if (l.minimum) minimums += half_to_float(u16(w + 2)) * a[i].s;
   }
-  const float s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-  return s + minimums;
+  for (int r = 0; r < R; ++r) {
+    const float* v = lanes[r];
+    out[r] = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])) + minimums[r];
+  }
 #endif
+}
+
+}  // namespace
+
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+  switch (rows.n) {
+    case 1: rows_of<1>(type, w, rows, n, out); break;
+    case 2: rows_of<2>(type, w, rows, n, out); break;
+    case 3: rows_of<3>(type, w, rows, n, out); break;
+    default: rows_of<4>(type, w, rows, n, out); break;
+  }
 }
 
 }  // namespace legacy

@@ -96,6 +96,7 @@ at::Tensor product(const at::Tensor& x_in, const std::vector<Part>& parts, bool 
   const int64_t row_bytes = parts[0].w.size(1);
   const int64_t grain = std::max<int64_t>(8, 32768 / std::max<int64_t>(1, row_bytes * std::min<int64_t>(n, 4)));
   at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+    float got[MAX_ROWS];
     for (size_t i = 0; i < parts.size(); ++i) {
       const int64_t lo = std::max(begin, starts[i]), hi = std::min(end, starts[i + 1]);
       if (lo >= hi) continue;
@@ -105,11 +106,16 @@ at::Tensor product(const at::Tensor& x_in, const std::vector<Part>& parts, bool 
       const float* bias = p.b.numel() ? p.b.data_ptr<float>() : nullptr;
       for (int64_t o = lo - starts[i]; o < hi - starts[i]; ++o) {
         const uint8_t* wrow = w + o * bytes;
-        for (int64_t r = 0; r < n; ++r) {
-          const Act32* r32 = need32 ? a32.data() + r * (width / 32) : nullptr;
-          const Act256* r256 = need256 ? a256.data() + r * (width / 256) : nullptr;
-          const float v = dot(p.type, wrow, xp + r * width, r32, r256, width);
-          yp[r * total + starts[i] + o] = bias ? v + bias[o] : v;
+        for (int64_t r0 = 0; r0 < n; r0 += MAX_ROWS) {  // each weight block decoded once for up to 4 rows
+          Rows rows{static_cast<int>(std::min<int64_t>(MAX_ROWS, n - r0)), {}, {}, {}};
+          for (int k = 0; k < rows.n; ++k) {
+            const int64_t r = r0 + k;
+            rows.x[k] = xp + r * width;
+            rows.a32[k] = need32 ? a32.data() + r * (width / 32) : nullptr;
+            rows.a256[k] = need256 ? a256.data() + r * (width / 256) : nullptr;
+          }
+          dot_rows(p.type, wrow, rows, width, got);
+          for (int k = 0; k < rows.n; ++k) yp[(r0 + k) * total + starts[i] + o] = bias ? got[k] + bias[o] : got[k];
         }
       }
     }

@@ -55,7 +55,7 @@ def test_each_block_format_reads_as_gguf_reads_it(built: Any, qtype: int) -> Non
     few, many = torch.randn(3, 512), torch.randn(40, 512)  # a decode step's rows; a prompt's
     want_few, want_many = few @ exact.T + parts[1], many @ exact.T + parts[1]
     got_few, got_many = built.gguf_linear(few, parts, [qtype]), built.gguf_linear(many, parts, [qtype])
-    assert float((got_few - want_few).norm() / want_few.norm()) < 0.02  # activations in 8 bits a block
+    assert float((got_few - want_few).norm() / want_few.norm()) < 2e-4  # activations in 15 bits a block
     assert torch.allclose(got_many, want_many, rtol=1e-4, atol=1e-4)  # float32 tiles, torch's GEMM
     alone = torch.cat([built.gguf_linear(few[i : i + 1], parts, [qtype]) for i in range(3)])
     assert torch.equal(alone, got_few), "a row's result does not depend on the rows beside it"
@@ -115,9 +115,7 @@ def test_a_tiny_gguf_runs_on_its_blocks_with_the_references_logits(
             steps.append(kv.forward(loaded.model, state, [token], decode=True)[-1])
     decoded = torch.stack(steps)
     assert float((prompt.argmax(-1) == want.argmax(-1)).float().mean()) >= 0.995
-    # decode steps quantize activations to 8 bits a block (as ggml does): near-ties of a random model flip;
-    # measured 0.936-1.0 over these files (the 0.995 needs wider activations: docs/PERFORMANCE.md)
-    assert float((decoded.argmax(-1) == want[1:].argmax(-1)).float().mean()) >= 0.92
+    assert float((decoded.argmax(-1) == want[1:].argmax(-1)).float().mean()) >= 0.995
     assert not (brisk_data_dir / "cache" / "models").exists(), "no converted copy written"
 
 

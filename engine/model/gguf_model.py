@@ -119,7 +119,11 @@ def check(file: GgufFile) -> None:
     if odd:
         raise Unsupported(f"tensor types {', '.join(odd)} are not read by Brisk's block kernels")
     for name, (shape, kind, _) in file.tensors.items():
-        if len(shape) == 2 and shape[1] % BLOCKS[kind][0]:
+        if not shape or min(shape) <= 0:
+            raise ModelLoadError(f"{file.path.name}: tensor {name} has the shape {list(shape)}.")
+        if len(shape) > 2:
+            raise Unsupported(f"tensor {name} has {len(shape)} dimensions")
+        if shape[-1] % BLOCKS[kind][0]:
             raise Unsupported(f"tensor {name}'s rows are not whole blocks")
 
 
@@ -142,20 +146,27 @@ def predict_bytes(file: GgufFile, context: int) -> dict[str, int]:
     """What loading ``file`` will take, before anything is read: the mapped tensors (all of them, since
     a decode step reads every one), the KV cache for ``context`` positions in float32, the runtime."""
     weights = sum(tensor_bytes(s, k) for s, k, _ in file.tensors.values() if k in BLOCKS)
-    layers = int(file.key("block_count", 0) or 0)
-    heads = int(file.key("attention.head_count", 1) or 1)
-    kv_heads = int(file.key("attention.head_count_kv", heads) or heads)
-    hidden = int(file.key("embedding_length", 0) or 0)
-    head_dim = int(file.key("attention.key_length", hidden // max(heads, 1)) or 0)
+    layers = _count(file.key("block_count"), 0)
+    heads = _count(file.key("attention.head_count"), 1) or 1
+    kv_heads = _count(file.key("attention.head_count_kv"), heads) or heads
+    hidden = _count(file.key("embedding_length"), 0)
+    head_dim = _count(file.key("attention.key_length"), hidden // heads)
     kv = 2 * layers * kv_heads * head_dim * context * 4
     return {"weights": weights, "kv": kv, "runtime": RUNTIME_BYTES, "total": weights + kv + RUNTIME_BYTES}
+
+
+def _count(value: Any, default: int) -> int:
+    """A metadata count as a non-negative int (a list, as some files give per layer: its largest); else default."""
+    if isinstance(value, list):
+        value = max((v for v in value if isinstance(v, int)), default=default)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 CHECK_CONTEXT = 4096  # positions of KV a load must have room for (the KV grows with a chat, up to the context)
 
 
 def context_of(file: GgufFile) -> int:
-    return int(file.key("context_length", 0) or 0) or 2048
+    return _count(file.key("context_length"), 0) or 2048
 
 
 def check_memory(file: GgufFile) -> None:

@@ -135,7 +135,72 @@ int block_bytes(int type) {
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+// 32 bytes of small integers -> y[0..31] = dl * q - ml (the same float32 operations as the plain loops)
+inline void scaled32(__m256i q, float dl, float ml, float* y) {
+  alignas(32) uint8_t bytes[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q);
+  const __m256 d = _mm256_set1_ps(dl), m = _mm256_set1_ps(ml);
+  for (int k = 0; k < 4; ++k) {
+    const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * k)));
+    _mm256_storeu_ps(y + 8 * k, _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(wide)), m));
+  }
+}
+
+void dequantize_q45k_avx2(const uint8_t* b, float* y, bool five) {
+  const float d = h16(b), dmin = h16(b + 2);
+  uint8_t step[8], minimum[8];
+  steps_and_minimums(b + 4, step, minimum);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  const __m256i high = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)) : _mm256_setzero_si256();
+  const uint8_t* q = five ? b + 48 : b + 16;
+  for (int p = 0; p < 4; ++p, q += 32, y += 64) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+    __m256i first = _mm256_and_si256(bits, low4), second = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+    if (five) {
+      const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
+      const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
+      first = _mm256_or_si256(first, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
+      second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
+    }
+    scaled32(first, d * static_cast<float>(step[2 * p]), dmin * static_cast<float>(minimum[2 * p]), y);
+    scaled32(second, d * static_cast<float>(step[2 * p + 1]), dmin * static_cast<float>(minimum[2 * p + 1]), y + 32);
+  }
+}
+
+void dequantize_q6k_avx2(const uint8_t* b, float* y) {
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = h16(b + 208);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), m32 = _mm256_set1_epi8(32);
+  for (int half = 0; half < 2; ++half, y += 128) {
+    const uint8_t* ql = b + 64 * half;
+    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i l2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
+    __m256i q[4];
+    q[0] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l2, low4), _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
+                           _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+    for (int k = 0; k < 4; ++k) {
+      alignas(32) int8_t v[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_sub_epi8(q[k], m32));
+      for (int j = 0; j < 4; ++j) {  // (d * scale) * (q - 32), as the plain loop
+        const __m256 scale = _mm256_set1_ps(d * static_cast<float>(sc[8 * half + 2 * k + j / 2]));
+        const __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + 8 * j)));
+        _mm256_storeu_ps(y + 32 * k + 8 * j, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(wide)));
+      }
+    }
+  }
+}
+#endif
+
 void dequantize_block(int type, const uint8_t* b, float* y) {
+#if defined(__AVX2__) && defined(__FMA__)
+  if (type == Q4_K || type == Q5_K) return dequantize_q45k_avx2(b, y, type == Q5_K);
+  if (type == Q6_K) return dequantize_q6k_avx2(b, y);
+#endif
   switch (type) {
     case Q2_K: dequantize_q2k(b, y); break;
     case Q3_K: dequantize_q3k(b, y); break;

@@ -59,24 +59,27 @@ at::Tensor product(const at::Tensor& x_in, const std::vector<Part>& parts, bool 
   for (size_t i = 0; i < parts.size(); ++i) starts[i + 1] = starts[i] + parts[i].out;
   const int64_t total = starts.back();
   if (gemm && n >= PROMPT_ROWS) {  // a prompt: tiles of float32 weights, torch's GEMM
-    std::vector<at::Tensor> outs;
-    for (const Part& p : parts) {
-      const int64_t tile = std::max<int64_t>(16, TILE_BYTES / (4 * width));
+    const int64_t tile = std::max<int64_t>(16, TILE_BYTES / (4 * width));
+    at::Tensor buffer = at::empty({tile, width}, x.options());  // one tile's weights, reused: no new pages a tile
+    at::Tensor y = at::empty({n, total}, x.options());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& p = parts[i];
+      const int64_t row_bytes = p.w.size(1);
       for (int64_t o = 0; o < p.out; o += tile) {
         const int64_t rows = std::min(tile, p.out - o);
-        at::Tensor wf = at::empty({rows, width}, x.options());
-        const uint8_t* src = p.w.data_ptr<uint8_t>() + o * p.w.size(1);
-        float* dst = wf.data_ptr<float>();
-        const int64_t row_bytes = p.w.size(1);
+        const uint8_t* src = p.w.data_ptr<uint8_t>() + o * row_bytes;
+        float* dst = buffer.data_ptr<float>();
         at::parallel_for(0, rows, 8, [&](int64_t b, int64_t e) {
           for (int64_t r = b; r < e; ++r) dequantize_row(p.type, src + r * row_bytes, dst + r * width, width);
         });
-        at::Tensor y = at::mm(x, wf.t());
-        if (p.b.numel()) y.add_(p.b.narrow(0, o, rows));
-        outs.push_back(y);
+        at::Tensor out = y.narrow(1, starts[i] + o, rows);
+        if (p.b.numel())
+          out.copy_(at::addmm(p.b.narrow(0, o, rows), x, buffer.narrow(0, 0, rows).t()));
+        else
+          out.copy_(at::mm(x, buffer.narrow(0, 0, rows).t()));
       }
     }
-    return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+    return y;
   }
   bool need32 = false, need256 = false;
   for (const Part& p : parts) {

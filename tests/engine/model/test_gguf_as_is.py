@@ -177,3 +177,23 @@ def test_memory_is_predicted_from_the_file_and_a_model_too_big_is_refused(
     monkeypatch.setattr(headers, "available_memory", lambda: need["weights"])
     with pytest.raises(ModelLoadError, match="needs about .* GB of memory"):
         load_model(ModelSpec(source=str(path)))
+
+
+def test_a_damaged_file_is_refused_with_a_reason_and_nothing_crashes(tmp_path: Path, brisk_data_dir: Path) -> None:
+    from engine.model import gguf_model
+    from engine.model.source import ModelLoadError
+
+    path, _ = tiny_gguf(tmp_path, "qwen2", 12)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: len(data) - 5000])  # the last tensors' blocks missing
+    with pytest.raises(ModelLoadError, match="truncated"):
+        load_model(ModelSpec(source=str(cut)))
+    file = gguf_model.read_header(path)
+    file.metadata["qwen2.block_count"] = "many"  # a value of the wrong type: predicted as unknown, no crash
+    file.metadata["qwen2.attention.head_count"] = [4, 4]
+    assert gguf_model.predict_bytes(file, 100)["kv"] == 0
+    name = next(iter(file.tensors))
+    file.tensors[name] = ((0, 256), 12, file.tensors[name][2])
+    with pytest.raises(ModelLoadError, match="shape"):
+        gguf_model.check(file)

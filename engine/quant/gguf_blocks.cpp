@@ -53,9 +53,11 @@ inline float split(const float* x, int64_t n, int8_t* hi, int8_t* lo, int32_t* s
 }  // namespace
 
 void quantize_act32(const float* x, Act32* out, int64_t n) {
+  int8_t hi[32], lo[32];
   for (int64_t i = 0; i < n / 32; ++i, x += 32) {
     int32_t sum = 0;
-    out[i].d = split(x, 32, out[i].hi, out[i].lo, &sum, 32);
+    out[i].d = split(x, 32, hi, lo, &sum, 32);
+    for (int j = 0; j < 32; ++j) out[i].q[j] = static_cast<int16_t>(128 * hi[j] + lo[j]);
     out[i].s = out[i].d * static_cast<float>(sum);
   }
 }

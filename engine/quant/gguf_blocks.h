@@ -9,11 +9,12 @@
 //   gguf_float.cpp    F32, F16, BF16                         one weight a value
 //
 // Activations (a row of the layer's float32 inputs) are quantized once a projection to 15-bit integers
-// with one float32 step per 32 inputs (``Act32``, with the block's sum for formats that add a minimum)
-// or per 256 (``Act256``, with the sums of its sixteen 16-input runs for the K formats' minimums),
-// each kept as two bytes, q = 128 hi + lo with lo in 0..127, so that AVX2's 8-bit products
-// (maddubs) multiply them in two passes: 15 bits keep a decode step's logits as near a float32
-// product's as q8-cpu's (8 bits, as ggml uses, flipped 2 % of a real model's greedy choices).
+// with one float32 step per 32 inputs (``Act32``: int16, multiplied by the weights widened to int16 with
+// AVX2's madd; with the block's sum for formats that add a minimum) or per 256 (``Act256``: kept as two
+// bytes, q = 128 hi + lo with lo in 0..127, multiplied in two passes of 8-bit products (maddubs) by the
+// K formats' small unsigned weights and their sub-block scales; with the sums of its sixteen 16-input
+// runs for the minimums).  15 bits keep a decode step's logits as near a float32 product's as q8-cpu's
+// (8 bits, as ggml uses, flipped 2 % of a real model's greedy choices).
 // The integer products are exact within a block; blocks add in float32.  ``dot_rows`` decodes each
 // block of a weight row once for up to four rows of activations, and gives every row the same
 // sums in the same order whatever the rows beside it, so a row's result never depends on them.
@@ -21,6 +22,10 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace gguf {
 
@@ -42,9 +47,9 @@ struct TypeInfo {
 // The format of ``type``; ``block`` is 0 for a type this file does not know.
 TypeInfo type_info(int type);
 
-struct Act32 {  // 32 inputs: x ~= d * (128 hi + lo); s = d * sum(128 hi + lo) (for formats with a minimum)
+struct Act32 {  // 32 inputs: x ~= d * q (q 15 bits); s = d * sum(q) (for formats with a minimum)
   float d, s;
-  int8_t hi[32], lo[32];
+  int16_t q[32];
 };
 
 struct Act256 {  // 256 inputs: x ~= d * (128 hi + lo); sums[i]: of 128 hi + lo over inputs 16 i .. 16 i + 15
@@ -106,8 +111,15 @@ void float_rows(const uint8_t* w, int span, int bytes, const Rows& rows, int64_t
   }
 }
 
-// float16 and bfloat16 bits -> float32
-float half_to_float(uint16_t h);
+// float16 and bfloat16 bits -> float32 (inline: a step is converted for every block)
+float half_to_float_plain(uint16_t h);
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return half_to_float_plain(h);
+#endif
+}
 inline float bf16_to_float(uint16_t h) {
   const uint32_t bits = static_cast<uint32_t>(h) << 16;
   float f;

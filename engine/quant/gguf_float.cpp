@@ -6,16 +6,9 @@
 
 #include "gguf_blocks.h"
 
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 namespace gguf {
 
-float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
+float half_to_float_plain(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
   uint32_t exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
   if (exponent == 0) {
@@ -37,7 +30,6 @@ float half_to_float(uint16_t h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
-#endif
 }
 
 namespace floats {

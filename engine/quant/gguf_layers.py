@@ -59,6 +59,8 @@ class GgufEmbedding(nn.Module):
     def __init__(self, blocks: torch.Tensor, kind: int, width: int) -> None:
         super().__init__()
         self.kind, self.num_embeddings, self.embedding_dim = kind, int(blocks.shape[0]), width
+        # counted as a table of num_embeddings x embedding_dim weights (engine.model.facts.count_parameters)
+        self.in_features, self.out_features, self.has_bias = width, self.num_embeddings, False
         self.blocks: torch.Tensor
         self.register_buffer("blocks", blocks, persistent=False)
         # shaped as the embedding's weight (its dtype, device and size), holding nothing

@@ -9,9 +9,8 @@
 //
 // Weight j < 16 is the low nibble of byte j, weight j + 16 its high nibble; Q5's fifth bit of weight
 // j is bit j of the 32-bit word after the step(s).  The dot products take activations quantized per
-// 32 (Act32, 15 bits as two bytes): over a block d_w * d_a * sum(q_w * (128 hi + lo)), exact in int32
-// (AVX2: |q_w| times hi's sign-moved bytes, lo times q_w, by maddubs), plus m * s_a where the format has
-// a minimum.  The AVX2 path and plain C++ add the blocks in eight float lanes alike, and differ only
+// 32 (Act32, 15-bit int16): over a block d_w * d_a * sum(q_w * q_a), exact in int32 (AVX2: the weights
+// widened to int16 once for every row, madd), plus m * s_a where the format has a minimum.  The AVX2 path and plain C++ add the blocks in eight float lanes alike, and differ only
 // where one rounds a fused multiply-add the other rounds twice.
 #include "gguf_blocks.h"
 
@@ -44,7 +43,7 @@ struct Layout {
   bool minimum, fifth;
 };
 
-Layout layout(int type) {
+constexpr Layout layout(int type) {
   switch (type) {
     case Q4_0: return {18, 2, false, false};
     case Q4_1: return {20, 4, true, false};
@@ -149,28 +148,26 @@ void dequantize(int type, const uint8_t* w, float* y, int64_t n) {
 
 namespace {
 
-template <int R>
-void rows_of(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+template <int R, int TYPE>
+void rows_of(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+  constexpr int type = TYPE;  // each format's loop compiled apart: its block decoding inlined
   const Layout l = layout(type);
   const int64_t blocks = n / 32;
   float minimums[R] = {};
 #ifdef GGUF_AVX2
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t i = 0; i < blocks; ++i, w += l.bytes) {
-    const __m256i q = block_ints_avx2(type, w);
-    const __m256i magnitude = _mm256_sign_epi8(q, q);
+    const __m256i q = block_ints_avx2(type, w);  // widened to int16 once for every row
+    const __m256i q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+    const __m256i q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
     const float dw = half_to_float(u16(w));
     const float m = l.minimum ? half_to_float(u16(w + 2)) : 0.f;
     for (int r = 0; r < R; ++r) {
       const Act32& a = rows.a32[r][i];
-      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.hi));
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.lo));
-      const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(hi, q)), ones);
-      const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q), ones);
-      const __m256i sum = _mm256_add_epi32(_mm256_slli_epi32(ph, 7), pl);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(sum), acc[r]);
+      const __m256i p0 = _mm256_madd_epi16(q0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q)));
+      const __m256i p1 = _mm256_madd_epi16(q1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + 16)));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(_mm256_add_epi32(p0, p1)), acc[r]);
       if (l.minimum) minimums[r] += m * a.s;
     }
   }
@@ -186,7 +183,7 @@ void rows_of(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out
       const Act32& a = rows.a32[r][i];
       for (int k = 0; k < 8; ++k) {
         int32_t s = 0;
-        for (int j = 4 * k; j < 4 * k + 4; ++j) s += static_cast<int32_t>(q[j]) * (128 * a.hi[j] + a.lo[j]);
+        for (int j : {2 * k, 2 * k + 1, 2 * k + 16, 2 * k + 17}) s += static_cast<int32_t>(q[j]) * a.q[j];
         lanes[r][k] += dw * a.d * static_cast<float>(s);
       }
       if (l.minimum) minimums[r] += m * a.s;
@@ -201,12 +198,24 @@ void rows_of(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out
 
 }  // namespace
 
-void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+template <int TYPE>
+void rows_typed(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   switch (rows.n) {
-    case 1: rows_of<1>(type, w, rows, n, out); break;
-    case 2: rows_of<2>(type, w, rows, n, out); break;
-    case 3: rows_of<3>(type, w, rows, n, out); break;
-    default: rows_of<4>(type, w, rows, n, out); break;
+    case 1: rows_of<1, TYPE>(w, rows, n, out); break;
+    case 2: rows_of<2, TYPE>(w, rows, n, out); break;
+    case 3: rows_of<3, TYPE>(w, rows, n, out); break;
+    default: rows_of<4, TYPE>(w, rows, n, out); break;
+  }
+}
+
+void dot_rows(int type, const uint8_t* w, const Rows& rows, int64_t n, float* out) {
+  switch (type) {
+    case Q4_0: rows_typed<Q4_0>(w, rows, n, out); break;
+    case Q4_1: rows_typed<Q4_1>(w, rows, n, out); break;
+    case Q5_0: rows_typed<Q5_0>(w, rows, n, out); break;
+    case Q5_1: rows_typed<Q5_1>(w, rows, n, out); break;
+    case Q8_0: rows_typed<Q8_0>(w, rows, n, out); break;
+    default: rows_typed<IQ4_NL>(w, rows, n, out); break;
   }
 }
 

@@ -1,7 +1,7 @@
 // The block families' dispatch and the activations' quantization (see gguf_blocks.h).
 //
 // Activations are quantized per block to step d = max |x| / (127 * 128) and q = round(x / d) (0 for a
-// block of zeros), kept as q = 128 hi + lo, so the same inputs give the same integers on every CPU.
+// block of zeros), so the same inputs give the same integers on every CPU.
 #include <algorithm>
 #include <cmath>
 
@@ -35,29 +35,25 @@ TypeInfo type_info(int type) {
 }
 
 namespace {
-constexpr float LEVELS = 127.f * 128.f;  // |q| at most 127 * 128: hi never -128, whose sign cannot be moved
+constexpr float LEVELS = 127.f * 128.f;  // |q| at most 127 * 128: products with the widest weights fit int32
 
-// One block of n inputs -> its step, and q = round(x / step) as hi * 128 + lo (lo in 0..127); their sum.
-inline float split(const float* x, int64_t n, int8_t* hi, int8_t* lo, int32_t* sums, int run) {
+// One block of n inputs -> its step, q = round(x / step), and the sums of q over runs of ``run`` inputs.
+inline float quantize(const float* x, int64_t n, int16_t* q, int32_t* sums, int run) {
   float top = 0.f;
   for (int64_t j = 0; j < n; ++j) top = std::max(top, std::fabs(x[j]));
   const float d = top / LEVELS, inv = d > 0.f ? 1.f / d : 0.f;
   for (int64_t j = 0; j < n; ++j) {
-    const int32_t q = static_cast<int32_t>(std::max(-LEVELS, std::min(LEVELS, std::nearbyint(x[j] * inv))));
-    hi[j] = static_cast<int8_t>(q >> 7);  // floor(q / 128)
-    lo[j] = static_cast<int8_t>(q & 127);
-    sums[j / run] += q;
+    q[j] = static_cast<int16_t>(std::max(-LEVELS, std::min(LEVELS, std::nearbyint(x[j] * inv))));
+    sums[j / run] += q[j];
   }
   return d;
 }
 }  // namespace
 
 void quantize_act32(const float* x, Act32* out, int64_t n) {
-  int8_t hi[32], lo[32];
   for (int64_t i = 0; i < n / 32; ++i, x += 32) {
     int32_t sum = 0;
-    out[i].d = split(x, 32, hi, lo, &sum, 32);
-    for (int j = 0; j < 32; ++j) out[i].q[j] = static_cast<int16_t>(128 * hi[j] + lo[j]);
+    out[i].d = quantize(x, 32, out[i].q, &sum, 32);
     out[i].s = out[i].d * static_cast<float>(sum);
   }
 }
@@ -65,7 +61,7 @@ void quantize_act32(const float* x, Act32* out, int64_t n) {
 void quantize_act256(const float* x, Act256* out, int64_t n) {
   for (int64_t i = 0; i < n / 256; ++i, x += 256) {
     std::fill(out[i].sums, out[i].sums + 16, 0);
-    out[i].d = split(x, 256, out[i].hi, out[i].lo, out[i].sums, 16);
+    out[i].d = quantize(x, 256, out[i].q, out[i].sums, 16);
   }
 }
 

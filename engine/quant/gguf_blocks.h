@@ -9,12 +9,11 @@
 //   gguf_float.cpp    F32, F16, BF16                         one weight a value
 //
 // Activations (a row of the layer's float32 inputs) are quantized once a projection to 15-bit integers
-// with one float32 step per 32 inputs (``Act32``: int16, multiplied by the weights widened to int16 with
-// AVX2's madd; with the block's sum for formats that add a minimum) or per 256 (``Act256``: kept as two
-// bytes, q = 128 hi + lo with lo in 0..127, multiplied in two passes of 8-bit products (maddubs) by the
-// K formats' small unsigned weights and their sub-block scales; with the sums of its sixteen 16-input
-// runs for the minimums).  15 bits keep a decode step's logits as near a float32 product's as q8-cpu's
-// (8 bits, as ggml uses, flipped 2 % of a real model's greedy choices).
+// (int16, |q| at most 127 * 128) with one float32 step per 32 inputs (``Act32``, with the block's sum for
+// formats that add a minimum) or per 256 (``Act256``, with the sums of its sixteen 16-input runs for the
+// K formats' minimums), and multiplied by the weights widened to int16 once for every row (the K
+// formats' times their sub-block scales) with AVX2's madd.  15 bits keep a decode step's logits as near
+// a float32 product's as q8-cpu's (8 bits, as ggml uses, flipped 2 % of a real model's greedy choices).
 // The integer products are exact within a block; blocks add in float32.  ``dot_rows`` decodes each
 // block of a weight row once for up to four rows of activations, and gives every row the same
 // sums in the same order whatever the rows beside it, so a row's result never depends on them.
@@ -52,9 +51,9 @@ struct Act32 {  // 32 inputs: x ~= d * q (q 15 bits); s = d * sum(q) (for format
   int16_t q[32];
 };
 
-struct Act256 {  // 256 inputs: x ~= d * (128 hi + lo); sums[i]: of 128 hi + lo over inputs 16 i .. 16 i + 15
+struct Act256 {  // 256 inputs: x ~= d * q (q 15 bits); sums[i]: of q over inputs 16 i .. 16 i + 15
   float d;
-  int8_t hi[256], lo[256];
+  int16_t q[256];
   int32_t sums[16];
 };
 

@@ -8,9 +8,9 @@
 //
 // Weights are w = d * step * q - dmin * minimum (Q2_K, Q4_K, Q5_K) or d * step * (q - offset) (Q3_K: 4,
 // where its third bit is clear; Q6_K: 32).  Q4_K, Q5_K and Q6_K multiply activations quantized per
-// 256 (Act256, 15 bits as two bytes) with AVX2's integer products, each half exact in int32 within a
-// super-block (the weights decoded once for every row), the minimums through the activations' 16-input
-// sums; across super-blocks in eight float lanes.  Q2_K and Q3_K (and every K format on a CPU without
+// 256 (Act256, 15-bit int16) with AVX2's madd, exact in int32 within a super-block (Q6_K: a half), the
+// weights decoded and scaled once for every row, the minimums through the activations' 16-input sums;
+// across super-blocks in eight float lanes.  Q2_K and Q3_K (and every K format on a CPU without
 // AVX2) de-quantize a super-block once for every row and multiply the float32 inputs.
 #include <cstring>
 
@@ -218,8 +218,13 @@ inline float hsum(__m256 v) {
 }
 inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Q4_K and Q5_K: per row, the sub-blocks' step * sum(q * a) (a = 128 hi + lo: two passes of maddubs, each
-// exact in int32), less dmin * each sub-block's minimum * its inputs' sum
+inline __m256i widen_lo(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)); }
+inline __m256i widen_hi(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)); }
+inline __m256i load16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_K and Q5_K: per row, sum of (step * q) * a over the sub-blocks (the weights times their steps widened to
+// int16 once for every row, madd: at most 31 * 63 * 16256 * 32 in a lane, exact in int32), less dmin *
+// each sub-block's minimum * its inputs' sum
 template <int R>
 void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool five) {
   const int bytes = five ? 176 : 144;
@@ -233,8 +238,8 @@ void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool f
     const float d = h16(w), dmin = h16(w + 2);
     const uint8_t* q = five ? w + 48 : w + 16;
     const __m256i high = five ? load(w + 16) : _mm256_setzero_si256();
-    __m256i hi_sum[R], lo_sum[R];
-    for (int r = 0; r < R; ++r) hi_sum[r] = lo_sum[r] = _mm256_setzero_si256();
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
       const __m256i bits = load(q + 32 * p);
       __m256i first = _mm256_and_si256(bits, low4);
@@ -246,28 +251,28 @@ void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool f
         second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
       }
       const __m256i s0 = _mm256_set1_epi16(step[2 * p]), s1 = _mm256_set1_epi16(step[2 * p + 1]);
+      const __m256i f0 = _mm256_mullo_epi16(widen_lo(first), s0), f1 = _mm256_mullo_epi16(widen_hi(first), s0);
+      const __m256i g0 = _mm256_mullo_epi16(widen_lo(second), s1), g1 = _mm256_mullo_epi16(widen_hi(second), s1);
       for (int r = 0; r < R; ++r) {
-        const Act256& a = rows.a256[r][i];
-        const int at = 64 * p;
-        hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(first, load(a.hi + at)), s0));
-        hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(second, load(a.hi + at + 32)), s1));
-        lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(first, load(a.lo + at)), s0));
-        lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(second, load(a.lo + at + 32)), s1));
+        const int16_t* a = rows.a256[r][i].q + 64 * p;
+        const __m256i x = _mm256_add_epi32(_mm256_madd_epi16(f0, load16(a)), _mm256_madd_epi16(f1, load16(a + 16)));
+        const __m256i y = _mm256_add_epi32(_mm256_madd_epi16(g0, load16(a + 32)), _mm256_madd_epi16(g1, load16(a + 48)));
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(x, y));
       }
     }
     for (int r = 0; r < R; ++r) {
       const Act256& a = rows.a256[r][i];
       int64_t msum = 0;
       for (int j = 0; j < 8; ++j) msum += static_cast<int64_t>(minimum[j]) * (a.sums[2 * j] + a.sums[2 * j + 1]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(128.f * a.d * d), _mm256_cvtepi32_ps(hi_sum[r]), acc[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.d * d), _mm256_cvtepi32_ps(lo_sum[r]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.d * d), _mm256_cvtepi32_ps(sum[r]), acc[r]);
       minimums[r] += a.d * dmin * static_cast<float>(msum);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - minimums[r];
 }
 
-// Q6_K: per row, the 16-weight runs' scale * sum((q - 32) * a), (q - 32) * a as q * a - 32 * a, per half of a
+// Q6_K: per row, sum of (scale * (q - 32)) * a over 16-weight runs (widened to int16 once for every row,
+// madd), each half of the super-block exact in int32 (at most 32 * 128 * 16256 * 16 in a lane)
 template <int R>
 void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
@@ -276,8 +281,7 @@ void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / 256; ++i, w += 210) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
-    __m256i hi_sum[R], lo_sum[R];
-    for (int r = 0; r < R; ++r) hi_sum[r] = lo_sum[r] = _mm256_setzero_si256();
+    const float d = h16(w + 208);
     for (int half = 0; half < 2; ++half) {
       const uint8_t* ql = w + 64 * half;
       const __m256i l1 = load(ql), l2 = load(ql + 32), h = load(w + 128 + 32 * half);
@@ -289,24 +293,20 @@ void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
                              _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
       q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
                              _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+      __m256i f[8];
       for (int k = 0; k < 4; ++k) {
+        const __m256i centred = _mm256_sub_epi8(q[k], m32);
         const int s = 8 * half + 2 * k;
-        const __m256i scales = _mm256_set_m128i(_mm_set1_epi16(sc[s + 1]), _mm_set1_epi16(sc[s]));
-        for (int r = 0; r < R; ++r) {
-          const Act256& a = rows.a256[r][i];
-          const __m256i xh = load(a.hi + 128 * half + 32 * k), xl = load(a.lo + 128 * half + 32 * k);
-          const __m256i ph = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xh), _mm256_maddubs_epi16(m32, xh));
-          const __m256i pl = _mm256_sub_epi16(_mm256_maddubs_epi16(q[k], xl), _mm256_maddubs_epi16(m32, xl));
-          hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(ph, scales));
-          lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(pl, scales));
-        }
+        f[2 * k] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(centred)), _mm256_set1_epi16(sc[s]));
+        f[2 * k + 1] =
+            _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(centred, 1)), _mm256_set1_epi16(sc[s + 1]));
       }
-    }
-    const float d = h16(w + 208);
-    for (int r = 0; r < R; ++r) {
-      const float da = rows.a256[r][i].d * d;
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(128.f * da), _mm256_cvtepi32_ps(hi_sum[r]), acc[r]);
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(da), _mm256_cvtepi32_ps(lo_sum[r]), acc[r]);
+      for (int r = 0; r < R; ++r) {
+        const int16_t* a = rows.a256[r][i].q + 128 * half;
+        __m256i sum = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) sum = _mm256_add_epi32(sum, _mm256_madd_epi16(f[k], load16(a + 16 * k)));
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(rows.a256[r][i].d * d), _mm256_cvtepi32_ps(sum), acc[r]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);

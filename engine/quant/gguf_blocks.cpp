@@ -62,6 +62,10 @@ void quantize_act256(const float* x, Act256* out, int64_t n) {
   for (int64_t i = 0; i < n / 256; ++i, x += 256) {
     std::fill(out[i].sums, out[i].sums + 16, 0);
     out[i].d = quantize(x, 256, out[i].q, out[i].sums, 16);
+    for (int j = 0; j < 256; ++j) {
+      out[i].hi[j] = static_cast<int8_t>(out[i].q[j] >> 7);  // floor(q / 128): -127 .. 127
+      out[i].lo[j] = static_cast<int8_t>(out[i].q[j] & 127);
+    }
   }
 }
 

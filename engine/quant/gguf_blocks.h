@@ -51,9 +51,10 @@ struct Act32 {  // 32 inputs: x ~= d * q (q 15 bits); s = d * sum(q) (for format
   int16_t q[32];
 };
 
-struct Act256 {  // 256 inputs: x ~= d * q (q 15 bits); sums[i]: of q over inputs 16 i .. 16 i + 15
+struct Act256 {  // 256 inputs: x ~= d * q (q 15 bits) = d * (128 hi + lo), lo in 0..127; sums[i]: of q over 16 i ..
   float d;
   int16_t q[256];
+  int8_t hi[256], lo[256];  // q as two bytes, for 8-bit products (maddubs) by small unsigned weights
   int32_t sums[16];
 };
 

@@ -2,17 +2,17 @@
 
 Each run is a new ``brisk ask`` process on an empty data folder (the first start) and again on
 that folder (a later start), timed from the process's launch: the first token's time, the whole
-reply, the process's peak RSS (``ru_maxrss`` of the child) and the bytes the data folder holds
+reply, the process's peak RSS (its own ``ru_maxrss``, from ``wait4``) and the bytes the data folder holds
 afterwards.  Then, in one process, warm greedy replies on held-out prompts, interleaved: decode
-tok/s as installed (speculation ``auto``) and with speculation off, and a prompt of about 500
-tokens' prefill tok/s; ``--draft-model`` adds a row with that draft.  Medians with ranges.
+tok/s as installed (speculation ``auto``) and with speculation off, and a new prompt of about 700
+tokens' prefill tok/s (no earlier round's prefix to reuse); ``--draft-model`` adds a row with that
+draft.  Medians with ranges.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,7 +36,6 @@ def _ask(model: str, data: str, max_tokens: int) -> dict[str, Any]:
     env = {**os.environ, "BRISK_DATA_DIR": data, "HF_HUB_OFFLINE": "1"}
     command = [str(Path(sys.executable).with_name("brisk")), "ask", PROMPTS[0], "--model", model, "--json",
                "--max-tokens", str(max_tokens), "--no-answer-cache"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     first = None
@@ -44,12 +43,12 @@ def _ask(model: str, data: str, max_tokens: int) -> dict[str, Any]:
     for line in proc.stdout:
         if first is None and '"type": "token"' in line:
             first = time.perf_counter() - start
-    proc.wait()
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KB on Linux)
     total = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest child so far (KB)
+    rss = usage.ru_maxrss
     written = sum(p.stat().st_size for p in Path(data).rglob("*") if p.is_file())
-    return {"first": first, "total": total, "rss": rss * 1024 if rss > before else 0, "written": written,
-            "rc": proc.returncode}  # fmt: skip
+    return {"first": first, "total": total, "rss": rss * 1024, "written": written,
+            "rc": os.waitstatus_to_exitcode(status)}  # fmt: skip
 
 
 def _speeds(model: str, draft: str, runs: int, max_tokens: int) -> list[list[str]]:
@@ -70,7 +69,7 @@ def _speeds(model: str, draft: str, runs: int, max_tokens: int) -> list[list[str
                     got[mode].append(done.metrics.tokens_per_s or 0.0)
                     if mode == "draft":
                         accepted.append(done.metrics.acceptance or 0.0)
-            done = runner.client.ask([{"role": "user", "content": f"{LONG} ({r})"}], Sampling(max_tokens=1),
+            done = runner.client.ask([{"role": "user", "content": f"({r}) {LONG}"}], Sampling(max_tokens=1),
                                      speculative="off")  # fmt: skip
             prefill.append(done.metrics.computed_tokens / (done.metrics.prefill_s or float("nan")))
     finally:

@@ -132,12 +132,7 @@ class NativeDecode:
         """As :meth:`collect`, for a model whose projections and head are all ``Q8Linear``: each
         projection is a flat list of (weights, scales, bias) parts, q/k/v and gate/up side by side."""
         self.kind = "q8"
-        inner = self.model.model
-        weights: list[Any] = []
-        eps: set[float] = set()
-        widths: set[tuple[int, int, int]] = set()
         parts: list[Any] = []
-        norms = self._collect_norms(eps)
 
         def flat(*layers: Any) -> list[torch.Tensor]:
             if not all(type(p) is Q8Linear for p in layers):
@@ -145,6 +140,41 @@ class NativeDecode:
             parts.extend(layers)
             return [t for p in layers for t in p.parts()]
 
+        collected = self._collect_parts(flat)
+        self._parts = parts
+        self._parts_version = sum(p.version for p in parts)
+        if self.model.model.embed_tokens.weight.dtype != torch.float32:
+            raise ValueError("not float32")
+        return collected
+
+    def _collect_gguf(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
+        """As :meth:`collect`, for a GGUF file run as it is (every projection and the head ``GgufLinear``):
+        each projection a flat list of (blocks, bias) parts, q/k/v and gate/up side by side, and their
+        ggml types in :attr:`_types` (the step takes both)."""
+        self.kind = "gguf"
+        types: list[list[int]] = []
+
+        def flat(*layers: Any) -> list[torch.Tensor]:
+            if not all(type(p) is GgufLinear for p in layers):
+                raise TypeError("not a GGUF layer")
+            types.append([p.kind for p in layers])
+            return [t for p in layers for t in p.parts()]
+
+        collected = self._collect_parts(flat)
+        self._types = types
+        self._parts, self._parts_version = [], 0  # a GGUF layer never changes its blocks
+        if type(self.model.model.embed_tokens) is not GgufEmbedding:
+            raise ValueError("an embedding not from the file")
+        return collected
+
+    def _collect_parts(self, flat: Any) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
+        """(norms, each projection's ``flat(*layers)``, widths, epsilon): q/k/v and gate/up side by side (or
+        Phi-3's fused two), then the output and down projections, a layer at a time, and the head."""
+        inner = self.model.model
+        weights: list[Any] = []
+        eps: set[float] = set()
+        widths: set[tuple[int, int, int]] = set()
+        norms = self._collect_norms(eps)
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             if hasattr(attn, "qkv_proj"):  # Phi-3: one projection each, q/k/v and gate/up side by side
@@ -161,46 +191,9 @@ class NativeDecode:
             ):
                 raise ValueError("keys and values, or gate and up, of different widths")
         weights.append(flat(self.model.lm_head))
-        self._parts = parts
-        self._parts_version = sum(p.version for p in parts)
         self._changes = (Fp16Linear.changes, Q8Linear.changes)
-        if len(eps) != 1 or len(widths) != 1 or inner.embed_tokens.weight.dtype != torch.float32:
-            raise ValueError("layers of different shapes or epsilons, or not float32")
-        return norms, weights, widths.pop(), eps.pop()
-
-    def _collect_gguf(self) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int], float]:
-        """As :meth:`collect`, for a GGUF file run as it is (every projection and the head ``GgufLinear``):
-        each projection a flat list of (blocks, bias) parts, q/k/v and gate/up side by side, and their
-        ggml types in :attr:`_types` (the step takes both)."""
-        self.kind = "gguf"
-        inner = self.model.model
-        weights: list[Any] = []
-        types: list[list[int]] = []
-        eps: set[float] = set()
-        widths: set[tuple[int, int, int]] = set()
-        norms = self._collect_norms(eps)
-
-        def flat(*layers: Any) -> list[torch.Tensor]:
-            if not all(type(p) is GgufLinear for p in layers):
-                raise TypeError("not a GGUF layer")
-            types.append([p.kind for p in layers])
-            return [t for p in layers for t in p.parts()]
-
-        for layer in inner.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            weights += [flat(attn.q_proj, attn.k_proj, attn.v_proj), flat(attn.o_proj)]
-            weights += [flat(mlp.gate_proj, mlp.up_proj), flat(mlp.down_proj)]
-            widths.add((attn.q_proj.out_features, attn.k_proj.out_features, mlp.gate_proj.out_features))
-            if attn.k_proj.out_features != attn.v_proj.out_features or (
-                mlp.gate_proj.out_features != mlp.up_proj.out_features
-            ):
-                raise ValueError("keys and values, or gate and up, of different widths")
-        weights.append(flat(self.model.lm_head))
-        self._types = types
-        self._parts, self._parts_version = [], 0  # a GGUF layer never changes its blocks
-        self._changes = (Fp16Linear.changes, Q8Linear.changes)
-        if len(eps) != 1 or len(widths) != 1 or type(inner.embed_tokens) is not GgufEmbedding:
-            raise ValueError("layers of different shapes or epsilons, or an embedding not from the file")
+        if len(eps) != 1 or len(widths) != 1:
+            raise ValueError("layers of different shapes or epsilons")
         return norms, weights, widths.pop(), eps.pop()
 
     def _collect_norms(self, eps: set[float]) -> list[torch.Tensor]:

@@ -111,6 +111,14 @@ void float_rows(const uint8_t* w, int span, int bytes, const Rows& rows, int64_t
   }
 }
 
+// A little-endian value of type T at p (blocks are not aligned)
+template <typename T>
+inline T read_le(const uint8_t* p) {
+  T v;
+  __builtin_memcpy(&v, p, sizeof(T));
+  return v;
+}
+
 // float16 and bfloat16 bits -> float32 (inline: a step is converted for every block)
 float half_to_float_plain(uint16_t h);
 inline float half_to_float(uint16_t h) {

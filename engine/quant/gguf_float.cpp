@@ -47,16 +47,8 @@ float dot_lanes(const uint8_t* w, const float* x, int64_t n, int size, Read read
   return s;
 }
 
-inline float read_f32(const uint8_t* p) {
-  float v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint16_t bits16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
+inline float read_f32(const uint8_t* p) { return read_le<float>(p); }
+inline uint16_t bits16(const uint8_t* p) { return read_le<uint16_t>(p); }
 
 }  // namespace
 

@@ -24,11 +24,7 @@
 namespace gguf {
 namespace {
 
-inline float h16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return half_to_float(v);
-}
+inline float h16(const uint8_t* p) { return half_to_float(read_le<uint16_t>(p)); }
 
 // Q4_K's and Q5_K's eight 6-bit steps and minimums from their 12 bytes
 inline void steps_and_minimums(const uint8_t* s, uint8_t* step, uint8_t* minimum) {

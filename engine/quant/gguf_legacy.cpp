@@ -26,16 +26,8 @@ namespace {
 
 constexpr int8_t IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-inline uint16_t u16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-inline uint32_t u32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+inline uint16_t u16(const uint8_t* p) { return read_le<uint16_t>(p); }
+inline uint32_t u32(const uint8_t* p) { return read_le<uint32_t>(p); }
 
 // The 32 integer weights of a block (before its step and minimum), and where its nibbles start.
 struct Layout {

@@ -42,6 +42,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gguf_blocks.h"
@@ -653,20 +654,9 @@ class Stepper {
     TORCH_CHECK(projections.size() == 2 * (step.norms_.size() - 1) + 1,
                 "two norms and four projections a layer, then the final norm and the head");
     for (const auto& flat : projections) step.q8_.push_back(q8_parts(flat));
-    const int64_t layers = static_cast<int64_t>(step.norms_.size() / 2);
-    const int64_t width = step.norms_[0].size(0);
-    for (int64_t i = 0; i < layers; ++i) {
-      const int64_t expect_in[4] = {width, q_size, width, intermediate};
-      const int64_t expect_out[4] = {q_size + 2 * kv_size, width, 2 * intermediate, width};
-      for (int k = 0; k < 4; ++k) {
-        const auto& parts = step.q8_[4 * i + k];
-        const int64_t out = part_starts(parts).back();
-        TORCH_CHECK(parts[0].in == expect_in[k] && out == expect_out[k],
-                    "q8 projection of layer ", i, ": [", out, ", ", parts[0].in, "], expected [",
-                    expect_out[k], ", ", expect_in[k], "]");
-      }
-    }
-    TORCH_CHECK(step.q8_.back()[0].in == width, "q8 head: its inputs must be the hidden width");
+    step.check_shapes("q8", q_size, kv_size, intermediate, [&](size_t i) {
+      return std::make_pair(step.q8_[i][0].in, part_starts(step.q8_[i]).back());
+    });
     return step;
   }
 
@@ -679,21 +669,32 @@ class Stepper {
     TORCH_CHECK(projections.size() == 2 * (step.norms_.size() - 1) + 1 && types.size() == projections.size(),
                 "two norms and four projections a layer, then the final norm and the head");
     for (size_t i = 0; i < projections.size(); ++i) step.gguf_.push_back(gguf::parts(projections[i], types[i]));
-    const int64_t layers = static_cast<int64_t>(step.norms_.size() / 2);
-    const int64_t width = step.norms_[0].size(0);
+    step.check_shapes("GGUF", q_size, kv_size, intermediate, [&](size_t i) {
+      int64_t out = 0;
+      for (const auto& p : step.gguf_[i]) out += p.out;
+      return std::make_pair(step.gguf_[i][0].in, out);
+    });
+    return step;
+  }
+
+ private:
+  // Every layer's four projections of the widths the heads and the MLP give ((inputs, outputs) of projection
+  // i from ``shape``), and a head over the hidden width.
+  template <typename Shape>
+  void check_shapes(const char* kind, int64_t q_size, int64_t kv_size, int64_t intermediate, Shape shape) const {
+    const int64_t layers = static_cast<int64_t>(norms_.size() / 2);
+    const int64_t width = norms_[0].size(0);
     for (int64_t i = 0; i < layers; ++i) {
       const int64_t expect_in[4] = {width, q_size, width, intermediate};
       const int64_t expect_out[4] = {q_size + 2 * kv_size, width, 2 * intermediate, width};
       for (int k = 0; k < 4; ++k) {
-        int64_t out = 0;
-        for (const auto& p : step.gguf_[4 * i + k]) out += p.out;
-        TORCH_CHECK(step.gguf_[4 * i + k][0].in == expect_in[k] && out == expect_out[k], "GGUF projection of layer ",
-                    i, ": [", out, ", ", step.gguf_[4 * i + k][0].in, "], expected [", expect_out[k], ", ",
-                    expect_in[k], "]");
+        const auto [in, out] = shape(static_cast<size_t>(4 * i + k));
+        TORCH_CHECK(in == expect_in[k] && out == expect_out[k], kind, " projection of layer ", i, ": [", out, ", ",
+                    in, "], expected [", expect_out[k], ", ", expect_in[k], "]");
       }
     }
-    TORCH_CHECK(step.gguf_.back()[0].in == width, "GGUF head: its inputs must be the hidden width");
-    return step;
+    TORCH_CHECK(shape(static_cast<size_t>(4 * layers)).first == width, kind,
+                " head: its inputs must be the hidden width");
   }
 
  private:

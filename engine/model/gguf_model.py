@@ -1,14 +1,15 @@
 """A GGUF file run as it is: its blocks memory-mapped, multiplied where they lie, nothing converted.
 
-:func:`load` turns a ``.gguf`` file into (model, tokenizer, facts) in seconds and in about the
-file's size of memory: the header is parsed with transformers' ``struct`` reader (no per-string
-numpy views), the tokenizer built from the file's vocabulary by transformers' own GGUF
-converter, the model built on the meta device and every projection, the embedding and the head
-replaced by layers that keep views of the memory-mapped file (:class:`GgufLinear`,
-:class:`GgufEmbedding`).  Their products run in the native step's block kernels
-(``engine/quant/gguf_*.cpp``: dot products on the blocks for a decode step's rows, tiles
-de-quantized for torch's GEMM for a prompt's); norms and biases (float32 in the files) are
-views too.  Nothing is written to the data folder.
+``engine.model.loader`` loads a ``.gguf`` file with these steps, in seconds and in about the
+file's size of memory: :func:`read_header` parses the header with transformers' ``struct`` reader
+(no per-string numpy views), :func:`check` and :func:`check_memory` refuse what this path does not
+run or what would not fit, :func:`read_tokenizer` builds the tokenizer from the file's vocabulary
+by transformers' own GGUF converter, :func:`read_config` maps the config, and :func:`build_model`
+builds the model on the meta device with every projection, the embedding and the head replaced
+by layers that keep views of the memory-mapped file (:class:`GgufLinear`, :class:`GgufEmbedding`).
+Their products run in the native step's block kernels (``engine/quant/gguf_*.cpp``: dot products
+on the blocks for a decode step's rows, tiles de-quantized for torch's GEMM for a prompt's);
+norms and biases (float32 in the files) are views too.  Nothing is written to the data folder.
 
 Only architectures whose tensors this module maps exactly run here (:data:`ARCHITECTURES`:
 llama's and mistral's query and key rows are put back in the order transformers' rotary
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
 import struct
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,6 @@ from engine.model.headers import AS_IS_RUNTIME_BYTES
 from engine.model.source import ModelLoadError
 from engine.model.support import GGUF_AS_IS
 from engine.quant.gguf_layers import TYPES, GgufEmbedding, GgufLinear, dequantize
-
-log = logging.getLogger(__name__)
 
 # (weights a block, bytes a block) of those types
 BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),

@@ -105,7 +105,7 @@ def test_a_tiny_gguf_runs_on_its_blocks_with_the_references_logits(
     assert loaded.quant == GGUF_AS_IS
     fast = kv.fast_forward(loaded.model)
     assert fast is not None and fast.native is not None
-    ids = torch.randint(3, ref.config.vocab_size, (1, 300), generator=torch.Generator().manual_seed(7))[0].tolist()
+    ids = torch.randint(3, ref.config.vocab_size, (1, 2000), generator=torch.Generator().manual_seed(7))[0].tolist()
     with torch.inference_mode():
         want = ref(torch.tensor([ids])).logits[0]
         prompt = kv.forward(loaded.model, KVState(), ids, all_logits=True)  # a prompt: float32 tiles

@@ -167,19 +167,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from engine.bench import connect_peer
 
         peer = connect_peer(args)
-    keys = (
-        "short",
-        "first",
-        "second",
-        "typed_short",
-        "typed_second",
-        "typed_short_at_once",
-        "typed_second_at_once",
-        "restart",
-        "new_short",
-        "restart_typed_short",
-        "restart_typed",
-    )
+    keys = ("short", "first", "second", "typed_short", "typed_second", "typed_short_at_once", "typed_second_at_once",
+            "restart", "new_short", "restart_typed_short", "restart_typed")
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
     peer_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second")}
     with fresh_data_dir() as data, tempfile.TemporaryDirectory(prefix="brisk-docs-") as folder:

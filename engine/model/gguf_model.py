@@ -11,7 +11,7 @@ Their products run in the native step's block kernels (``engine/quant/gguf_*.cpp
 on the blocks for a decode step's rows, tiles de-quantized for torch's GEMM for a prompt's);
 norms and biases (float32 in the files) are views too.  Nothing is written to the data folder.
 
-Only architectures whose tensors this module maps exactly run here (:data:`ARCHITECTURES`:
+Only architectures whose tensors this module maps exactly run here (``engine.model.support.GGUF_AS_IS``:
 llama's and mistral's query and key rows are put back in the order transformers' rotary
 embedding expects, a permutation of whole rows, so no block changes); any other file, and any
 tensor type the kernels do not read (:data:`TYPES`), raises :class:`Unsupported` with the reason
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.model.headers import AS_IS_RUNTIME_BYTES
+from engine.model.headers import AS_IS_RUNTIME_BYTES, KV_CONTEXT, kv_bytes
 from engine.model.source import ModelLoadError
 from engine.model.support import GGUF_AS_IS
 from engine.quant.gguf_layers import TYPES, GgufEmbedding, GgufLinear, dequantize
@@ -41,11 +41,6 @@ from engine.quant.gguf_layers import TYPES, GgufEmbedding, GgufLinear, dequantiz
 # (weights a block, bytes a block) of those types
 BLOCKS = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           20: (32, 18), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}  # fmt: skip
-# general.architecture -> whether its query and key rows were permuted by llama.cpp's converter
-ARCHITECTURES = GGUF_AS_IS
-# the runtime's own memory beside the weights and KV (torch, transformers, the tokenizer, buffers),
-# measured on both real files (docs/PERFORMANCE.md, "GGUF files as they are")
-RUNTIME_BYTES = AS_IS_RUNTIME_BYTES
 
 
 class Unsupported(Exception):
@@ -111,7 +106,7 @@ def tensor_bytes(shape: tuple[int, ...], kind: int) -> int:
 def check(file: GgufFile) -> None:
     """Raise :class:`Unsupported` unless this module runs ``file`` as it is."""
     arch = file.architecture
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_AS_IS:
         raise Unsupported(f"architecture {arch!r} is not one Brisk runs on a GGUF's own blocks")
     odd = sorted({TYPES.get(k, str(k)) for _, k, _ in file.tensors.values() if k not in BLOCKS})
     if odd:
@@ -149,8 +144,9 @@ def predict_bytes(file: GgufFile, context: int) -> dict[str, int]:
     kv_heads = _count(file.key("attention.head_count_kv"), heads) or heads
     hidden = _count(file.key("embedding_length"), 0)
     head_dim = _count(file.key("attention.key_length"), hidden // heads)
-    kv = 2 * layers * kv_heads * head_dim * context * 4
-    return {"weights": weights, "kv": kv, "runtime": RUNTIME_BYTES, "total": weights + kv + RUNTIME_BYTES}
+    kv = kv_bytes(layers, kv_heads * head_dim, context)
+    runtime = AS_IS_RUNTIME_BYTES
+    return {"weights": weights, "kv": kv, "runtime": runtime, "total": weights + kv + runtime}
 
 
 def _count(value: Any, default: int) -> int:
@@ -160,24 +156,22 @@ def _count(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
-CHECK_CONTEXT = 4096  # positions of KV a load must have room for (the KV grows with a chat, up to the context)
-
-
 def context_of(file: GgufFile) -> int:
     return _count(file.key("context_length"), 0) or 2048
 
 
 def check_memory(file: GgufFile) -> None:
     """Refuse (ModelLoadError), before anything is read, a file whose load would not fit in the memory this
-    machine has free: its tensors, the runtime and the KV of ``CHECK_CONTEXT`` positions."""
+    machine has free: its tensors, the runtime and the KV of ``KV_CONTEXT`` positions (as ``brisk models``
+    counts it: ``engine.model.headers.memory_needs``)."""
     from engine.model.headers import available_memory
 
-    need = predict_bytes(file, min(context_of(file), CHECK_CONTEXT))
+    need = predict_bytes(file, min(context_of(file), KV_CONTEXT))
     free = available_memory()
     if free and need["total"] > free:
         raise ModelLoadError(
             f"{file.path.name} needs about {need['total'] / 2**30:.1f} GB of memory ({need['weights'] / 2**30:.1f} GB "
-            f"of weights mapped from the file, {need['kv'] / 2**30:.1f} GB for {CHECK_CONTEXT:,} positions of context, "
+            f"of weights mapped from the file, {need['kv'] / 2**30:.1f} GB for {KV_CONTEXT:,} positions of context, "
             f"{need['runtime'] / 2**30:.1f} GB for the runtime) and this machine has {free / 2**30:.1f} GB free. "
             "Close other programs, or pick a smaller model or a smaller quantization of it."
         )
@@ -273,7 +267,7 @@ def build_model(file: GgufFile, config: Any) -> nn.Module:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     arch_ids = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
     names = gguf.get_tensor_name_map(arch_ids[file.architecture], int(config.num_hidden_layers))
-    permuted = ARCHITECTURES[file.architecture]
+    permuted = GGUF_AS_IS[file.architecture]
     heads, kv_heads = int(config.num_attention_heads), int(config.num_key_value_heads)
     used: set[str] = set()
 

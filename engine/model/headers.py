@@ -446,7 +446,7 @@ def memory_needs(facts: Facts) -> dict[str, int]:
         return {}
     embed = facts.embedding_parameters
     linear = max(facts.parameters - embed - (0 if facts.tied else embed), 0) + embed  # + the head
-    kv = 2 * facts.layers * facts.kv_width * 4 * min(KV_CONTEXT, facts.context or KV_CONTEXT)
+    kv = kv_bytes(facts.layers, facts.kv_width, min(KV_CONTEXT, facts.context or KV_CONTEXT))
     needs = {mode: int(4 * embed + per * linear + kv + RUNTIME_BYTES) for mode, per in MODE_BYTES.items()}
     if facts.format == "gguf" and facts.quant in FOUR_BIT_FILES:
         needs["q8-cpu"] = int(
@@ -458,6 +458,11 @@ def memory_needs(facts: Facts) -> dict[str, int]:
 
 
 AS_IS = "gguf"  # memory_needs' key for a GGUF file run on its own blocks
+
+
+def kv_bytes(layers: int, kv_width: int, positions: int) -> int:
+    """The KV cache of ``positions`` positions: keys and values, float32, ``kv_width`` wide a layer."""
+    return 2 * layers * kv_width * 4 * positions
 
 
 def runs_as_is(facts: Facts) -> bool:

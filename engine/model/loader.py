@@ -263,7 +263,7 @@ def gguf_runs_as_is(spec: ModelSpec) -> bool:
 
 def _load_gguf_as_is(spec: ModelSpec, device: torch.device, progress: Progress, start: float) -> LoadedModel | None:
     """The GGUF file of ``spec`` on its own blocks, or None where it goes through the conversion (a file this
-    path does not run: its reason is logged and kept in ``info["gguf_as_is"]`` of the converted model)."""
+    path does not run: its reason is logged)."""
     if not gguf_runs_as_is(spec):
         return None
 
@@ -284,7 +284,6 @@ def _load_gguf_as_is(spec: ModelSpec, device: torch.device, progress: Progress, 
         model = gguf_model.build_model(file, gguf_model.read_config(file))
     except gguf_model.Unsupported as exc:
         log.info("%s is converted: %s", path.name, exc)
-        _why_converted[str(path)] = str(exc)
         return None
     weights_id = gguf_model.fingerprint(file)
     types = sorted({gguf_model.TYPES[k] for _, k, _ in file.tensors.values()} - {"F32"})
@@ -296,9 +295,6 @@ def _load_gguf_as_is(spec: ModelSpec, device: torch.device, progress: Progress, 
     loaded.info["file_bytes"] = file.size
     progress(1.0, "Ready")
     return loaded
-
-
-_why_converted: dict[str, str] = {}  # GGUF path -> why it was not run as it is (for brisk models and the log)
 
 
 DEFERRED_SKIP = ("int8-cpu",)  # not measured between replies (see _auto_mode)

@@ -307,13 +307,12 @@ class NativeDecode:
             return None
         if self._native is None or self._native[0] is not self._collected:
             norms, weights, (q_size, kv_size, intermediate), eps = self._collected
-            make = built.q8_stepper if self.kind == "q8" else built.Stepper
             try:
                 shape = (self.fast.head_dim, q_size, kv_size, intermediate, eps, float(self.fast.scaling))
                 if self.kind == "gguf":
                     step = built.gguf_stepper(norms, weights, self._types, *shape)
                 else:
-                    step = make(norms, weights, *shape)
+                    step = (built.q8_stepper if self.kind == "q8" else built.Stepper)(norms, weights, *shape)
                 if self._head_norms:
                     step.set_head_norms(self._head_norms)
                 if self._output_norms:
@@ -412,21 +411,20 @@ class NativeDecode:
         if step is None or self._collected is None or embedded is None:
             return None
         embedding, scale = embedded
-        if type(embedding) is GgufEmbedding:  # the step reads row k for id k: the rows of these ids, in order
-            looked_up = embedding.rows(torch.tensor([t for tokens, _, _ in items for t in tokens]))
-            embedding, positions = looked_up, iter(range(looked_up.shape[0]))
-        else:
-            positions = None
+        looked_up = type(embedding) is GgufEmbedding  # the step then reads row k of these ids' rows for token k
+        if looked_up:
+            embedding = embedding.rows(torch.tensor([t for tokens, _, _ in items for t in tokens]))
         head_dim = self.fast.head_dim
         kv_heads = self._collected[2][1] // head_dim
-        ids, coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], [], []
+        ids: list[int] = []
+        coss, sins, keys, values, pasts, counts, alls = [], [], [], [], [], [], []
         base_keys, base_values, starts = [], [], []
         for (tokens, cache, all_rows), layers in zip(items, fitted, strict=True):
             n, past = len(tokens), int(cache.get_seq_length())
             cos, sin = self._cos_sin(past, n)
             like = embedding.new_empty(1, kv_heads, n, head_dim)  # shaped as the keys written
             bufs = [layer.reserve(n, like) for layer in layers]
-            ids.extend(tokens if positions is None else [next(positions) for _ in tokens])
+            ids.extend(range(len(ids), len(ids) + n) if looked_up else tokens)
             coss.append(cos)
             sins.append(sin)
             keys.append([b.keys for b in bufs])

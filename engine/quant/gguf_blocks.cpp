@@ -10,7 +10,7 @@
 namespace gguf {
 
 TypeInfo type_info(int type) {
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef GGUF_AVX2
   constexpr Act k_int = Act::Q256;
 #else
   constexpr Act k_int = Act::Float;

@@ -22,8 +22,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define GGUF_AVX2 1  // the families' AVX2 paths (else plain C++)
 #endif
 
 namespace gguf {
@@ -110,6 +113,15 @@ void float_rows(const uint8_t* w, int span, int bytes, const Rows& rows, int64_t
     out[r] = s;
   }
 }
+
+#if defined(__AVX2__)
+// The sum of 8 float lanes (also the native step's)
+inline float hsum8(__m256 v) {
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
+}
+#endif
 
 // A little-endian value of type T at p (blocks are not aligned)
 template <typename T>

@@ -16,10 +16,6 @@
 
 #include "gguf_blocks.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define GGUF_AVX2 1
-#endif
 
 namespace gguf {
 namespace {
@@ -131,7 +127,35 @@ int block_bytes(int type) {
   }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef GGUF_AVX2
+inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_K's and Q5_K's sub-blocks 2p and 2p + 1 (the low and the high nibbles of qs[32 p ..]), Q5_K's fifth bits
+// (bits 2p and 2p + 1 of qh, ``high``) added as 16: the unsigned values, 32 bytes each
+inline void q45k_values(const uint8_t* qs, __m256i high, int p, bool five, __m256i& first, __m256i& second) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
+  const __m256i bits = load(qs + 32 * p);
+  first = _mm256_and_si256(bits, low4);
+  second = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+  if (five) {
+    const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
+    const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
+    first = _mm256_or_si256(first, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
+    second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
+  }
+}
+
+// Q6_K's half ``half`` of a super-block: q[k] its weights 32 k .. 32 k + 31 as unsigned 6-bit values (0..63)
+inline void q6k_values(const uint8_t* b, int half, __m256i* q) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i l1 = load(b + 64 * half), l2 = load(b + 64 * half + 32), h = load(b + 128 + 32 * half);
+  q[0] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x03)), 4));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l2, low4), _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
+                         _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+}
+
 // 32 bytes of small integers -> y[0..31] = dl * q - ml (the same float32 operations as the plain loops)
 inline void scaled32(__m256i q, float dl, float ml, float* y) {
   alignas(32) uint8_t bytes[32];
@@ -147,18 +171,11 @@ void dequantize_q45k_avx2(const uint8_t* b, float* y, bool five) {
   const float d = h16(b), dmin = h16(b + 2);
   uint8_t step[8], minimum[8];
   steps_and_minimums(b + 4, step, minimum);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
-  const __m256i high = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)) : _mm256_setzero_si256();
+  const __m256i high = five ? load(b + 16) : _mm256_setzero_si256();
   const uint8_t* q = five ? b + 48 : b + 16;
-  for (int p = 0; p < 4; ++p, q += 32, y += 64) {
-    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    __m256i first = _mm256_and_si256(bits, low4), second = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-    if (five) {
-      const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
-      const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
-      first = _mm256_or_si256(first, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
-      second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
-    }
+  for (int p = 0; p < 4; ++p, y += 64) {
+    __m256i first, second;
+    q45k_values(q, high, p, five, first, second);
     scaled32(first, d * static_cast<float>(step[2 * p]), dmin * static_cast<float>(minimum[2 * p]), y);
     scaled32(second, d * static_cast<float>(step[2 * p + 1]), dmin * static_cast<float>(minimum[2 * p + 1]), y + 32);
   }
@@ -167,18 +184,10 @@ void dequantize_q45k_avx2(const uint8_t* b, float* y, bool five) {
 void dequantize_q6k_avx2(const uint8_t* b, float* y) {
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = h16(b + 208);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03), m32 = _mm256_set1_epi8(32);
+  const __m256i m32 = _mm256_set1_epi8(32);
   for (int half = 0; half < 2; ++half, y += 128) {
-    const uint8_t* ql = b + 64 * half;
-    const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i l2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * half));
     __m256i q[4];
-    q[0] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
-    q[1] = _mm256_or_si256(_mm256_and_si256(l2, low4), _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
-    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
-                           _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+    q6k_values(b, half, q);
     for (int k = 0; k < 4; ++k) {
       alignas(32) int8_t v[32];
       _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_sub_epi8(q[k], m32));
@@ -193,7 +202,7 @@ void dequantize_q6k_avx2(const uint8_t* b, float* y) {
 #endif
 
 void dequantize_block(int type, const uint8_t* b, float* y) {
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef GGUF_AVX2
   if (type == Q4_K || type == Q5_K) return dequantize_q45k_avx2(b, y, type == Q5_K);
   if (type == Q6_K) return dequantize_q6k_avx2(b, y);
 #endif
@@ -207,15 +216,6 @@ void dequantize_block(int type, const uint8_t* b, float* y) {
 }
 
 #ifdef GGUF_AVX2
-inline float hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
-}
-inline __m256i load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-
-inline __m256i widen_lo(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)); }
-inline __m256i widen_hi(__m256i v) { return _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)); }
 inline __m256i load16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // Q4_K and Q5_K: per row, sum over the sub-blocks of step * sum(q * a), a = 128 hi + lo multiplied as bytes
@@ -226,7 +226,6 @@ inline __m256i load16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_
 template <int R>
 void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool five) {
   const int bytes = five ? 176 : 144;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), sixteen = _mm256_set1_epi8(16);
   __m256 acc[R];
   float minimums[R] = {};
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -239,15 +238,8 @@ void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool f
     __m256i sum[R];
     for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
     for (int p = 0; p < 4; ++p) {
-      const __m256i bits = load(q + 32 * p);
-      __m256i first = _mm256_and_si256(bits, low4);
-      __m256i second = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
-      if (five) {
-        const __m256i m0 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p)));
-        const __m256i m1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * p + 1)));
-        first = _mm256_or_si256(first, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m0), m0), sixteen));
-        second = _mm256_or_si256(second, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(high, m1), m1), sixteen));
-      }
+      __m256i first, second;
+      q45k_values(q, high, p, five, first, second);
       const __m256i s0 = _mm256_set1_epi16(step[2 * p]), s1 = _mm256_set1_epi16(step[2 * p + 1]);
       const __m256i t0 = _mm256_set1_epi16(static_cast<int16_t>(128 * step[2 * p]));
       const __m256i t1 = _mm256_set1_epi16(static_cast<int16_t>(128 * step[2 * p + 1]));
@@ -269,14 +261,13 @@ void rows_q45k(const uint8_t* w, const Rows& rows, int64_t n, float* out, bool f
       minimums[r] += a.d * dmin * static_cast<float>(msum);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - minimums[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) - minimums[r];
 }
 
 // Q6_K: per row, sum of (scale * (q - 32)) * a over 16-weight runs (widened to int16 once for every row,
 // madd), each half of the super-block exact in int32 (at most 32 * 128 * 16256 * 16 in a lane)
 template <int R>
 void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x03);
   const __m256i m32 = _mm256_set1_epi8(32);
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -284,16 +275,8 @@ void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(w + 192);
     const float d = h16(w + 208);
     for (int half = 0; half < 2; ++half) {
-      const uint8_t* ql = w + 64 * half;
-      const __m256i l1 = load(ql), l2 = load(ql + 32), h = load(w + 128 + 32 * half);
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l2, low4),
-                             _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(0x0C)), 2));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                             _mm256_and_si256(h, _mm256_set1_epi8(0x30)));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l2, 4), low4),
-                             _mm256_srli_epi16(_mm256_and_si256(h, _mm256_set1_epi8(static_cast<char>(0xC0))), 2));
+      q6k_values(w, half, q);
       __m256i f[8];
       for (int k = 0; k < 4; ++k) {
         const __m256i centred = _mm256_sub_epi8(q[k], m32);
@@ -310,7 +293,7 @@ void rows_q6k(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
       }
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]);
 }
 
 template <int R>

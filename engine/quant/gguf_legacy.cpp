@@ -16,10 +16,6 @@
 
 #include <cstring>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define GGUF_AVX2 1
-#endif
 
 namespace gguf {
 namespace {
@@ -73,11 +69,6 @@ inline void block_ints(int type, const uint8_t* b, int8_t* q) {
 }
 
 #ifdef GGUF_AVX2
-inline float hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, 1)));
-}
 // 16 bytes of nibbles -> 32 bytes: low nibbles, then high nibbles
 inline __m256i nibbles32(const uint8_t* p) {
   const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -163,7 +154,7 @@ void rows_of(const uint8_t* w, const Rows& rows, int64_t n, float* out) {
       if (l.minimum) minimums[r] += m * a.s;
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) + minimums[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum8(acc[r]) + minimums[r];
 #else
   float lanes[R][8] = {};
   int8_t q[32];

@@ -263,11 +263,7 @@ Q8Rows quantize_rows(const float* x, int64_t rows, int64_t width) {
 }
 
 #if defined(__AVX2__) && (defined(__x86_64__) || defined(__i386__))
-inline float hsum8(__m256 v) {
-  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)));
-}
+using gguf::hsum8;
 
 // Group g's 32 weights q (0..255, or 0..15 unpacked from 4 bits) of a weight row, as 32 bytes.
 template <int BITS>

@@ -7,6 +7,7 @@ and exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,53 @@ def assert_same_rows(a: torch.Tensor, b: torch.Tensor) -> None:
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-4), float((a - b).abs().max())
     if a.dim() >= 1 and a.shape[-1] > 1:
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def greedy_native_and_eager(model: Any, steps: int = 12) -> tuple[list[int], list[int]]:
+    """Greedy tokens after a 20-token prompt, ``steps`` of them, through the native step and through the eager
+    fast path (the native step set aside for those calls), each decoding its own continuation."""
+    from engine.model import kv
+    from engine.model.kv import KVState
+
+    fast = kv.fast_forward(model)
+    assert fast is not None and fast.native is not None
+    ours, theirs = KVState(), KVState()
+    prompt = list(range(5, 25))
+    kv.forward(model, ours, prompt)
+    kv.forward(model, theirs, prompt)
+    mine, reference, token_ours, token_theirs = [], [], 7, 7
+    for _ in range(steps):
+        token_ours = int(kv.forward(model, ours, [token_ours], decode=True)[-1].argmax())
+        keep, fast.native = fast.native, None
+        try:
+            token_theirs = int(kv.forward(model, theirs, [token_theirs], decode=True)[-1].argmax())
+        finally:
+            fast.native = keep
+        mine.append(token_ours)
+        reference.append(token_theirs)
+    return mine, reference
+
+
+def assert_rows_at_once_equal_alone(
+    model: Any, same: Callable[[torch.Tensor, torch.Tensor], None] | None = None
+) -> Any:
+    """Five decode tokens in one call (a speculative step's verification) give the logits, keys and values that
+    five one-token calls give: bit for bit by default (a step that sums in fixed lanes: q8-cpu, a GGUF), else as
+    ``same`` asserts.  Returns the two states (together, alone) for further steps."""
+    from engine.model import kv
+    from engine.model.kv import KVState
+
+    def bits(a: torch.Tensor, b: torch.Tensor) -> None:
+        assert a.shape == b.shape and torch.equal(a, b)
+
+    same = same or bits
+    together, alone = KVState(), KVState()
+    prompt, tokens = list(range(5, 30)), [7, 40, 3, 99, 12]
+    kv.forward(model, together, prompt)
+    kv.forward(model, alone, prompt)
+    rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
+    same(rows, torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens]))
+    for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
+        same(a.keys, b.keys)
+        same(a.values, b.values)
+    return together, alone

@@ -23,6 +23,7 @@ from engine.model import kv
 from engine.model.kv import KVState
 from engine.model.loader import GGUF_AS_IS, load_model
 from engine.quant import native
+from tests.support.tiny import assert_rows_at_once_equal_alone, greedy_native_and_eager
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the block kernels are native")
 
@@ -124,30 +125,9 @@ def test_greedy_decode_through_the_native_step_equals_the_eager_path(
 ) -> None:
     path, _ = tiny_gguf(tmp_path, "qwen2", 12)
     model = load_model(ModelSpec(source=str(path))).model
-    fast = kv.fast_forward(model)
-    assert fast is not None and fast.native is not None
-    ours, theirs = KVState(), KVState()
-    prompt = list(range(5, 25))
-    kv.forward(model, ours, prompt)
-    kv.forward(model, theirs, prompt)
-    mine, reference, token_ours, token_theirs = [], [], 7, 7
-    for _ in range(12):
-        token_ours = int(kv.forward(model, ours, [token_ours], decode=True)[-1].argmax())
-        keep, fast.native = fast.native, None
-        try:
-            token_theirs = int(kv.forward(model, theirs, [token_theirs], decode=True)[-1].argmax())
-        finally:
-            fast.native = keep
-        mine.append(token_ours)
-        reference.append(token_theirs)
+    mine, reference = greedy_native_and_eager(model)
     assert mine == reference
-    together, alone = KVState(), KVState()
-    kv.forward(model, together, prompt)
-    kv.forward(model, alone, prompt)
-    tokens = [7, 40, 3, 99, 12]
-    rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
-    ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
-    assert torch.equal(rows, ones), "verifying drafts in one call gives what one-token calls give"
+    assert_rows_at_once_equal_alone(model)  # verifying drafts in one call gives what one-token calls give
 
 
 def test_an_architecture_it_does_not_map_is_converted_and_says_why(tmp_path: Path, brisk_data_dir: Path) -> None:

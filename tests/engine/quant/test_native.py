@@ -18,7 +18,7 @@ from engine import quant
 from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
-from tests.support.tiny import assert_same_rows, load_fp16, load_q8
+from tests.support.tiny import assert_rows_at_once_equal_alone, assert_same_rows, load_fp16, load_q8
 
 # Where no C++ compiler exists the app decodes on the eager path;
 # everywhere else these must pass.
@@ -60,16 +60,7 @@ def test_the_native_step_builds_on_this_machine() -> None:
 def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
     model = load_fp16(tiny_dir)
     assert native.module(wait=True) is not None
-    together, alone = KVState(), KVState()
-    prompt, tokens = list(range(5, 30)), [7, 40, 3, 99, 12]
-    kv.forward(model, together, prompt)
-    kv.forward(model, alone, prompt)
-    rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
-    ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
-    assert_same_rows(rows, ones)
-    for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
-        assert_same_rows(a.keys, b.keys)
-        assert_same_rows(a.values, b.values)
+    together, alone = assert_rows_at_once_equal_alone(model, assert_same_rows)
     # the last row only (logits_to_keep=1) is the same row
     last = kv.forward(model, together, [8, 9], decode=True)
     kv.forward(model, alone, [8], decode=True)

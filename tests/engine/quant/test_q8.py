@@ -19,7 +19,13 @@ from engine.model import kv
 from engine.model.kv import KVState
 from engine.quant import native
 from engine.quant.kernels import PROMPT_ROWS, Q8Linear, pack4, q8_reference, q8_weights, unpack4
-from tests.support.tiny import assert_same_rows, load_q8, make_tiny_model
+from tests.support.tiny import (
+    assert_rows_at_once_equal_alone,
+    assert_same_rows,
+    greedy_native_and_eager,
+    load_q8,
+    make_tiny_model,
+)
 
 pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: q8-cpu runs its torch reference")
 
@@ -235,24 +241,10 @@ def test_greedy_decode_through_the_native_step_equals_the_eager_q8_path(
     assert {m.steps.dtype for m in layers} == {torch.float16 if four else torch.float32}
     fast = kv.fast_forward(model)
     assert native.module(wait=True) is not None and fast is not None and fast.native is not None
-    ours, theirs = KVState(), KVState()
-    prompt = list(range(5, 25))
-    kv.forward(model, ours, prompt)
-    kv.forward(model, theirs, prompt)
     calls = []
     rows = fast.native.rows
     fast.native.rows = lambda *a, **k: calls.append(1) or rows(*a, **k)  # type: ignore[method-assign]
-    token_ours = token_theirs = 7
-    mine, reference = [], []
-    for _ in range(12):  # each decodes its own greedy continuation
-        token_ours = int(kv.forward(model, ours, [token_ours], decode=True)[-1].argmax())
-        mine.append(token_ours)
-        keep, fast.native = fast.native, None
-        try:
-            token_theirs = int(kv.forward(model, theirs, [token_theirs], decode=True)[-1].argmax())
-        finally:
-            fast.native = keep
-        reference.append(token_theirs)
+    mine, reference = greedy_native_and_eager(model)
     assert len(calls) == 12, "every decode step ran the native step"
     assert mine == reference
 
@@ -260,15 +252,7 @@ def test_greedy_decode_through_the_native_step_equals_the_eager_q8_path(
 def test_rows_at_once_equal_one_row_calls_bit_for_bit(tiny_dir: Path) -> None:
     model = load_q8(tiny_dir)
     assert native.module(wait=True) is not None
-    together, alone = KVState(), KVState()
-    prompt, tokens = list(range(5, 30)), [7, 40, 3, 99, 12]
-    kv.forward(model, together, prompt)
-    kv.forward(model, alone, prompt)
-    rows = kv.forward(model, together, tokens, all_logits=True, decode=True)
-    ones = torch.stack([kv.forward(model, alone, [t], decode=True)[-1] for t in tokens])
-    assert rows.shape == ones.shape and torch.equal(rows, ones)
-    for a, b in zip(together.cache.layers, alone.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert_rows_at_once_equal_alone(model)
 
 
 def test_new_weights_are_collected_again(tiny_dir: Path) -> None:

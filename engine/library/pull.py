@@ -10,13 +10,21 @@ file name, case-insensitive), else by ``GGUF_PREFERENCE``; a split GGUF (``-0000
 A safetensors repo gives its top-level config, tokenizer and ``*.safetensors`` files (``.bin`` weights only when it
 has no safetensors; never ``onnx/`` or ``original/``).
 
-How: ``huggingface_hub`` 2.4 finds the files (``model_info``, ``get_hf_file_metadata``) and lays out the cache
-(``hf_hub_download`` links a blob that is already there into the snapshot). The bytes themselves are fetched here,
-because ``hf_hub_download`` deletes a partial file when a download fails, so it cannot resume after a restart or a
-cancel. Each file streams into ``blobs/<etag>.incomplete`` (the name the hub's cache scan reports as an unfinished
-download); a later pull continues it with a ``Range`` request; a cut connection is retried the same way
-(``_RETRY_DELAYS``). The file's SHA-256 (LFS files) or git blob id (small files) is checked against the hub's before it
-becomes a blob, so a blob is never half-written or wrong. The free disk space is checked before anything is written.
+How: ``huggingface_hub`` 2.4 asks the hub which files there are (``model_info``); the bytes are fetched here, and
+the cache laid out here in the hub's layout (``blobs/<hash>``, ``snapshots/<commit>/<file>`` linking to it,
+``refs/main``), because ``hf_hub_download`` deletes a partial file when a download fails (so it cannot resume) and
+names files after the ``ETag`` and ``X-Repo-Commit`` headers as given. Each file streams into
+``blobs/<hash>.incomplete`` (the name the hub's cache scan reports as an unfinished download); a later pull continues
+it with a ``Range`` request; a cut connection is retried the same way (``_RETRY_DELAYS``). The file's SHA-256 (LFS
+files) or git blob id (small files) is checked against the hub's before it becomes a blob, so a blob is never
+half-written or wrong.
+
+A hub is a stranger: every path written is built from the model info's hashes (64 or 40 hex digits) and its commit
+(40 hex digits), and from file names that pass the hub's own path rules (relative, ``/``-separated, no ``..``, no
+backslash, no control character), and is checked to lie inside the cache before anything is written; no header names
+a file. The bytes written are counted against the size the hub announced as they arrive (more is refused and the
+partial file deleted), and against the disk's free space before the pull and every ``_DISK_CHECK_EVERY`` bytes during
+it. A model info of the wrong shape (keys missing, wrong types) is a ``PullError``.
 
 Errors a user can act on are ``PullError`` with a message meant for them; ``cancel`` (a ``threading.Event``, checked
 after every network read) raises ``PullCancelled`` and keeps the partial file for the next pull.
@@ -38,25 +46,17 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 import httpx2
-from huggingface_hub import (
-    HfApi,
-    constants,
-    get_hf_file_metadata,
-    get_session,
-    hf_hub_download,
-    hf_hub_url,
-    try_to_load_from_cache,
-)
+from huggingface_hub import HfApi, constants, get_session, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import (
-    FileMetadataError,
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.file_download import _create_symlink, repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers, hf_raise_for_status
 
 from engine.library.scan import SPLIT, hf_cache_root
@@ -73,9 +73,13 @@ _MODEL_FILES = frozenset({
     "chat_template.json", "preprocessor_config.json", "processor_config.json",
 })  # fmt: skip
 _DISK_MARGIN = 100 * 2**20  # kept free beyond the download, so the pull does not fill the disk to the last byte
+_DISK_CHECK_EVERY = 64 * 2**20  # bytes written between two looks at the disk's free space during a download
 _RETRY_DELAYS = (0.5, 2.0, 5.0)  # seconds before each retry of a broken transfer; then the pull fails
 _PROGRESS_EVERY_S = 0.1
 _SPEED_WINDOW_S = 3.0
+_HASH = re.compile(r"[0-9a-f]{64}|[0-9a-f]{40}")  # an LFS file's SHA-256, or a small file's git blob id
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SERVER_TEXT = 200  # characters of a server's own message quoted in ours
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,11 @@ class PlannedFile:
     sha256: str | None  # LFS files
     blob_id: str | None  # the git object id, the checksum of a small file
 
+    @property
+    def blob_name(self) -> str:
+        """The file's name in ``blobs/``: its SHA-256 (LFS) or git blob id, as the hub cache names it."""
+        return self.sha256 or self.blob_id or ""
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -145,19 +154,60 @@ def plan(
     """Ask the hub which files ``pull`` would fetch for these arguments, and their sizes; downloads nothing."""
     endpoint = _endpoint(endpoint)
     with _hub_errors(repo, endpoint):
-        info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
-    siblings = {s.rfilename: s for s in info.siblings or []}
+        try:
+            info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
+            siblings = {s.rfilename: s for s in info.siblings or []}
+        except HFValidationError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # huggingface_hub reads the JSON as given
+            raise _wrong_shape(repo, endpoint, f"{type(exc).__name__}: {exc}") from None
+    for name in siblings:
+        if problem := repo_path_problem(name):
+            raise _wrong_shape(repo, endpoint, f"a file named {name!r:.{_SERVER_TEXT}}, {problem}")
+    if not isinstance(info.sha, str) or not _COMMIT.fullmatch(info.sha):
+        raise _wrong_shape(repo, endpoint, f"its commit is {info.sha!r:.{_SERVER_TEXT}}, not 40 hex digits")
     kind, names = choose_files(repo, list(siblings), file, quant)
-    files = tuple(
-        PlannedFile(
-            name=n,
-            size=siblings[n].size or 0,
-            sha256=(lfs.sha256 if (lfs := siblings[n].lfs) else None),
-            blob_id=siblings[n].blob_id,
-        )
-        for n in names
+    files = tuple(_planned(repo, endpoint, n, siblings[n]) for n in names)
+    return Plan(repo=repo, revision=info.sha, kind=kind, files=files, endpoint=endpoint)
+
+
+def repo_path_problem(name: object) -> str:
+    """Why ``name`` is not a file path inside a repo by the hub's rules ("" when it is one): relative,
+    ``/``-separated, no empty, ``.`` or ``..`` part, no backslash, no control character, no drive letter."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if len(name) > 1000:
+        return "longer than a path the hub allows"
+    if name.startswith("/") or re.match(r"[A-Za-z]:", name):
+        return "an absolute path"
+    if "\\" in name or any(ord(c) < 32 or c == "\x7f" for c in name):
+        return "with a backslash or a control character"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "with an empty, '.' or '..' part"
+    return ""
+
+
+def _planned(repo: str, endpoint: str, name: str, sibling: object) -> PlannedFile:
+    """The ``PlannedFile`` of one sibling of the model info, its size and hashes checked for type and form."""
+    size = getattr(sibling, "size", None)
+    lfs = getattr(sibling, "lfs", None)
+    sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+    blob_id = getattr(sibling, "blob_id", None)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _wrong_shape(repo, endpoint, f"the size of {name} is {size!r:.{_SERVER_TEXT}}")
+    for label, value in (("SHA-256", sha256), ("git blob id", blob_id)):
+        if value is not None and (not isinstance(value, str) or not _HASH.fullmatch(value.lower())):
+            raise _wrong_shape(repo, endpoint, f"the {label} of {name} is {value!r:.{_SERVER_TEXT}}")
+    if sha256 is None and blob_id is None:
+        raise _wrong_shape(repo, endpoint, f"it gives no checksum for {name}")
+    return PlannedFile(name, size, sha256.lower() if sha256 else None, blob_id.lower() if blob_id else None)
+
+
+def _wrong_shape(repo: str, endpoint: str, what: str) -> PullError:
+    return PullError(
+        f"{endpoint} did not answer like the Hugging Face hub about {repo} ({what}), so Brisk wrote nothing: "
+        "check HF_ENDPOINT, or try again later."
     )
-    return Plan(repo=repo, revision=info.sha or "main", kind=kind, files=files, endpoint=endpoint)
 
 
 def choose_files(
@@ -259,16 +309,18 @@ def pull(
     todo = plan(repo, file, quant, endpoint=endpoint, token=token)
     root = Path(cache_dir) if cache_dir is not None else hf_cache_root()
     storage = root / repo_folder_name(repo_id=repo, repo_type="model")
+    snapshot = storage / "snapshots" / todo.revision
+    for f in todo.files:  # plan() checked every name and hash; this keeps the promise should that change
+        for path in (storage / "blobs" / f.blob_name, snapshot / f.name):
+            if not _inside(path, storage):
+                raise PullError(f"Brisk will not write {path}: it is outside the hub cache at {root}.")
     jobs: list[_Job] = []
-    with _hub_errors(repo, todo.endpoint):
-        for f in todo.files:
-            if isinstance(try_to_load_from_cache(repo, f.name, cache_dir=root, revision=todo.revision), str):
-                continue
-            url = hf_hub_url(repo, f.name, revision=todo.revision, endpoint=todo.endpoint)
-            meta = get_hf_file_metadata(url, token=token, endpoint=todo.endpoint)
-            blob = storage / "blobs" / (meta.etag or f.sha256 or f.blob_id or f.name)
-            have = 0 if blob.exists() else _size_of(_partial(blob))
-            jobs.append(_Job(f, blob, min(have, f.size)))
+    for f in todo.files:
+        if isinstance(try_to_load_from_cache(repo, f.name, cache_dir=root, revision=todo.revision), str):
+            continue
+        blob = storage / "blobs" / f.blob_name
+        have = 0 if blob.exists() else _size_of(_partial(blob))
+        jobs.append(_Job(f, blob, min(have, f.size)))
     fetch = [j for j in jobs if not j.blob.exists()]
     _check_disk(repo, root, sum(j.file.size - j.have for j in fetch))
     meter = _Meter(todo.total_bytes - sum(j.file.size - j.have for j in fetch), todo.total_bytes, progress)
@@ -283,13 +335,12 @@ def pull(
             with WeakFileLock(lock):
                 if not job.blob.exists():
                     _fetch(url, job, headers, meter, cancel)
-        for job in jobs:  # huggingface_hub links each blob into the snapshot, its way (symlink, or copy on Windows)
-            hf_hub_download(
-                repo, job.file.name, revision=todo.revision, cache_dir=root, endpoint=todo.endpoint, token=token
-            )
+    for job in jobs:  # linked as huggingface_hub links them: a relative symlink, or a copy where there are none
+        pointer = snapshot / job.file.name
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        _create_symlink(str(job.blob), str(pointer), new_blob=False)
     _write_ref(storage, todo.revision)
     meter.finish()
-    snapshot = storage / "snapshots" / todo.revision
     return PullResult(
         repo=repo,
         path=snapshot if todo.kind == "safetensors" else snapshot / todo.files[0].name,
@@ -315,9 +366,16 @@ def _fetch(url: str, job: _Job, headers: dict[str, str], meter: _Meter, cancel: 
             try:
                 if out.tell() < size:
                     _stream(url, headers, out, check, meter, cancel, job)
-                if out.tell() >= size:  # more than expected fails the checksum below
+                if out.tell() >= size:
                     break
                 raise httpx2.RemoteProtocolError(f"the server sent {out.tell()} of {size} bytes")
+            except _TooLong as exc:
+                out.close()
+                partial.unlink()
+                raise PullError(
+                    f"The hub sent more than the {_size(size)} it announced for {name} ({exc}), so Brisk stopped and "
+                    "deleted the download: try again later, or check HF_ENDPOINT."
+                ) from None
             except httpx2.TransportError:
                 out.flush()
                 if failures == len(_RETRY_DELAYS):
@@ -352,12 +410,39 @@ def _stream(
             out.truncate()
             check.reset()
             meter.add(-offset, job.file.name)
+        size, length = job.file.size, response.headers.get("Content-Length", "")
+        if length.isdigit() and out.tell() + int(length) > size:
+            raise _TooLong(f"it announced {int(length):,} more bytes after the {out.tell():,} on disk")
+        unchecked = 0  # bytes written since the last look at the disk's free space
         for chunk in response.iter_bytes():
+            if out.tell() + len(chunk) > size:
+                raise _TooLong(f"{out.tell() + len(chunk):,} bytes and counting")
             out.write(chunk)
             check.update(chunk)
             meter.add(len(chunk), job.file.name)
+            unchecked += len(chunk)
+            if unchecked >= _DISK_CHECK_EVERY:
+                unchecked = 0
+                _check_free(out, job)
             if cancel is not None and cancel.is_set():
                 raise PullCancelled(f"Cancelled while downloading {job.file.name}; the next pull continues it.")
+
+
+class _TooLong(Exception):
+    """The server sent, or announced, more bytes of a file than the model info said it has."""
+
+
+def _check_free(out: BinaryIO, job: _Job) -> None:
+    """Stop a download, keeping what it wrote for the next pull, when its disk is down to ``_DISK_MARGIN`` free."""
+    out.flush()
+    where = job.blob.parent
+    free = shutil.disk_usage(where).free
+    if free < _DISK_MARGIN:
+        raise PullError(
+            f"The disk holding {where} is down to {_size(free)} free (Brisk keeps {_size(_DISK_MARGIN)} spare), so "
+            f"the download of {job.file.name} stopped with {_size(out.tell())} of {_size(job.file.size)} kept: "
+            "free some space and run the pull again to continue."
+        )
 
 
 class _Checksum:
@@ -428,6 +513,11 @@ def _hub_errors(repo: str, endpoint: str) -> Iterator[None]:
         yield
     except PullError:
         raise
+    except HFValidationError:
+        raise PullError(
+            f"{repo!r:.{_SERVER_TEXT}} is not a model name on the hub: it is owner/name, with letters, digits, "
+            "'-', '_' and '.'."
+        ) from None
     except OfflineModeIsEnabled:
         raise PullError("Downloads are switched off (HF_HUB_OFFLINE is set): unset it to pull models.") from None
     except GatedRepoError:
@@ -439,20 +529,20 @@ def _hub_errors(repo: str, endpoint: str) -> Iterator[None]:
             f"There is no model {repo} on {endpoint}, or it is private: check the name, or {login}."
         ) from None
     except (RevisionNotFoundError, RemoteEntryNotFoundError) as e:
-        raise PullError(
-            f"{repo} changed on the hub while pulling it ({e.server_message or e}): run it again."
-        ) from None
+        said = str(e.server_message or e)[:_SERVER_TEXT]
+        raise PullError(f"{repo} changed on the hub while pulling it ({said}): run it again.") from None
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "?"
         if status in (401, 403):
             raise PullError(f"The hub refused access to {repo} (HTTP {status}): {login}.") from None
         raise PullError(f"The hub answered HTTP {status} for {repo}: try again later.") from None
-    except FileMetadataError as e:
-        raise PullError(f"{endpoint} did not answer like the Hugging Face hub ({e}): check HF_ENDPOINT.") from None
     except (httpx2.ConnectError, httpx2.TimeoutException, httpx2.NetworkError):
         raise PullError(
             f"Could not reach the Hugging Face hub at {endpoint}: check the internet connection (or HF_ENDPOINT)."
         ) from None
+    except (httpx2.HTTPError, httpx2.InvalidURL, httpx2.StreamError) as e:  # redirects in a loop, a body it mangled
+        said = str(e)[:_SERVER_TEXT]
+        raise PullError(f"{endpoint} did not answer like the Hugging Face hub ({said}): check HF_ENDPOINT.") from None
 
 
 def _check_disk(repo: str, root: Path, needed: int) -> None:
@@ -481,6 +571,12 @@ def _write_ref(storage: Path, commit: str) -> None:
 def _endpoint(endpoint: str | None) -> str:
     # read at call time: huggingface_hub reads HF_ENDPOINT once, when it is imported
     return (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, with its ``..`` parts worked out (it need not exist), lies inside ``folder``."""
+    base = os.path.normpath(os.path.abspath(folder))
+    return os.path.commonpath([base, os.path.normpath(os.path.abspath(path))]) == base
 
 
 def _partial(blob: Path) -> Path:

@@ -4,8 +4,10 @@
 turns it into a :class:`Grammar` for one reply through llguidance (chosen over xgrammar: no
 dependencies where xgrammar pulls triton and a TVM runtime, about 200 MB a CPU app never uses, and
 its forced tokens follow the model tokenizer's canonical splits; measured on this CPU in
-``docs/PERFORMANCE.md``).  A bad schema, regex or grammar raises :class:`FormatError` with the
-library's message before the model runs.
+``docs/PERFORMANCE.md``).  A bad schema, regex or grammar raises :class:`FormatError` before the model
+runs: first the bounds of ``engine.runtime.format_limits`` (size, depth, ``$ref`` chains, repeats, no
+finite reply), in pure Python, since past them llguidance can end the process; then the library's own
+check, under :data:`LIMITS`, its message cut to one line (:func:`said`), never its state dump.
 
 The decode loop (``engine.runtime.steps``) uses a :class:`Grammar` in three places:
 
@@ -34,6 +36,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.api import FORMAT_KINDS
+from engine.runtime.format_limits import FormatError as FormatError  # raised here too: one error type
+from engine.runtime.format_limits import check, check_grammar, check_size
 
 if TYPE_CHECKING:  # torch is imported where a reply is decoded: the format check of a front end needs none
     import torch
@@ -45,21 +49,38 @@ _CACHED_GRAMMARS = 64
 JUMP_FORWARD = True  # feed forced tokens with the next step (off only to show, in tests, that they change nothing)
 
 
-class FormatError(ValueError):
-    """The reply format cannot be used; the message (the library's, where it has one) is for the user."""
+_SAID = 300  # characters of a library message a user sees (llguidance's errors can carry a state dump)
+
+
+@functools.cache
+def limits() -> Any:
+    """llguidance's resource limits for every grammar Brisk compiles: its defaults, with short errors."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+def said(message: str) -> str:
+    """A library message as a user reads it: its first line, at most ``_SAID`` characters."""
+    line = next((part.strip() for part in str(message).splitlines() if part.strip()), "no reason given")
+    return line if len(line) <= _SAID else line[: _SAID - 3] + "..."
 
 
 def grammar_text(format_json: str) -> str:
     """The llguidance grammar for ``format_json`` (``engine.api.reply_format``); raises :class:`FormatError`."""
     import llguidance
 
+    check_size(format_json)
     try:
         spec = json.loads(format_json)
     except json.JSONDecodeError as exc:
         raise FormatError(f"The reply format is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise FormatError("The reply format is nested too deeply to read; flatten it or use $defs.") from None
     kind = spec.get("type") if isinstance(spec, dict) else None
     if kind not in FORMAT_KINDS:
         raise FormatError(f"Unknown reply format {kind!r}; choose one of {', '.join(FORMAT_KINDS)}.")
+    check(spec)  # before llguidance: past these bounds it can end the process (format_limits)
     try:
         if kind == "json_object":
             return str(llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_DEFAULTS))
@@ -89,7 +110,7 @@ def grammar_text(format_json: str) -> str:
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - llguidance raises ValueError and its own types
-        raise FormatError(f"The reply format cannot be used: {exc}") from None
+        raise FormatError(f"The reply format cannot be used: {said(str(exc))}") from None
 
 
 def format_problems(format_json: str) -> list[str]:
@@ -103,8 +124,8 @@ def format_problems(format_json: str) -> list[str]:
         grammar = _checked_grammar(format_json)
     except FormatError as exc:
         return [str(exc)]
-    problem = llguidance.LLMatcher.validate_grammar(grammar)
-    return [f"The reply format cannot be used: {problem}"] if problem else []
+    problem = llguidance.LLMatcher.validate_grammar(grammar, limits=limits())
+    return [f"The reply format cannot be used: {said(problem)}"] if problem else []
 
 
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -137,12 +158,12 @@ def compile_format(format_json: str, tokenizer: Any, vocab_size: int, eos_ids: f
 
     grammar = _checked_grammar(format_json)
     lltok = ll_tokenizer(tokenizer, vocab_size, eos_ids)
-    problem = llguidance.LLMatcher.validate_grammar(grammar, lltok)
+    problem = llguidance.LLMatcher.validate_grammar(grammar, lltok, limits=limits())
     if problem:
-        raise FormatError(f"The reply format cannot be used: {problem}")
-    matcher = llguidance.LLMatcher(lltok, grammar)
+        raise FormatError(f"The reply format cannot be used: {said(problem)}")
+    matcher = llguidance.LLMatcher(lltok, grammar, limits=limits())
     if matcher.is_error():
-        raise FormatError(f"The reply format cannot be used: {matcher.get_error()}")
+        raise FormatError(f"The reply format cannot be used: {said(matcher.get_error())}")
     return Grammar(matcher, vocab_size)
 
 
@@ -210,7 +231,7 @@ class Grammar:
             if self._matcher.is_stopped():
                 return  # the end-of-reply token after a finished grammar: the reply is over anyway
             if not self._matcher.consume_token(token):
-                raise FormatError(f"The reply left its format: {self._matcher.get_error()}")
+                raise FormatError(f"The reply left its format: {said(self._matcher.get_error())}")
 
     @property
     def complete(self) -> bool:
@@ -251,12 +272,14 @@ def compile_tool_calls(
     schema the library cannot use)."""
     import llguidance
 
+    text = tool_call_grammar(schemas)
+    check_grammar(text)  # a client's or a server's tool schema, bounded before llguidance (format_limits)
     lltok = ll_tokenizer(tokenizer, vocab_size, eos_ids)
-    grammar = str(llguidance.LLMatcher.grammar_from_lark(tool_call_grammar(schemas)))
-    problem = llguidance.LLMatcher.validate_grammar(grammar, lltok)
+    grammar = str(llguidance.LLMatcher.grammar_from_lark(text))
+    problem = llguidance.LLMatcher.validate_grammar(grammar, lltok, limits=limits())
     if problem:
-        raise FormatError(f"A tool's schema cannot be used for its calls: {problem}")
-    return ToolCalls(lambda: Grammar(llguidance.LLMatcher(lltok, grammar), vocab_size), tokenizer)
+        raise FormatError(f"A tool's schema cannot be used for its calls: {said(problem)}")
+    return ToolCalls(lambda: Grammar(llguidance.LLMatcher(lltok, grammar, limits=limits()), vocab_size), tokenizer)
 
 
 class ToolCalls:

@@ -52,6 +52,7 @@ from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, b
 from engine.client import format_problems
 from engine.documents.render import place_of
 from engine.paths import settings_path
+from engine.runtime.format_limits import MAX_BYTES as MAX_FORMAT_BYTES
 from engine.safe_read import NotRegularFile, read_regular
 from engine.storage import Settings
 from engine.tools.run import clip, echo_arguments
@@ -237,6 +238,8 @@ def format_from(args: argparse.Namespace) -> str:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"--json-schema: not a JSON schema ({exc}); give a file or the schema's JSON.") from None
+    except RecursionError:
+        raise InputError("--json-schema: the schema is nested too deeply to read; flatten it or use $defs.") from None
     if not isinstance(schema, dict):
         raise InputError('--json-schema: a schema is a JSON object, such as {"type": "object", ...}.')
     return reply_format("json_schema", schema)
@@ -250,9 +253,13 @@ def _file_or_text(value: str, flag: str) -> str:
     path = Path(value).expanduser()
     if path.is_file():
         try:
-            return path.read_text(encoding="utf-8")
+            data, more = read_regular(path, MAX_FORMAT_BYTES)  # no more than a format may be: never a whole big file
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"{flag}: cannot read {path} ({exc}).") from None
+        if more:
+            raise InputError(f"{flag}: {path} is over {MAX_FORMAT_BYTES // 1024} KB, the most a reply format may be.")
+        return text
     if flag == "--json-schema":
         raise InputError(f"{flag}: no such file: {path} (give a file or the schema's JSON).")
     return value

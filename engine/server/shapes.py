@@ -272,6 +272,7 @@ def tools_from(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], str
             "parameters": dict(parameters),
         }
         out.append({"type": "function", "function": entry})
+    _bounded_tools(out)
     choice = body.get("tool_choice", "auto" if out else "none")
     if choice == "none":
         return (), ""
@@ -290,6 +291,24 @@ def tools_from(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...], str
     else:
         raise bad("'tool_choice' must be none, auto, required or {'type': 'function', ...}.", "tool_choice")
     return tuple(out), forced_call_format([t for t in out if t["function"]["name"] in forced])
+
+
+def _bounded_tools(tools: list[dict[str, Any]]) -> None:
+    """Each tool's schema within the reply-format bounds (``engine.runtime.format_limits``), else a 400: a
+    call the model opens is compiled under them, and past them the grammar library can end the process."""
+    if not tools:
+        return
+    from engine.runtime.format_limits import FormatError, check_grammar, check_schema, check_size
+    from engine.runtime.grammar import tool_call_grammar
+
+    try:
+        for i, tool in enumerate(tools):
+            check_schema(tool["function"]["parameters"], f"tools[{i}].function.parameters")
+        grammar = tool_call_grammar(tools)
+        check_size(grammar, "The tools' schemas together")
+        check_grammar(grammar)
+    except FormatError as exc:
+        raise bad(str(exc), "tools", "invalid_format") from None
 
 
 def forced_call_format(tools: list[dict[str, Any]]) -> str:

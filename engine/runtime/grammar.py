@@ -96,7 +96,8 @@ def grammar_text(format_json: str) -> str:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise FormatError(f"The regex {pattern!r} is not valid: {exc}.") from None
+                shown = pattern if len(pattern) <= 60 else pattern[:57] + "..."
+                raise FormatError(said(f"The regex {shown!r} is not valid: {exc}.")) from None
             return str(llguidance.LLMatcher.grammar_from_regex(pattern))
         if kind == "choice":
             choices = spec.get("choices")

@@ -35,7 +35,7 @@ def run_python(
     env: dict[str, str] | None = None,
 ) -> Run:
     """Run ``python ARGV`` on ``data_dir``; a run past ``timeout`` fails the test (it would have hung a user)."""
-    full_env = dict(os.environ, HF_HUB_OFFLINE="1", BRISK_DATA_DIR=str(data_dir), **(env or {}))
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "BRISK_DATA_DIR": str(data_dir), **(env or {})}  # env wins
     start = time.perf_counter()
     try:
         done = subprocess.run(

@@ -198,3 +198,67 @@ def test_layouts_it_does_not_know_decline_with_a_reason() -> None:
     qwen = Qwen3ForCausalLM(Qwen3Config(**COMMON, num_hidden_layers=1, num_key_value_heads=2, rope_parameters=rope))
     assert FastForward.for_model(qwen) is None
     assert "dynamic" in support(qwen.config.to_dict()).reason
+
+
+# Architectures outside the seven families, each close to one of them (norm placement, q/k norms, multipliers,
+# sliding layers, NoPE layers, parallel blocks): they run on transformers' own forward over Brisk's KV cache, and
+# Brisk's greedy tokens must be transformers' own (the issue-47 report: one such model left them after 11 of 24).
+HELD_OUT = ("olmo2", "olmo3", "cohere2", "exaone4", "smollm3", "granite", "starcoder2", "gemma", "arcee", "glm4")
+# In-family variants whose fields each path must honour or decline: biases, head sizes, rotary kinds, windows.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-biases": ("llama", {"attention_bias": True, "mlp_bias": True}),
+    "llama-head-32": ("llama", {"head_dim": 32, "tie_word_embeddings": False}),
+    "llama-rope-llama3": ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 16}}),  # fmt: skip
+    "llama-rope-yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                  "original_max_position_embeddings": 16}}),  # fmt: skip
+    "qwen3-bias-window": ("qwen3", {"attention_bias": True, "head_dim": 16, "use_sliding_window": True,
+                                    "sliding_window": 8, "max_window_layers": 1}),  # fmt: skip
+    "gemma3-linear-global": ("gemma3_text", {"head_dim": 16, "sliding_window": 8, "query_pre_attn_scalar": 24,
+                                             "rope_parameters": {
+                                                 "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                                    "rope_theta": 1e6},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}),
+}  # fmt: skip
+
+
+def _tiny(model_type: str, **extra: Any) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**COMMON, "num_key_value_heads": 2, "num_hidden_layers": 3, **extra})
+    if hasattr(config, "sliding_window") and "sliding_window" not in extra:
+        config.sliding_window = 8  # so a window applied wrongly shows within the 24 tokens
+    return sharpen(AutoModelForCausalLM.from_config(config).eval())
+
+
+def _greedy_both(model: Any, steps: int = 24) -> tuple[list[int], list[int]]:
+    """Greedy tokens after a 17-token prompt: transformers' ``generate`` and Brisk's ``kv.forward`` steps."""
+    prompt = list(range(3, 20))
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+        state, ours = KVState(), []
+        logits = kv.forward(model, state, prompt)
+        for _ in range(steps):
+            ours.append(int(logits[-1].argmax()))
+            logits = kv.forward(model, state, [ours[-1]], decode=True)
+    return out[0, len(prompt) :].tolist(), ours
+
+
+@pytest.mark.parametrize("model_type", HELD_OUT)
+def test_architectures_outside_the_families_keep_transformers_greedy_tokens(model_type: str) -> None:
+    model = _tiny(model_type)
+    said = support(model.config.to_dict())
+    assert not said.fast_path and FastForward.for_model(model) is None and "transformers' forward" in said.reason
+    theirs, ours = _greedy_both(model)
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_family_variants_keep_transformers_greedy_tokens(name: str) -> None:
+    model_type, extra = VARIANTS[name]
+    model = _tiny(model_type, **extra)
+    assert FastForward.for_model(model) is not None
+    theirs, ours = _greedy_both(model)
+    assert ours == theirs

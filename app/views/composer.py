@@ -217,7 +217,7 @@ class Composer(QWidget):
         self.prefilled.show()
 
     def _draft_edited(self) -> None:
-        length = len(self.text())
+        length = self.editor.document().characterCount()  # no copy of a multi-megabyte draft a keystroke
         pasted = length - self._draft_length > PASTE_CHARS  # a paste (or a big insert): hint at once
         self._draft_length = length
         if pasted:

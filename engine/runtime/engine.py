@@ -54,7 +54,7 @@ from engine.runtime.answers_bridge import AnswerGate
 from engine.runtime.batching import MAX_ACTIVE, Batch
 from engine.runtime.decode import Decoder
 from engine.runtime.documents import Documents
-from engine.runtime.hints import Hints, hint_tokens
+from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
@@ -368,7 +368,10 @@ class Engine(Serving):
             return 0, 0
         text = str(request.messages[-1].get("content", "")) if request.messages else ""
         tokens: list[int] = []
-        if text.strip() and request.prefix_cache and not request_problems(request):
+        # a draft far longer than the context can hold is cut at Send: nothing of it is stable, and rendering it
+        # five times (hint_tokens' probes) would hold the interpreter, and the window, for most of a second a pause
+        fits = len(text) <= self.loaded.context_length * HINT_CHARS_PER_TOKEN
+        if fits and text.strip() and request.prefix_cache and not request_problems(request):
             _view, schemas = self._tool_view(request)
             max_tokens = request.sampling.max_tokens
             # whole documents only: the passages depend on the words still being typed

@@ -37,6 +37,9 @@ from engine.runtime.prompt import Prompt
 
 HINT_CHUNK = 32  # tokens per step: a Send waits for one step at most (about 30 ms on 2 cores, measured)
 HOLD_BACK = 1  # tokens kept back besides those a next character changes, for tokenizers that merge late
+# more characters a token than any prompt averages (English about 4, code about 3): a draft longer than the context
+# times this cannot fit, and is not rendered for a hint
+HINT_CHARS_PER_TOKEN = 16
 PROBES = (" a", "a", ".", "\n")  # what a next keystroke might add: the tokens all of them leave are stable
 
 

@@ -6,6 +6,8 @@ frozen :class:`Converted`: the text with ``\\n`` newlines, and what the user sho
 know about it in ``notes``.  Whatever cannot be attached raises :class:`DocumentError`,
 whose ``str()`` is one sentence that names the file and says what to do;
 :class:`Cancelled` is a subclass, so one ``except DocumentError`` handles both.
+No file gives more than :data:`MAX_CHARS` characters (the rest is left out, with a note), and with
+``inside`` a path that resolves outside that folder (a link inside an attached folder) is refused.
 ``progress(done, total)`` is called once per PDF page (``(0, n)`` first) and with
 ``(1, 1)`` when any other file is done; ``cancel()`` is checked before and after
 reading and between PDF pages.  :func:`supported` says by name alone (a sniff of the
@@ -19,14 +21,20 @@ first 4 KiB for a file with no extension) whether a file is one ``convert`` take
   on cp1252 or latin-1 French its own first choice was iso8859_10 (``ç`` read as
   ``į``) or mac_latin2.  On 40 samples (11 languages, 16 encodings, short and
   long) this rule decoded 36 right, its first choice 27.  No match: binary.
+  UTF-16 without a BOM (NUL in nearly every other byte, on one side only) is
+  decoded as UTF-16 LE or BE when that gives text without control characters.
 * HTML is parsed by BeautifulSoup (the stdlib parser), scripts, styles and the
   head dropped, and written as Markdown by markdownify (headings, lists, tables).
 * PDF: pypdf, page by page, so progress and cancel work on a 2,000-page file;
-  pages without a text layer are named in a note, and a PDF with none is refused
-  (it is a scan: OCR is not done here).  ``page_starts`` gives where each page's
-  text begins, for citing pages.
+  a page whose decoded drawing instructions pass :data:`PAGE_BYTES` is left out
+  before pypdf parses them (a 2 MB file can hold 40 pages of 50 MB each), and
+  reading stops once :data:`MAX_CHARS` are taken; pages without a text layer are
+  named in a note, and a PDF with none is refused (it is a scan: OCR is not done
+  here).  ``page_starts`` gives where each page's text begins, for citing pages.
 * DOCX: mammoth to HTML (its style map knows headings and lists), then the same
   Markdown writer as HTML; images are left out (their alt text kept), with a note.
+  Mammoth reads a copy of the zip made by ``engine.documents.docx_zip``: its XML
+  parts' sizes checked before inflating and counted while inflating.
 
 Why these libraries: measured on the 2-core machine by ``python bench/document_converters.py
 markitdown`` and ``... light`` (each in an environment that has it; the bench makes the files: a
@@ -61,10 +69,12 @@ The libraries are imported on first use: :func:`walk` and :func:`supported` load
 from __future__ import annotations
 
 import codecs
+import contextlib
 import os
 import re
 import stat
 import zipfile
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +85,8 @@ from typing import Any
 from engine.safe_read import NotRegularFile, kind_of, read_regular
 
 MAX_BYTES = 64 << 20
+MAX_CHARS = 16_000_000  # text taken from one file (about 4 M tokens, far past any model's context); the rest is left
+PAGE_BYTES = 4 << 20  # a PDF page's drawing instructions, decoded; pypdf parses 5 MB of them in about 2.5 s
 SNIFF_BYTES = 4096
 
 _TEXT = (".txt", ".text", ".log", ".csv", ".tsv")
@@ -177,10 +189,13 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     cancel: Callable[[], bool] | None = None,
     max_bytes: int = MAX_BYTES,
+    inside: str | os.PathLike[str] | None = None,
 ) -> Converted:
     """The text of the file at ``path`` (see the module docstring); raises :class:`DocumentError`."""
     resolved = Path(os.path.expanduser(path)).resolve()
     name = resolved.name or str(resolved)
+    if inside is not None and not within(resolved, inside):
+        raise _outside(Path(path).name, Path(inside))
     info = _stat(resolved, name)
     if info.st_size > max_bytes:
         raise _too_big(name, info.st_size, max_bytes)
@@ -199,18 +214,27 @@ def convert(
     pages: int | None = None
     starts: tuple[int, ...] = ()
     notes: list[str] = []
-    if kind == "pdf":
-        text, starts, notes = _pdf(data, name, progress, cancel)
-        pages = len(starts)
-    elif kind == "docx":
-        text = _docx(data, name, notes)
-    else:
-        text, encoding = _decode(data, name, resolved.suffix.lower(), notes)
-        if kind == "html":
-            _check(cancel, name)
-            text = _markdown(text, notes)
+    try:
+        if kind == "pdf":
+            text, starts, notes = _pdf(data, name, progress, cancel)
+            pages = len(starts)
+        elif kind == "docx":
+            text = _docx(data, name, notes)
+        else:
+            text, encoding = _decode(data, name, resolved.suffix.lower(), notes)
+            if kind == "html":
+                _check(cancel, name)
+                text = _markdown(text, notes)
+    except RecursionError as exc:  # 100,000 nested tags: a parser or the Markdown writer recursed too deep
+        raise DocumentError(
+            f"{name} is nested too deeply to read (its tags or objects); it may be damaged, so save a new copy"
+            " and attach that."
+        ) from exc
     if not text.strip():
         raise DocumentError(f"{name} has no text in it to attach.")
+    if len(text) > MAX_CHARS:
+        text = text[:MAX_CHARS]
+        notes.append(f"Only the first {MAX_CHARS:,} characters of {name} were taken; the rest was left out.")
     if progress is not None and kind != "pdf":
         progress(1, 1)
     return Converted(
@@ -237,8 +261,9 @@ def walk(
     """The files under ``folder`` that :func:`convert` takes, and one message per kind of thing left out.
 
     Depth first, each folder's entries in case-insensitive name order, so the same tree gives the same list.
-    Hidden files and folders, :data:`SKIP_DIRS`, virtual environments, links to folders (no loops), empty
-    files and files over ``max_bytes`` are left out; at most ``limit`` files are returned.
+    Hidden files and folders, :data:`SKIP_DIRS`, virtual environments, links to folders (no loops) or to
+    anything outside ``folder``, named pipes, devices and sockets, empty files and files over ``max_bytes`` are
+    left out, each kind named in a message; at most ``limit`` files are returned.
     """
     root = Path(os.path.expanduser(folder)).resolve()
     label = root.name or str(root)
@@ -248,6 +273,8 @@ def walk(
     big: list[str] = []
     empty: list[str] = []
     unreadable: list[str] = []
+    links: list[str] = []
+    special: list[str] = []
     other: Counter[str] = Counter()
     stack = [iter(_entries(str(root), unreadable))]
     more = False
@@ -262,11 +289,20 @@ def walk(
                 stack.append(iter(_entries(entry.path, unreadable)))
             continue
         try:
-            if not entry.is_file() or not (kind_for(entry.name) or supported(entry.path)):
-                if entry.is_file():
-                    other[os.path.splitext(entry.name)[1].lower() or "no extension"] += 1
+            if entry.is_symlink() and not within(Path(entry.path).resolve(), root):
+                links.append(entry.name)  # /etc/passwd is not part of the folder because a link names it
                 continue
-            size = entry.stat().st_size
+            info = entry.stat()  # a link inside the folder is followed
+            if stat.S_ISDIR(info.st_mode):  # a link to a folder: never walked (no loops)
+                links.append(entry.name)
+                continue
+            if kind_of(info.st_mode) is not None:
+                special.append(entry.name)
+                continue
+            if not (kind_for(entry.name) or supported(entry.path)):
+                other[os.path.splitext(entry.name)[1].lower() or "no extension"] += 1
+                continue
+            size = info.st_size
         except OSError:
             unreadable.append(entry.name)
             continue
@@ -289,6 +325,16 @@ def walk(
         messages.append(f"{_n(empty, 'empty file')} {_were(empty)} left out of {label}: {_some(empty)}.")
     if unreadable:
         messages.append(f"Some files or folders in {label} could not be read and were left out: {_some(unreadable)}.")
+    if links:
+        messages.append(
+            f"{_n(links, 'link')} {_were(links)} left out of {label} (links are followed only to files inside it):"
+            f" {_some(links)}."
+        )
+    if special:
+        messages.append(
+            f"{_n(special, 'named pipe, device or socket', 'named pipes, devices or sockets')} {_were(special)} left"
+            f" out of {label} (only regular files are read): {_some(special)}."
+        )
     if other:
         common = sorted(other.items(), key=lambda item: (-item[1], item[0]))[:4]
         kinds = ", ".join(f"{n:,} {ext}" for ext, n in common)
@@ -327,6 +373,17 @@ def _too_big(name: str, size: int, limit: int) -> DocumentError:
     return DocumentError(f"{name} is {_mb(size)}, over the {_mb(limit)} limit for one file; attach a smaller part.")
 
 
+def within(path: Path, folder: str | os.PathLike[str]) -> bool:
+    """Whether the resolved ``path`` lies inside ``folder`` (resolved too)."""
+    return path.is_relative_to(Path(folder).resolve())
+
+
+def _outside(name: str, folder: Path) -> DocumentError:
+    return DocumentError(
+        f"{name} is a link to a file outside {folder.name or folder}; only files inside an attached folder are read."
+    )
+
+
 def _check(cancel: Callable[[], bool] | None, name: str, what: str = "Attaching") -> None:
     if cancel is not None and cancel():
         raise Cancelled(f"{what} {name} was cancelled.")
@@ -358,7 +415,11 @@ def _sniff(head: bytes) -> str | None:
     if any(head.startswith(bom) for bom, _ in _BOMS):
         return "text"
     if b"\0" in head:
-        return None
+        encoding = _utf16(head)
+        if encoding is None:
+            return None
+        text = codecs.getincrementaldecoder(encoding)(errors="replace").decode(head)
+        return "text" if _plain(text) else None
     try:
         codecs.getincrementaldecoder("utf-8")().decode(head)  # not final: a character cut at the end is fine
         return "text"
@@ -391,6 +452,14 @@ def _decode(data: bytes, name: str, suffix: str, notes: list[str]) -> tuple[str,
             if "\0" not in text:
                 return _newlines(text.lstrip("\ufeff")), encoding
             break
+    utf16 = _utf16(data[:SNIFF_BYTES])
+    if utf16 is not None:
+        try:
+            text = data.decode(utf16)
+        except UnicodeDecodeError:  # an odd length or a lone surrogate: not UTF-16 after all
+            text = ""
+        if text and _plain(text):
+            return _newlines(text), utf16
     if data.lstrip().startswith(b"{\\rtf"):
         raise DocumentError(f"{name} {HINTS['.rtf']}.")
     if b"\0" not in data:
@@ -408,6 +477,29 @@ def _decode(data: bytes, name: str, suffix: str, notes: list[str]) -> tuple[str,
     if hint:
         raise DocumentError(f"{name} {hint}.")
     raise DocumentError(f"{name} looks like a binary file, not text; only {ATTACHABLE} can be attached.")
+
+
+def _utf16(head: bytes) -> str | None:
+    """The encoding ("utf-16-le" or "-be") when ``head`` looks like UTF-16 without a BOM: a NUL in at least 30% of the
+    odd bytes (LE) or even bytes (BE) and in almost none of the others, as text in a Latin script has."""
+    pairs = len(head) // 2
+    if pairs < 2:
+        return None
+    even, odd = head[0 : 2 * pairs : 2].count(0), head[1 : 2 * pairs : 2].count(0)
+    for zeros, others, encoding in ((odd, even, "utf-16-le"), (even, odd, "utf-16-be")):
+        if zeros >= 0.3 * pairs and others <= 0.02 * pairs:
+            return encoding
+    return None
+
+
+def _plain(text: str) -> bool:
+    """Whether decoded ``text`` reads as text: no NUL, and control characters (other than tabs, newlines, form
+    feeds and escapes) in under 1% of it."""
+    if "\0" in text:
+        return False
+    sample = text[: SNIFF_BYTES * 16]
+    controls = sum(1 for ch in sample if ch < " " and ch not in "\t\n\r\f\v\x1b")
+    return controls <= len(sample) // 100
 
 
 def _newlines(text: str) -> str:
@@ -468,26 +560,41 @@ def _pdf(
     texts: list[str] = []
     blank: list[int] = []
     failed: list[int] = []
+    heavy: list[int] = []  # drawing instructions over PAGE_BYTES: left out before pypdf parses them
     first: Exception | None = None
+    taken = 0
     if progress is not None:
         progress(0, total)
     for number in range(1, total + 1):
         _check(cancel, name)
         try:
-            text = _newlines(pages[number - 1].extract_text() or "").strip()
+            page = pages[number - 1]
+            if _page_bytes(page) > PAGE_BYTES:
+                heavy.append(number)
+                text = ""
+            else:
+                text = _newlines(page.extract_text() or "").strip()
+                if not text:
+                    blank.append(number)
         except Exception as exc:  # one broken page leaves the others readable; it is named in a note
             first = first or exc
             failed.append(number)
             text = ""
-        else:
-            if not text:
-                blank.append(number)
         texts.append(text)
+        taken += len(text) + 2
         if progress is not None:
             progress(number, total)
-    if len(failed) == total and first is not None:
+        if taken > MAX_CHARS:
+            break
+    read = len(texts)
+    if len(failed) == read and first is not None:
         raise _damaged(name, "PDF", first) from first
-    if len(blank) + len(failed) == total:
+    if heavy and len(blank) + len(failed) + len(heavy) == read:
+        raise DocumentError(
+            f"Every page of {name} holds more than {_mb(PAGE_BYTES)} of drawing instructions, so no text was read;"
+            " save it again from a PDF viewer (or print it to a new PDF) and attach that."
+        )
+    if len(blank) + len(failed) == read:
         raise DocumentError(
             f"{name} has no text layer (it looks like a scanned PDF); Brisk cannot read text from images, so run it"
             " through OCR first and attach the result."
@@ -498,11 +605,71 @@ def _pdf(
         notes.append(f"{_pages(blank)} of {name} {has} no text layer (scanned?), so no text was read from {them}.")
     if failed:
         notes.append(f"{_pages(failed)} of {name} could not be read and {_were(failed)} left out.")
+    if heavy:
+        hold = "holds" if len(heavy) == 1 else "hold"
+        notes.append(
+            f"{_pages(heavy)} of {name} {hold} more than {_mb(PAGE_BYTES)} of drawing instructions and"
+            f" {_were(heavy)} left out."
+        )
     starts, at = [], 0
     for text in texts:
         starts.append(at)
         at += len(text) + 2
+    if taken > MAX_CHARS:
+        notes.append(
+            f"Only the first {MAX_CHARS:,} characters of {name} were taken (pages 1-{read} of {total});"
+            " the rest was left out."
+        )
+        return "\n\n".join(texts)[:MAX_CHARS], tuple(starts), notes
     return "\n\n".join(texts) + "\n", tuple(starts), notes
+
+
+def _page_bytes(page: Any) -> int:
+    """The decoded size of a PDF page's drawing instructions: its content streams and the forms its resources
+    name (each once), counted without keeping the decoded bytes, and only until past :data:`PAGE_BYTES`."""
+    from pypdf.generic import ArrayObject, DictionaryObject, StreamObject
+
+    total, seen = 0, set()
+    todo: list[tuple[Any, bool]] = [(page.get("/Resources"), False), (page.get("/Contents"), True)]
+    while todo and total <= PAGE_BYTES:
+        item, drawn = todo.pop()
+        obj = item.get_object() if item is not None else None
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, ArrayObject):  # contents in several streams
+            todo.extend((part, drawn) for part in obj)
+        elif drawn and isinstance(obj, StreamObject):  # a content stream or a form, and the form's resources
+            total += _decoded_size(obj)
+            todo.append((obj.get("/Resources"), False))
+        elif isinstance(obj, DictionaryObject):  # resources: the forms they name
+            xobjects = obj.get("/XObject")
+            xobjects = xobjects.get_object() if xobjects is not None else None
+            if isinstance(xobjects, DictionaryObject):
+                for ref in xobjects.values():
+                    form = ref.get_object()
+                    if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form":
+                        todo.append((form, True))
+    return total
+
+
+def _decoded_size(stream: Any) -> int:
+    """A PDF stream's decoded length, or any length past :data:`PAGE_BYTES` once it is known to pass them: a
+    Flate stream is inflated only that far; another kind is decoded whole by pypdf (within its own limits) and
+    not cached on the reader, as ``get_data()`` would (40 pages of 50 MB each would stay in memory)."""
+    from pypdf.filters import decode_stream_data
+    from pypdf.generic import EncodedStreamObject
+
+    if not isinstance(stream, EncodedStreamObject) or getattr(stream, "decoded_self", None) is not None:
+        return len(stream.get_data())
+    raw = getattr(stream, "_data", None)
+    if stream.get("/Filter") == "/FlateDecode" and stream.get("/DecodeParms") is None and isinstance(raw, bytes):
+        inflate = zlib.decompressobj()
+        with contextlib.suppress(zlib.error):  # damaged: pypdf's decoder below knows how to recover some
+            size = len(inflate.decompress(raw, PAGE_BYTES + 1))
+            if size > PAGE_BYTES or inflate.eof:
+                return size
+    return len(decode_stream_data(stream))
 
 
 def _docx(data: bytes, name: str, notes: list[str]) -> str:
@@ -515,8 +682,12 @@ def _docx(data: bytes, name: str, notes: list[str]) -> str:
     import mammoth
     import mammoth.images
 
+    from engine.documents.docx_zip import bounded_docx
+
+    bounded = bounded_docx(data, name)
     try:  # the src is left empty: images are not read or embedded, only their alt text is kept
-        result = mammoth.convert_to_html(BytesIO(data), convert_image=mammoth.images.img_element(lambda _: {"src": ""}))
+        no_src = mammoth.images.img_element(lambda _: {"src": ""})
+        result = mammoth.convert_to_html(BytesIO(bounded), convert_image=no_src)
     except Exception as exc:  # a damaged or unusual file can fail in any part of the reader
         raise _damaged(name, "DOCX", exc) from exc
     return _markdown(result.value, notes)
@@ -543,8 +714,8 @@ def _mb(size: int) -> str:
     return f"{size} bytes"
 
 
-def _n(items: Any, noun: str) -> str:
-    return f"{len(items):,} {noun}{'' if len(items) == 1 else 's'}"
+def _n(items: Any, noun: str, plural: str | None = None) -> str:
+    return f"{len(items):,} {noun if len(items) == 1 else plural or noun + 's'}"
 
 
 def _were(items: Any) -> str:

@@ -349,6 +349,7 @@ def test_walk_lists_readable_files_in_name_order_and_says_what_it_left_out(tmp_p
     assert messages == [
         "1 file over 4 KB was left out of project: huge.txt.",
         "1 empty file was left out of project: empty.md.",
+        "1 link was left out of project (links are followed only to files inside it): loop.",
         "2 files of kinds Brisk cannot read were left out of project (1 .png, 1 no extension).",
     ]
 

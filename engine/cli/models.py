@@ -11,7 +11,8 @@ prints one object per line with ``path``, ``source``, ``architecture``,
 ``brisk models use NAME`` makes a listed model the one the window and the
 commands load (Settings ``model``); ``--model NAME`` takes a listed name for one
 command.  ``brisk models add FOLDER`` / ``remove FOLDER`` change the folders the
-library also scans.  ``brisk models pull REPO [--file NAME | --quant Q4_K_M]``
+library also scans (``/``, ``/proc``, ``/sys``, ``/dev`` and what lies in them are
+refused).  ``brisk models pull REPO [--file NAME | --quant Q4_K_M]``
 downloads from the Hugging Face hub into its cache (``engine.library.pull``),
 with progress, a disk-space check first, resume and a checksum.
 ``brisk models drafts [NAME]`` lists the models that can draft for NAME (default:
@@ -114,9 +115,16 @@ def _say(payload: dict[str, Any], text: str, as_json: bool) -> None:
 
 
 def _folders(settings: Settings, folder: str, add: bool, as_json: bool) -> int:
-    path = str(Path(folder).expanduser().resolve())
-    folders = [f for f in settings.model_folders if f != path]
+    from engine.library.scan import system_folder_problem
+
+    try:
+        path = str(Path(folder).expanduser().resolve())
+    except (OSError, RuntimeError, ValueError) as exc:  # a link loop, a NUL in the name
+        return fail(f"{folder!r} cannot be used as a folder ({exc}).", as_json, EXIT_REQUEST)
+    folders = [f for f in settings.model_folders if f not in (path, folder)]
     if add:
+        if problem := system_folder_problem(folder):
+            return fail(problem, as_json, EXIT_REQUEST)
         if not Path(path).is_dir():
             return fail(f"{folder} is not a folder.", as_json, EXIT_REQUEST)
         folders.append(path)

@@ -16,6 +16,14 @@ and returns a :class:`Library` of :class:`ModelEntry`, one per loadable thing:
   ``problem`` says so, never a crash;
 * ``folder``: folders the user added (Settings ``model_folders``), walked a few levels deep.
 
+Every file here is a stranger's: whatever reading one raises (a manifest nested 200,000 deep, a GGUF value of the
+wrong type, a config.json that is not one) makes that one entry's ``problem`` and the others still list. A walk
+follows a link to a folder only when it stays inside the folder walked, never into ``/proc``, ``/sys`` or ``/dev``
+(a link to a file, as the hub cache's snapshots hold, is read unless it points there), visits each real folder once,
+and stops after ``MAX_ENTRIES`` names, which a folder of the user's lists as its problem. System folders
+(``system_folder_problem``) are refused as model folders by ``brisk models add`` and, when settings name one anyway,
+listed as a problem without being walked.
+
 Each entry is described by :func:`engine.model.headers.describe` (no torch, no
 weights read) and :func:`engine.model.support.support` (whether Brisk's fast path
 and native decode step take the architecture); descriptions are remembered in
@@ -46,6 +54,8 @@ SOURCES = ("bundled", "huggingface", "lmstudio", "gpt4all", "jan", "ollama", "fo
 CACHE_FILE = "library.json"
 CACHE_VERSION = 1
 MAX_DEPTH = 4  # how deep a user's folder is walked
+MAX_ENTRIES = 20_000  # names a walk of one folder looks at before it stops
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")  # the kernel's views of processes and devices: never a model folder
 SKIP_DIRS = {".git", "node_modules", ".venv", "venv", "__pycache__", ".cache", ".Trash"}
 SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
@@ -144,22 +154,71 @@ def _is_model_gguf(path: Path) -> bool:
     return split is None or split.group(1) == "00001"
 
 
-def walk(root: Path, depth: int = MAX_DEPTH) -> Iterator[Path]:
-    """GGUF files and model folders (with ``config.json``) under ``root``, not inside a model folder."""
+def system_folder_problem(folder: str | Path) -> str:
+    """Why ``folder`` cannot be a model folder ("" when it can): it is ``/``, or lies in ``/proc``, ``/sys`` or
+    ``/dev``, as written or once its links are followed."""
+    written = os.path.normpath(os.path.abspath(os.path.expanduser(folder)))
+    for path in (written, os.path.realpath(written)):
+        if path == os.path.dirname(path):
+            return f"{folder} is the root of the file system; add the folder that holds your models instead."
+        if in_system_folder(path):
+            return f"{folder} is a system folder (under /proc, /sys or /dev), not a folder of models."
+    return ""
+
+
+def in_system_folder(path: str) -> bool:
+    """Whether the absolute, normalized ``path`` lies in one of ``SYSTEM_FOLDERS``."""
+    return any(path == top or path.startswith(top + os.sep) for top in SYSTEM_FOLDERS)
+
+
+@dataclass
+class Walk:
+    """One walk's bounds: the real folder it stays in, the real folders seen, the names it may still look at."""
+
+    top: str
+    left: int = MAX_ENTRIES
+    seen: set[str] = field(default_factory=set)
+
+    @property
+    def stopped(self) -> bool:
+        return self.left <= 0
+
+
+def walk(root: Path, depth: int = MAX_DEPTH, bounds: Walk | None = None) -> Iterator[Path]:
+    """GGUF files and model folders (with ``config.json``) under ``root``, not inside a model folder, within
+    ``bounds`` (a new ``Walk`` of ``root``: see the module docstring)."""
+    bounds = bounds or Walk(os.path.realpath(root))
+    real = os.path.realpath(root)
+    if real in bounds.seen or bounds.stopped or in_system_folder(real):
+        return
+    bounds.seen.add(real)
     try:
-        children = sorted(root.iterdir())
+        children = []
+        with os.scandir(root) as entries:
+            for entry in entries:
+                bounds.left -= 1
+                if bounds.stopped:
+                    break
+                children.append(Path(entry.path))
     except OSError:
         return
     if (root / "config.json").is_file():
         yield root
-    for child in children:
+    for child in sorted(children):
         if child.name.startswith(".") or child.name in SKIP_DIRS:
             continue
         try:
+            if child.is_symlink():
+                target = os.path.realpath(child)
+                if in_system_folder(target):
+                    continue
+                if child.is_dir() and not (target == bounds.top or target.startswith(bounds.top + os.sep)):
+                    log.info("Not following %s: it links to %s, outside %s.", child, target, bounds.top)
+                    continue
             if child.is_file() and _is_model_gguf(child):
                 yield child
             elif child.is_dir() and depth > 0 and not (root / "config.json").is_file():
-                yield from walk(child, depth - 1)
+                yield from walk(child, depth - 1, bounds)
         except OSError:
             continue
 
@@ -222,7 +281,17 @@ def find(folders: Sequence[str] = ()) -> list[Found]:
         add(_ollama(root))
     for folder in folders:
         root = Path(folder).expanduser()
-        add(Found(p, "folder", _relative_name(p, root.parent)) for p in walk(root))
+        if problem := system_folder_problem(root):  # settings written by hand, or before Brisk refused these
+            found.append(Found(root, "folder", str(root), f"{problem} Remove it with `brisk models remove {folder}`."))
+            continue
+        bounds = Walk(os.path.realpath(root))
+        add(Found(p, "folder", _relative_name(p, root.parent)) for p in walk(root, bounds=bounds))
+        if bounds.stopped:
+            stopped = (
+                f"Brisk stopped looking in {root} after {MAX_ENTRIES:,} files and folders; "
+                "add the folder that holds the models instead."
+            )
+            found.append(Found(root, "folder", str(root), stopped))
     return found
 
 
@@ -279,6 +348,8 @@ def _facts_of(found: Found, remembered: dict[str, Any], fresh: dict[str, Any]) -
         facts = describe(found.path)
     except (HeaderError, OSError) as exc:
         error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a stranger's file: whatever reading it raises is its listed problem
+        error = _unreadable(found.path, exc)
     record: dict[str, Any] = {"signature": signature, "error": error}
     if facts is not None:
         record["facts"] = asdict(facts)
@@ -306,7 +377,11 @@ def scan(folders: Sequence[str] = (), remember: bool = True) -> Library:
             if facts is None:
                 entry.problem = error
             else:
-                _fill(entry, facts, free)
+                try:
+                    _fill(entry, facts, free)
+                except Exception as exc:  # noqa: BLE001 - facts of the wrong types (a hand-edited library.json)
+                    entry = ModelEntry(entry.name, entry.path, entry.source, problem=_unreadable(found.path, exc))
+                    fresh.pop(os.path.realpath(found.path), None)
         entries.append(entry)
     if remember and fresh != remembered:
         try:
@@ -314,6 +389,12 @@ def scan(folders: Sequence[str] = (), remember: bool = True) -> Library:
         except OSError as exc:  # only costs reading the headers again next time
             log.warning("Could not save %s (%s); the library reads every header next time.", cache_path, exc)
     return Library(entries, free, time.perf_counter() - start, described)
+
+
+def _unreadable(path: Path, exc: BaseException) -> str:
+    log.warning("Could not read the model at %s: %s: %s", path, type(exc).__name__, exc)
+    said = str(exc)[:200] or "no detail"
+    return f"Brisk could not read {path.name} ({type(exc).__name__}: {said}); it is not a model file Brisk knows."
 
 
 def _fill(entry: ModelEntry, facts: Facts, free: int) -> None:

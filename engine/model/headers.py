@@ -110,11 +110,16 @@ class Facts:
 
 
 def describe(path: Path, vocab: bool = True) -> Facts:
-    """:class:`Facts` of a GGUF file or a model folder; ``vocab=False`` skips the vocabulary fingerprint."""
-    if path.is_file():
-        return describe_gguf(path, vocab)
-    if path.is_dir():
-        return describe_folder(path, vocab)
+    """:class:`Facts` of a GGUF file or a model folder; ``vocab=False`` skips the vocabulary fingerprint.
+    A header whose values have the wrong type or size (a string where a count goes, arrays nested past
+    Python's stack) raises :class:`HeaderError` too."""
+    try:
+        if path.is_file():
+            return describe_gguf(path, vocab)
+        if path.is_dir():
+            return describe_folder(path, vocab)
+    except (ValueError, TypeError, OverflowError, KeyError, RecursionError, struct.error) as exc:
+        raise HeaderError(f"{path.name} has a damaged header ({type(exc).__name__}: {str(exc)[:200]}).") from None
     raise HeaderError(f"{path} does not exist.")
 
 
@@ -158,6 +163,8 @@ class _Reader:
                 self.at += size
                 return bytes(self.data[start : self.at]) if keep else count
             if item == 8:
+                if count > (len(self.data) - self.at) // 8:  # each string takes 8 bytes of length at least
+                    raise HeaderError(f"{self.path.name} has a damaged GGUF header (an array longer than the file).")
                 if not keep:
                     for _ in range(count):
                         length = self.take("<Q")
@@ -325,7 +332,7 @@ def _weight_files(folder: Path) -> tuple[str, list[Path]]:
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested past the stack
         return {}
     return value if isinstance(value, dict) else {}
 
@@ -505,6 +512,7 @@ def available_memory() -> int:
 # -- Ollama -----------------------------------------------------------------------------------------
 
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
+OLLAMA_MANIFEST_BYTES = 1 << 20  # Ollama's manifests are a few hundred bytes; a larger file is not one
 
 
 @dataclass(frozen=True)
@@ -531,10 +539,12 @@ def ollama_models(root: Path) -> Iterator[OllamaModel]:
         host_ns = "/".join(where)
         name = f"{model}:{tag}" if host_ns in ("registry.ollama.ai/library", "library") else f"{host_ns}/{model}:{tag}"
         try:
+            if manifest.stat().st_size > OLLAMA_MANIFEST_BYTES:
+                raise ValueError("too large for a manifest")
             data = json.loads(manifest.read_text(encoding="utf-8"))
             layers = [layer for layer in data.get("layers", []) if layer.get("mediaType") == OLLAMA_MODEL]
             digest = str(layers[0]["digest"]) if layers else ""
-        except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError):
             yield OllamaModel(name, manifest, None, f"Ollama's manifest for {name} cannot be read ({manifest}).")
             continue
         if not re.fullmatch(r"sha256[:-][0-9a-f]{64}", digest):

@@ -1,11 +1,14 @@
 """Attaching files and folders: convert, index, and keep them like data (what the window and the CLI call).
 
 :class:`DocumentLibrary` is the one door to documents for a client: ``attach``
-converts each file (``engine.documents.convert``), indexes it
+converts each file (``engine.documents.convert``, in a child process with a
+deadline per file: ``engine.documents.worker``), indexes it
 (``engine.documents.store``: text, chunks, BM25, vectors when the embedder is
 ready) and returns one :class:`Attached` per file, a clear message for each
 that could not be taken; a folder is walked (hidden folders, caches and
-virtual environments left out).  ``progress(done, total, name)`` is called
+virtual environments left out; a link is followed only to a file inside the
+folder, checked again when the file is read); ``each`` yields the same results
+one at a time, as each file is done (the CLI prints them as they come).  ``progress(done, total, name)`` is called
 between files (``name``: the file's name), while a long file is read
 (``report.pdf (12 of 40)``, its pages) and while it is indexed
 (``report.pdf (96 of 800 passages)``, see :func:`indexing_name`);
@@ -30,15 +33,16 @@ from __future__ import annotations
 import builtins
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from engine.documents.convert import Cancelled, DocumentError, convert, walk
+from engine.documents.convert import Cancelled, DocumentError, walk
 from engine.documents.kvfiles import file_documents, forget_document, kv_files
 from engine.documents.store import IndexCancelled
+from engine.documents.worker import Reader
 
 Progress = Callable[[int, int, str], None]
 EMBEDDER_WAIT_S = 60.0  # how long indexing waits for the embedding model to load before going by words alone
@@ -77,38 +81,51 @@ class DocumentLibrary:
         self, paths: Iterable[str | Path], progress: Progress | None = None, cancel: Callable[[], bool] | None = None
     ) -> list[Attached]:
         """Convert and index every file of ``paths`` (folders walked); one result per file, in order."""
-        files: list[Path] = []
-        results: list[Attached] = []
+        return builtins.list(self.each(paths, progress, cancel))
+
+    def each(
+        self, paths: Iterable[str | Path], progress: Progress | None = None, cancel: Callable[[], bool] | None = None
+    ) -> Iterator[Attached]:
+        """:meth:`attach`'s results one at a time: first what listing the folders left out, then each file's as
+        soon as it is indexed."""
+        files: builtins.list[tuple[Path, Path | None]] = []  # a file and the folder it was found in
         for raw in paths:
             path = Path(os.path.expanduser(str(raw)))
             if path.is_dir():
                 try:
                     found, skipped = walk(path, cancel=cancel)
                 except Cancelled as exc:  # cancelled while listing: no file is read (as after any Cancel)
-                    results.append(Attached(str(path), problem=str(exc), cancelled=True))
+                    yield Attached(str(path), problem=str(exc), cancelled=True)
                     break
                 except DocumentError as exc:  # gone or unreadable meanwhile: said, the others still read
-                    results.append(Attached(str(path), problem=str(exc)))
+                    yield Attached(str(path), problem=str(exc))
                     continue
-                files.extend(found)
-                results.extend(Attached(str(path), problem=message) for message in skipped)
+                files.extend((file, path) for file in found)
+                yield from (Attached(str(path), problem=message) for message in skipped)
                 if not found:
-                    results.append(Attached(str(path), problem=f"{path.name or path}: no file Brisk can read in it."))
+                    yield Attached(str(path), problem=f"{path.name or path}: no file Brisk can read in it.")
             else:
-                files.append(path)
+                files.append((path, None))
         total = len(files)
-        for number, path in enumerate(files):
-            if cancel is not None and cancel():
-                break
-            if progress is not None:
-                progress(number, total, path.name)
-            results.append(self._attach_one(path, number, total, progress, cancel))
+        with Reader() as reader:
+            for number, (path, folder) in enumerate(files):
+                if cancel is not None and cancel():
+                    break
+                if progress is not None:
+                    progress(number, total, path.name)
+                yield self._attach_one(path, number, total, progress, cancel, reader, folder)
         if progress is not None:
             progress(total, total, "")
-        return results
 
     def _attach_one(
-        self, path: Path, number: int, total: int, progress: Progress | None, cancel: Callable[[], bool] | None
+        self,
+        path: Path,
+        number: int,
+        total: int,
+        progress: Progress | None,
+        cancel: Callable[[], bool] | None,
+        reader: Reader,
+        folder: Path | None = None,
     ) -> Attached:
         def pages(done: int, of: int) -> None:
             if progress is not None and of:
@@ -120,7 +137,7 @@ class DocumentLibrary:
 
         embed = self._embed_for(cancel)
         try:
-            converted = convert(path, progress=pages, cancel=cancel)
+            converted = reader.convert(path, progress=pages, cancel=cancel, inside=folder)
             info = self.store.add(converted, embed=embed, progress=passages, cancel=cancel)
         except (Cancelled, IndexCancelled) as exc:
             return Attached(str(path), problem=str(exc), cancelled=True)
@@ -177,6 +194,12 @@ class DocumentLibrary:
         ``retry_vectors`` (Re-index): a document whose passages lack vectors (the embedder was not ready, or
         failed) gets them from the chunks kept, and an unchanged PDF indexed before pages were kept is read
         again, so its passages cite their pages."""
+        with Reader() as reader:  # started only when a file is read again
+            return self._refresh(doc_ids, cancel, retry_vectors, reader)
+
+    def _refresh(
+        self, doc_ids: Sequence[str], cancel: Callable[[], bool] | None, retry_vectors: bool, reader: Reader
+    ) -> tuple[builtins.list[str], builtins.list[str]]:
         ids: builtins.list[str] = []
         notes: builtins.list[str] = []
         for doc_id in doc_ids:
@@ -204,7 +227,7 @@ class DocumentLibrary:
                     notes += self._vectors_again(info, cancel)
                 continue
             assert path is not None
-            result = self._attach_one(path, 0, 1, None, cancel)
+            result = self._attach_one(path, 0, 1, None, cancel, reader)
             if result.ok:
                 ids.append(result.doc_id)
                 if result.doc_id != doc_id:

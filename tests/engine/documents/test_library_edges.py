@@ -250,7 +250,7 @@ def test_re_index_makes_vectors_from_the_kept_chunks_even_when_the_file_moved(
     def no_reading(*args: object, **kwargs: object) -> None:
         raise AssertionError("the file was read again")
 
-    monkeypatch.setattr(library_module, "convert", no_reading)
+    monkeypatch.setattr(library_module.Reader, "convert", no_reading)
     library = DocumentLibrary(store, embed=lambda texts: np.ones((len(texts), 8), dtype=np.float32))
     ids, notes = library.refresh([attached.doc_id], retry_vectors=True)
     assert ids == [attached.doc_id]

@@ -21,9 +21,12 @@ Cancelling removes everything the call wrote; a crash mid-way leaves a whole
 document with some vectors, which :meth:`~DocumentStore.embed_document` (Re-index),
 :meth:`~DocumentStore.embed_missing` (every document, for tools) or the next
 ``add`` of the same text completes.  ``state`` is ``'indexing'`` while
-vectors are being made, ``'indexed'`` after, ``'failed'`` when the embed
-function raised (words still work; ``notes`` says why).  A file whose text
-changed replaces the record of its path, once the new one is complete.
+vectors are being made (``owner`` names the process: its id and start time,
+so a document left ``'indexing'`` by a process that is gone, killed mid-way,
+is set ``'indexed'`` with the vectors it has when the index is next opened),
+``'indexed'`` after, ``'failed'`` when the embed function raised (words
+still work; ``notes`` says why).  A file whose text changed replaces the
+record of its path, once the new one is complete.
 
 :meth:`DocumentStore.search` ranks a question's chunks by BM25 (its words,
 each quoted, so no question is an FTS syntax error) and by cosine similarity,
@@ -163,7 +166,12 @@ def _v2(db: Database) -> None:
     db.execute("ALTER TABLE documents ADD COLUMN page_starts TEXT NOT NULL DEFAULT '[]'")
 
 
-SCHEMA = Schema("documents", (_v1, _v2))
+def _v3(db: Database) -> None:
+    """The process making a document's vectors (``pid:start``), so one killed mid-way is recovered."""
+    db.execute("ALTER TABLE documents ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+
+
+SCHEMA = Schema("documents", (_v1, _v2, _v3))
 _INFO = (
     "d.id, d.path, d.name, d.kind, d.size_bytes, d.mtime, d.chars, d.pages, d.added_at, d.last_used, d.state, "
     "d.notes, d.embedded, (SELECT count(*) FROM chunks c WHERE c.doc_id = d.id), "
@@ -211,6 +219,8 @@ class DocumentStore:
         self._writes = 0  # this object's own commits: a kept matrix of an incomplete set is stale after one
         self._reopen_lock = threading.Lock()  # one thread moves a damaged file aside
         self.file = self._open()
+        if not self.file.read_only:
+            self._recover()
 
     # -- the file ----------------------------------------------------------------------------
 
@@ -264,6 +274,14 @@ class DocumentStore:
 
     def close(self) -> None:
         self.file.close()
+
+    def _recover(self) -> None:
+        """End ``'indexing'`` for documents whose indexing process is gone (a ``kill -9`` or a power cut
+        mid-way): they keep the vectors made, are searched by words for the rest, and Re-index completes them."""
+        sql = "SELECT id, owner FROM documents WHERE state = 'indexing'"
+        for doc_id, owner in self._run("read the document index", lambda db: db.execute(sql).fetchall()):
+            if not _alive(str(owner)):
+                self._finish(str(doc_id))
 
     # -- documents ---------------------------------------------------------------------------
 
@@ -343,6 +361,7 @@ class DocumentStore:
                 raise _Again
             row = {**meta, "id": doc_id, "chars": len(text), "added_at": now, "notes": json.dumps(_notes(source.notes))}
             row["state"] = "indexing" if embed is not None and spans else "indexed"
+            row["owner"] = f"{os.getpid()}:{_started(os.getpid())}"
             db.execute(
                 f"INSERT INTO documents ({', '.join(row)}) VALUES ({', '.join('?' for _ in row)})", [*row.values()]
             )
@@ -595,6 +614,37 @@ def _damaged(path: Path) -> bool:
             conn.close()
     except sqlite3.DatabaseError as exc:
         return (getattr(exc, "sqlite_errorcode", 0) & 0xFF) in (11, 26)
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (Linux: field 22 of ``/proc/PID/stat``, in clock ticks), "" where unknown:
+    with the pid it names one process, never a later one given the same pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def _alive(owner: str) -> bool:
+    """Whether the process an ``owner`` value names (``pid:start``) is still running; false for an empty or
+    unreadable value, a pid now given to another user's process or to one started later."""
+    pid_text, _, started = owner.partition(":")
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # os.kill would end the process there: keep waiting for it
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: not the Brisk that wrote this row
+        return False
+    return not started or _started(pid) in ("", started)
 
 
 _shared: dict[str, DocumentStore] = {}

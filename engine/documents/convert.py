@@ -25,12 +25,13 @@ first 4 KiB for a file with no extension) whether a file is one ``convert`` take
   decoded as UTF-16 LE or BE when that gives text without control characters.
 * HTML is parsed by BeautifulSoup (the stdlib parser), scripts, styles and the
   head dropped, and written as Markdown by markdownify (headings, lists, tables).
-* PDF: pypdf, page by page, so progress and cancel work on a 2,000-page file;
-  a page whose decoded drawing instructions pass :data:`PAGE_BYTES` is left out
-  before pypdf parses them (a 2 MB file can hold 40 pages of 50 MB each), and
-  reading stops once :data:`MAX_CHARS` are taken; pages without a text layer are
-  named in a note, and a PDF with none is refused (it is a scan: OCR is not done
-  here).  ``page_starts`` gives where each page's text begins, for citing pages.
+* PDF: pypdf, page by page, so progress and cancel work on a 2,000-page file
+  (``engine.documents.pdf``); a page whose decoded drawing instructions pass
+  :data:`PAGE_BYTES` is left out before pypdf parses them (a 2 MB file can hold
+  40 pages of 50 MB each), and reading stops once :data:`MAX_CHARS` are taken;
+  pages without a text layer are named in a note, and a PDF with none is refused
+  (it is a scan: OCR is not done here).  ``page_starts`` gives where each page's
+  text begins, for citing pages.
 * DOCX: mammoth to HTML (its style map knows headings and lists), then the same
   Markdown writer as HTML; images are left out (their alt text kept), with a note.
   Mammoth reads a copy of the zip made by ``engine.documents.docx_zip``: its XML
@@ -69,12 +70,10 @@ The libraries are imported on first use: :func:`walk` and :func:`supported` load
 from __future__ import annotations
 
 import codecs
-import contextlib
 import os
 import re
 import stat
 import zipfile
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -216,7 +215,9 @@ def convert(
     notes: list[str] = []
     try:
         if kind == "pdf":
-            text, starts, notes = _pdf(data, name, progress, cancel)
+            from engine.documents.pdf import pdf_text
+
+            text, starts, notes = pdf_text(data, name, progress, cancel)
             pages = len(starts)
         elif kind == "docx":
             text = _docx(data, name, notes)
@@ -533,143 +534,7 @@ def _markdown(html: str, notes: list[str]) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
 
 
-# -- PDF and DOCX --------------------------------------------------------------------------------------------
-
-
-def _pdf(
-    data: bytes, name: str, progress: Callable[[int, int], None] | None, cancel: Callable[[], bool] | None
-) -> tuple[str, tuple[int, ...], list[str]]:
-    """The PDF's text page by page, where each page begins, and notes on pages without text."""
-    from pypdf import PdfReader
-
-    try:
-        reader = PdfReader(BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise DocumentError(
-                f"{name} is protected by a password; save a copy without the password (or print it to a new PDF)"
-                " and attach that."
-            )
-        pages = reader.pages
-        total = len(pages)
-    except DocumentError:
-        raise
-    except Exception as exc:  # a damaged file can fail in any part of the parser
-        raise _damaged(name, "PDF", exc) from exc
-    if total == 0:
-        raise DocumentError(f"{name} has no pages; it may be damaged, so open it in a PDF viewer and save a new copy.")
-    texts: list[str] = []
-    blank: list[int] = []
-    failed: list[int] = []
-    heavy: list[int] = []  # drawing instructions over PAGE_BYTES: left out before pypdf parses them
-    first: Exception | None = None
-    taken = 0
-    if progress is not None:
-        progress(0, total)
-    for number in range(1, total + 1):
-        _check(cancel, name)
-        try:
-            page = pages[number - 1]
-            if _page_bytes(page) > PAGE_BYTES:
-                heavy.append(number)
-                text = ""
-            else:
-                text = _newlines(page.extract_text() or "").strip()
-                if not text:
-                    blank.append(number)
-        except Exception as exc:  # one broken page leaves the others readable; it is named in a note
-            first = first or exc
-            failed.append(number)
-            text = ""
-        texts.append(text)
-        taken += len(text) + 2
-        if progress is not None:
-            progress(number, total)
-        if taken > MAX_CHARS:
-            break
-    read = len(texts)
-    if len(failed) == read and first is not None:
-        raise _damaged(name, "PDF", first) from first
-    if heavy and len(blank) + len(failed) + len(heavy) == read:
-        raise DocumentError(
-            f"Every page of {name} holds more than {_mb(PAGE_BYTES)} of drawing instructions, so no text was read;"
-            " save it again from a PDF viewer (or print it to a new PDF) and attach that."
-        )
-    if len(blank) + len(failed) == read:
-        raise DocumentError(
-            f"{name} has no text layer (it looks like a scanned PDF); Brisk cannot read text from images, so run it"
-            " through OCR first and attach the result."
-        )
-    notes = []
-    if blank:
-        has, them = ("has", "it") if len(blank) == 1 else ("have", "them")
-        notes.append(f"{_pages(blank)} of {name} {has} no text layer (scanned?), so no text was read from {them}.")
-    if failed:
-        notes.append(f"{_pages(failed)} of {name} could not be read and {_were(failed)} left out.")
-    if heavy:
-        hold = "holds" if len(heavy) == 1 else "hold"
-        notes.append(
-            f"{_pages(heavy)} of {name} {hold} more than {_mb(PAGE_BYTES)} of drawing instructions and"
-            f" {_were(heavy)} left out."
-        )
-    starts, at = [], 0
-    for text in texts:
-        starts.append(at)
-        at += len(text) + 2
-    if taken > MAX_CHARS:
-        notes.append(
-            f"Only the first {MAX_CHARS:,} characters of {name} were taken (pages 1-{read} of {total});"
-            " the rest was left out."
-        )
-        return "\n\n".join(texts)[:MAX_CHARS], tuple(starts), notes
-    return "\n\n".join(texts) + "\n", tuple(starts), notes
-
-
-def _page_bytes(page: Any) -> int:
-    """The decoded size of a PDF page's drawing instructions: its content streams and the forms its resources
-    name (each once), counted without keeping the decoded bytes, and only until past :data:`PAGE_BYTES`."""
-    from pypdf.generic import ArrayObject, DictionaryObject, StreamObject
-
-    total, seen = 0, set()
-    todo: list[tuple[Any, bool]] = [(page.get("/Resources"), False), (page.get("/Contents"), True)]
-    while todo and total <= PAGE_BYTES:
-        item, drawn = todo.pop()
-        obj = item.get_object() if item is not None else None
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, ArrayObject):  # contents in several streams
-            todo.extend((part, drawn) for part in obj)
-        elif drawn and isinstance(obj, StreamObject):  # a content stream or a form, and the form's resources
-            total += _decoded_size(obj)
-            todo.append((obj.get("/Resources"), False))
-        elif isinstance(obj, DictionaryObject):  # resources: the forms they name
-            xobjects = obj.get("/XObject")
-            xobjects = xobjects.get_object() if xobjects is not None else None
-            if isinstance(xobjects, DictionaryObject):
-                for ref in xobjects.values():
-                    form = ref.get_object()
-                    if isinstance(form, StreamObject) and form.get("/Subtype") == "/Form":
-                        todo.append((form, True))
-    return total
-
-
-def _decoded_size(stream: Any) -> int:
-    """A PDF stream's decoded length, or any length past :data:`PAGE_BYTES` once it is known to pass them: a
-    Flate stream is inflated only that far; another kind is decoded whole by pypdf (within its own limits) and
-    not cached on the reader, as ``get_data()`` would (40 pages of 50 MB each would stay in memory)."""
-    from pypdf.filters import decode_stream_data
-    from pypdf.generic import EncodedStreamObject
-
-    if not isinstance(stream, EncodedStreamObject) or getattr(stream, "decoded_self", None) is not None:
-        return len(stream.get_data())
-    raw = getattr(stream, "_data", None)
-    if stream.get("/Filter") == "/FlateDecode" and stream.get("/DecodeParms") is None and isinstance(raw, bytes):
-        inflate = zlib.decompressobj()
-        with contextlib.suppress(zlib.error):  # damaged: pypdf's decoder below knows how to recover some
-            size = len(inflate.decompress(raw, PAGE_BYTES + 1))
-            if size > PAGE_BYTES or inflate.eof:
-                return size
-    return len(decode_stream_data(stream))
+# -- DOCX -------------------------------------------------------------------------------------------------
 
 
 def _docx(data: bytes, name: str, notes: list[str]) -> str:
@@ -725,15 +590,3 @@ def _were(items: Any) -> str:
 def _some(names: list[str], shown: int = 3) -> str:
     head = ", ".join(names[:shown])
     return head + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
-
-
-def _pages(numbers: list[int]) -> str:
-    """'Page 3' or 'Pages 2-4, 7': runs of page numbers, as a person would write them."""
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][1] + 1:
-            runs[-1][1] = n
-        else:
-            runs.append([n, n])
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
-    return f"Page {text}" if len(numbers) == 1 else f"Pages {text}"

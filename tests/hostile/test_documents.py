@@ -71,7 +71,8 @@ def pdf_with_strings(path: Path, pages: int, megabytes: float) -> Path:
     data, _, _ = repeated_zlib(b"BT /F1 12 Tf 72 720 Td (", block, int(megabytes * 10), b") Tj ET")
     for _ in range(pages):
         page = writer.add_blank_page(612, 792)
-        page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): DictionaryObject({NameObject("/F1"): font})})
+        fonts = DictionaryObject({NameObject("/F1"): font})
+        page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): fonts})
         stream = StreamObject()
         stream._data = data
         stream[NameObject("/Filter")] = NameObject("/FlateDecode")

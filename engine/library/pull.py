@@ -10,7 +10,9 @@ file name, case-insensitive), else by ``GGUF_PREFERENCE``; a split GGUF (``-0000
 A safetensors repo gives its top-level config, tokenizer and ``*.safetensors`` files (``.bin`` weights only when it
 has no safetensors; never ``onnx/`` or ``original/``).
 
-How: ``huggingface_hub`` 2.4 asks the hub which files there are (``model_info``); the bytes are fetched here, and
+How: the hub's model info (``/api/models/<repo>?blobs=True``, read here within ``_INFO_BYTES`` and
+``_INFO_DEADLINE_S`` on ``huggingface_hub``'s session, which adds the token and honours offline mode) says which
+files there are; the bytes are fetched here, and
 the cache laid out here in the hub's layout (``blobs/<hash>``, ``snapshots/<commit>/<file>`` linking to it,
 ``refs/main``), because ``hf_hub_download`` deletes a partial file when a download fails (so it cannot resume) and
 names files after the ``ETag`` and ``X-Repo-Commit`` headers as given. Each file streams into
@@ -33,6 +35,7 @@ after every network read) raises ``PullCancelled`` and keeps the partial file fo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,10 +46,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Any, BinaryIO, Literal
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_session, hf_hub_url, try_to_load_from_cache
+from huggingface_hub import constants, get_session, hf_hub_url, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -57,7 +60,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.file_download import _create_symlink, repo_folder_name
-from huggingface_hub.utils import WeakFileLock, build_hf_headers, hf_raise_for_status
+from huggingface_hub.utils import WeakFileLock, build_hf_headers, hf_raise_for_status, validate_repo_id
 
 from engine.library.scan import SPLIT, hf_cache_root
 
@@ -80,6 +83,8 @@ _SPEED_WINDOW_S = 3.0
 _HASH = re.compile(r"[0-9a-f]{64}|[0-9a-f]{40}")  # an LFS file's SHA-256, or a small file's git blob id
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SERVER_TEXT = 200  # characters of a server's own message quoted in ours
+_INFO_BYTES = 64 * 2**20  # a model info longer than this is not one (a repo of 10,000 files answers about 3 MB)
+_INFO_DEADLINE_S = 120.0  # for the whole model info to arrive
 
 
 @dataclass(frozen=True)
@@ -154,21 +159,47 @@ def plan(
     """Ask the hub which files ``pull`` would fetch for these arguments, and their sizes; downloads nothing."""
     endpoint = _endpoint(endpoint)
     with _hub_errors(repo, endpoint):
-        try:
-            info = HfApi(endpoint=endpoint, token=token).model_info(repo, files_metadata=True)
-            siblings = {s.rfilename: s for s in info.siblings or []}
-        except HFValidationError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # huggingface_hub reads the JSON as given
-            raise _wrong_shape(repo, endpoint, f"{type(exc).__name__}: {exc}") from None
-    for name in siblings:
+        info = _model_info(repo, endpoint, token)
+    listed = info.get("siblings")
+    if not isinstance(listed, list) or not all(isinstance(s, dict) for s in listed):
+        raise _wrong_shape(repo, endpoint, "its list of files is not a list of objects")
+    siblings: dict[str, dict[str, Any]] = {}
+    for sibling in listed:
+        name = sibling.get("rfilename")
         if problem := repo_path_problem(name):
             raise _wrong_shape(repo, endpoint, f"a file named {name!r:.{_SERVER_TEXT}}, {problem}")
-    if not isinstance(info.sha, str) or not _COMMIT.fullmatch(info.sha):
-        raise _wrong_shape(repo, endpoint, f"its commit is {info.sha!r:.{_SERVER_TEXT}}, not 40 hex digits")
+        siblings[str(name)] = sibling
+    commit = info.get("sha")
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        raise _wrong_shape(repo, endpoint, f"its commit is {commit!r:.{_SERVER_TEXT}}, not 40 hex digits")
     kind, names = choose_files(repo, list(siblings), file, quant)
     files = tuple(_planned(repo, endpoint, n, siblings[n]) for n in names)
-    return Plan(repo=repo, revision=info.sha, kind=kind, files=files, endpoint=endpoint)
+    return Plan(repo=repo, revision=commit, kind=kind, files=files, endpoint=endpoint)
+
+
+def _model_info(repo: str, endpoint: str, token: str | None) -> dict[str, Any]:
+    """The hub's model info of ``repo`` with its files' sizes and hashes, as a JSON object; PullError when the
+    answer is longer than ``_INFO_BYTES``, slower than ``_INFO_DEADLINE_S``, or not a JSON object."""
+    validate_repo_id(repo)
+    start, body = time.monotonic(), bytearray()
+    with get_session().stream(
+        "GET", f"{endpoint}/api/models/{repo}", params={"blobs": True}, headers=build_hf_headers(token=token),
+        follow_redirects=True, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+    ) as response:  # fmt: skip
+        hf_raise_for_status(response)
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > _INFO_BYTES:
+                raise _wrong_shape(repo, endpoint, f"its model info runs past {_size(_INFO_BYTES)}")
+            if time.monotonic() - start > _INFO_DEADLINE_S:
+                raise _wrong_shape(repo, endpoint, f"its model info took over {_INFO_DEADLINE_S:.0f} s")
+    try:
+        info = json.loads(bytes(body))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past Python's stack
+        raise _wrong_shape(repo, endpoint, f"its model info is not JSON: {type(exc).__name__}") from None
+    if not isinstance(info, dict):
+        raise _wrong_shape(repo, endpoint, "its model info is not a JSON object")
+    return info
 
 
 def repo_path_problem(name: object) -> str:
@@ -187,12 +218,12 @@ def repo_path_problem(name: object) -> str:
     return ""
 
 
-def _planned(repo: str, endpoint: str, name: str, sibling: object) -> PlannedFile:
-    """The ``PlannedFile`` of one sibling of the model info, its size and hashes checked for type and form."""
-    size = getattr(sibling, "size", None)
-    lfs = getattr(sibling, "lfs", None)
-    sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
-    blob_id = getattr(sibling, "blob_id", None)
+def _planned(repo: str, endpoint: str, name: str, sibling: dict[str, Any]) -> PlannedFile:
+    """The ``PlannedFile`` of one entry of the model info's files, its size and hashes checked for type and form."""
+    size, lfs, blob_id = sibling.get("size"), sibling.get("lfs"), sibling.get("blobId")
+    if lfs is not None and not (isinstance(lfs, dict) and lfs.get("sha256") is not None):
+        raise _wrong_shape(repo, endpoint, f"the LFS entry of {name} gives no SHA-256")
+    sha256 = lfs.get("sha256") if lfs else None
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise _wrong_shape(repo, endpoint, f"the size of {name} is {size!r:.{_SERVER_TEXT}}")
     for label, value in (("SHA-256", sha256), ("git blob id", blob_id)):

@@ -88,6 +88,8 @@ def hub() -> Iterator[HostileHub]:
         def answer(self, body: bool) -> None:
             path = unquote(urlsplit(self.path).path)
             if re.fullmatch(r"/api/models/[^/]+/[^/]+(/revision/[^/]+)?", path):
+                if state.info == b"endless":
+                    return self.endless(b'{"siblings": [' + b" " * 2**20, {})
                 info = state.info if isinstance(state.info, bytes) else json.dumps(state.info).encode()
                 return self.send(200, {"Content-Type": "application/json"}, info, body)
             m = re.fullmatch(r"/[^/]+/[^/]+/resolve/[^/]+/(.+)", path)
@@ -96,19 +98,7 @@ def hub() -> Iterator[HostileHub]:
             data = state.files[m[1]]
             headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": state.commit, **state.headers}
             if state.body == "endless" and body:
-                self.send_response(200)
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Connection", "close")
-                self.end_headers()
-                chunk = data * (2**20 // len(data) + 1)
-                try:
-                    while state.sent < 300 * 2**20:
-                        self.wfile.write(chunk[: 2**20])
-                        state.sent += 2**20
-                except OSError:
-                    pass
-                return
+                return self.endless(data * (2**20 // len(data) + 1), headers)
             if state.body == "long-length":
                 headers["Content-Length"] = str(len(data) * 1000)
             if start := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
@@ -116,6 +106,20 @@ def hub() -> Iterator[HostileHub]:
                 headers["Content-Range"] = f"bytes {offset}-{len(data) - 1}/{len(data)}"
                 return self.send(206, headers, data[offset:], body)
             self.send(200, headers, data, body)
+
+        def endless(self, chunk: bytes, headers: dict[str, str]) -> None:
+            """A body with no Content-Length: 1 MiB chunks until the client hangs up, or 300 MiB."""
+            self.send_response(200)
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            try:
+                while state.sent < 300 * 2**20:
+                    self.wfile.write(chunk[: 2**20])
+                    state.sent += 2**20
+            except OSError:
+                pass
 
         def send(self, status: int, headers: dict[str, str], payload: bytes, body: bool) -> None:
             self.send_response(status)
@@ -205,9 +209,11 @@ def test_a_file_name_that_leaves_the_repo_is_refused(hub: HostileHub, tmp_path: 
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        (lambda info: info["siblings"][0].pop("rfilename"), "KeyError"),
-        (lambda info: info["siblings"][0]["lfs"].pop("sha256"), "KeyError"),
-        (lambda info: info.update(siblings={"a": 1}), "TypeError"),
+        (lambda info: info["siblings"][0].pop("rfilename"), "a file named None, not a file name"),
+        (lambda info: info["siblings"][0]["lfs"].pop("sha256"), "gives no SHA-256"),
+        (lambda info: info["siblings"][0].update(lfs=[]), "gives no SHA-256"),
+        (lambda info: info.update(siblings={"a": 1}), "not a list of objects"),
+        (lambda info: info["siblings"].append("README.md"), "not a list of objects"),
         (lambda info: info["siblings"][0].update(size="10244"), "the size of"),
         (lambda info: info["siblings"][0].update(size=-1), "the size of"),
         (lambda info: info["siblings"][0]["lfs"].update(sha256="../../../../PWNED"), "SHA-256"),
@@ -227,13 +233,26 @@ def test_a_model_info_of_the_wrong_shape_is_one_sentence(
     assert escaped(tmp_path, "PWNED") == []
 
 
-@pytest.mark.parametrize("body", [b"[1, 2, 3]", b"<html>not json</html>", b'{"siblings": 7}', b"null"])
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b"[1, 2, 3]", "not a JSON object"),
+        (b"<html>not json</html>", "not JSON"),
+        (b"\xff\xfe{}", "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "not JSON: RecursionError"),
+        (b'{"siblings": 7}', "not a list"),
+        (b"null", "not a JSON object"),
+        (b"endless", "runs past 67.1 MB"),
+    ],
+    ids=["list", "html", "not-utf8", "100000-deep", "siblings-7", "null", "endless"],
+)
 def test_a_model_info_that_is_not_an_object_is_one_sentence(
-    hub: HostileHub, tmp_path: Path, data: Path, body: bytes
+    hub: HostileHub, tmp_path: Path, data: Path, body: bytes, said: str
 ) -> None:
     hub.info = body
     run = pull(tmp_path, data, hub)
-    refused(run, "did not answer like the Hugging Face hub")
+    refused(run, "did not answer like the Hugging Face hub", said)
+    assert run.elapsed < 30
     assert not cache(tmp_path).exists()
 
 

@@ -215,6 +215,8 @@ def repo_path_problem(name: object) -> str:
         return "with a backslash or a control character"
     if any(part in ("", ".", "..") for part in name.split("/")):
         return "with an empty, '.' or '..' part"
+    if any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in name.split("/")):
+        return "with a part longer than a file name can be"
     return ""
 
 
@@ -339,6 +341,16 @@ def pull(
     """Download the model ``plan`` picks into the hub cache and return where it is; see the module docstring."""
     todo = plan(repo, file, quant, endpoint=endpoint, token=token)
     root = Path(cache_dir) if cache_dir is not None else hf_cache_root()
+    with _disk_errors(root):
+        return _download(todo, root, progress, cancel, token)
+
+
+def _download(
+    todo: Plan, root: Path, progress: Callable[[PullProgress], None] | None, cancel: threading.Event | None,
+    token: str | None,
+) -> PullResult:  # fmt: skip
+    """Fetch what ``todo`` names into the hub cache at ``root`` and link it into the snapshot of its commit."""
+    repo = todo.repo
     storage = root / repo_folder_name(repo_id=repo, repo_type="model")
     snapshot = storage / "snapshots" / todo.revision
     for f in todo.files:  # plan() checked every name and hash; this keeps the promise should that change
@@ -404,8 +416,8 @@ def _fetch(url: str, job: _Job, headers: dict[str, str], meter: _Meter, cancel: 
                 out.close()
                 partial.unlink()
                 raise PullError(
-                    f"The hub sent more than the {_size(size)} it announced for {name} ({exc}), so Brisk stopped and "
-                    "deleted the download: try again later, or check HF_ENDPOINT."
+                    f"The hub offered more than the {_size(size)} it announced for {name} ({exc}), so Brisk "
+                    "stopped and deleted the download: try again later, or check HF_ENDPOINT."
                 ) from None
             except httpx2.TransportError:
                 out.flush()
@@ -534,6 +546,18 @@ class _Meter:
         speed = (self.done - start_done) / (now - start) if now > start else 0.0
         eta = (self.total - self.done) / speed if speed > 0 else None
         self.progress(PullProgress(self.done, self.total, max(speed, 0.0), eta, self.file))
+
+
+@contextmanager
+def _disk_errors(root: Path) -> Iterator[None]:
+    """Turn what writing the cache raises (a full disk, no permission, a name too long) into a ``PullError``."""
+    try:
+        yield
+    except OSError as exc:
+        raise PullError(
+            f"Could not write the hub cache at {exc.filename or root}: {exc.strerror or exc}. Check that disk "
+            "(free space, permissions) and run the pull again; what was downloaded is kept."
+        ) from None
 
 
 @contextmanager

@@ -195,7 +195,7 @@ def test_an_etag_that_is_a_path_names_no_file(hub: HostileHub, tmp_path: Path, d
 @pytest.mark.parametrize(
     "bad",
     ["../../../../escape.gguf", "/tmp/escape.gguf", "dir/../../escape.gguf", "a\\..\\..\\escape.gguf",
-     "esc\x00ape.gguf", "C:escape.gguf", "dir//escape.gguf"],
+     "esc\x00ape.gguf", "C:escape.gguf", "dir//escape.gguf", "escape" + "e" * 300 + ".gguf"],
 )  # fmt: skip
 def test_a_file_name_that_leaves_the_repo_is_refused(hub: HostileHub, tmp_path: Path, data: Path, bad: str) -> None:
     hub.files[bad] = GGUF
@@ -310,6 +310,31 @@ def test_a_disk_that_fills_while_streaming_stops_and_keeps_the_part(
     refused(run, "is down to 1.0 MB free", "run the pull again to continue")
     (partial,) = cache(tmp_path).rglob("*.incomplete")
     assert 2**20 <= partial.stat().st_size < len(big)
+    again = pull(tmp_path, data, hub, "--file", NAME)
+    assert again.returncode == 0 and "resumed" in again.stdout, again.stderr
+    (pointer,) = cache(tmp_path).glob(f"models--*/snapshots/*/{NAME}")
+    assert pointer.read_bytes() == big
+
+
+# A file-size limit on the child (RLIMIT_FSIZE, its signal ignored) makes a write fail with a real OSError
+# (EFBIG) part way, as a full disk fails with ENOSPC.
+WRITE_FAILS = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, 2**20))
+from app.cli import main
+sys.exit(main(["models", "pull", sys.argv[1], "--file", sys.argv[2]]))
+"""
+
+
+def test_a_write_that_fails_is_one_sentence_and_keeps_the_part(hub: HostileHub, tmp_path: Path, data: Path) -> None:
+    big = GGUF * 400  # 4.1 MB
+    hub.files[NAME] = big
+    hub.info = hub.good_info()
+    run = run_python(["-c", WRITE_FAILS, REPO, NAME], data, timeout=60, env=hub_env(tmp_path, hub))
+    refused(run, "Could not write the hub cache at", "what was downloaded is kept")
+    (partial,) = cache(tmp_path).rglob("*.incomplete")
+    assert 0 < partial.stat().st_size <= 2**20
     again = pull(tmp_path, data, hub, "--file", NAME)
     assert again.returncode == 0 and "resumed" in again.stdout, again.stderr
     (pointer,) = cache(tmp_path).glob(f"models--*/snapshots/*/{NAME}")

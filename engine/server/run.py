@@ -4,7 +4,10 @@
 in use or an address this machine does not have is a clear ``ServeError`` at
 once (and port 0 picks a free one, for tests); uvicorn then serves the app on
 its own event loop in a daemon thread until :meth:`ServerThread.stop`.
-:func:`serve_problems` refuses a host other than loopback without an API key.
+Connections are counted and timed by :mod:`engine.server.guard` (deadlines for
+a request's headers and body, room kept for clients that send whole requests).
+:func:`serve_problems` refuses a host other than loopback without an API key,
+and a key that an HTTP header cannot carry.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ import time
 from typing import Any
 
 from engine.server.app import Service, build_app
+from engine.server.guard import LIMITS, Guard, Limits, protocol_for
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8765
-MAX_CONNECTIONS = 4096  # open connections and requests at once; past it uvicorn answers 503
 KEEP_ALIVE_S = 30
 
 
@@ -46,15 +49,28 @@ def serve_problems(host: str, port: int, api_key: str | None) -> list[str]:
         )
     if not 0 <= port <= 65535:
         problems.append(f"--port must be from 0 to 65535, not {port}")
+    if api_key and not key_is_sendable(api_key):
+        problems.append(
+            "--api-key (or BRISK_SERVER_KEY) must be printable ASCII without spaces (letters, digits, "
+            "punctuation): clients send it in an HTTP header, which cannot carry other characters"
+        )
     return problems
+
+
+def key_is_sendable(key: str) -> bool:
+    """Whether ``key`` can travel as ``Authorization: Bearer KEY``: visible ASCII, no spaces."""
+    return key.isascii() and key.isprintable() and not any(c.isspace() for c in key)
 
 
 class ServerThread:
     """The app served by uvicorn on a daemon thread; ``url`` once :meth:`start` returned."""
 
-    def __init__(self, service: Service, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    def __init__(
+        self, service: Service, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, limits: Limits = LIMITS
+    ) -> None:
         self.service = service
         self.host, self.port = host, port
+        self.guard = Guard(limits)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._failed: BaseException | None = None
@@ -87,7 +103,7 @@ class ServerThread:
             log_level="warning",
             lifespan="off",
             access_log=False,
-            limit_concurrency=MAX_CONNECTIONS,
+            http=protocol_for(self.guard),  # its own connection caps and deadlines, not limit_concurrency
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=2,
         )

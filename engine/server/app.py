@@ -35,18 +35,23 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
 from engine.api import Done, Error, Request, Sampling, Started, Token
 from engine.server import shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
 
 MAX_BODY = 8 << 20  # bytes of one request body
+MAX_DEPTH = 100  # levels of nesting in one body (a schema's own depth is checked where it is compiled)
 EMBED_WAIT_S = 60.0  # the embedding model's load, at most, before a 503
-EMBED_MAX_INPUTS = 2048
+EMBED_MAX_INPUTS = 2048  # texts in one /v1/embeddings request (OpenAI's limit)
+EMBED_MAX_CHARS = 1 << 20  # characters of them all, each counted once cut (about 250,000 tokens: OpenAI takes 300,000)
+EMBED_BATCH = 16  # texts the embedder encodes at once: its memory, and how soon a client that left stops it
 TOOL_OPEN = "<tool_call>"
 
 
@@ -87,23 +92,52 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
-    """The body as a JSON object, refused past ``limit`` bytes (counted as it arrives, not just announced)."""
+    """The body as a JSON object, refused past ``limit`` bytes (counted as it arrives, not just announced)
+    or ``MAX_DEPTH`` levels of nesting (every later reader of it may recurse)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"The request body is over {limit >> 20} MiB.", code="body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"The request body is over {limit >> 20} MiB.", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"The request body is over {limit >> 20} MiB.", code="body_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client left, or the guard closed it at the body's deadline: nobody reads this
+        raise ApiError(408, "The request's body did not arrive whole.", code="request_timeout") from None
     try:
         body = json.loads(b"".join(chunks) or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise shapes.bad(f"The body is not valid JSON ({exc}).", code="invalid_json") from None
+    except RecursionError:
+        raise shapes.bad(f"The body nests more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and a number over 4,300 digits
+        raise shapes.bad(f"The body is not valid JSON ({_short(exc)}).", code="invalid_json") from None
     if not isinstance(body, dict):
         raise shapes.bad("The body must be a JSON object.", code="invalid_json")
+    if _depth_over(body, MAX_DEPTH):
+        raise shapes.bad(f"The body nests more than {MAX_DEPTH} levels deep.", code="invalid_json")
     return body
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests more than ``limit`` levels (counted without recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def client_name(request: HttpRequest) -> str:
@@ -129,9 +163,10 @@ class Handlers:
     def check_key(self, request: HttpRequest) -> None:
         if not self.s.api_key:
             return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), self.s.api_key):
+        # headers arrive as latin-1 text: back to their bytes, compared in constant time with the key's
+        given = request.headers.get("authorization", "").encode("latin-1")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.s.api_key.encode()):
             raise ApiError(401, "Missing or wrong API key: send 'Authorization: Bearer KEY'.", code="invalid_api_key")
 
     def chat_model(self, body: Mapping[str, Any]) -> str:
@@ -207,18 +242,39 @@ class Handlers:
             )
         if len(texts) > EMBED_MAX_INPUTS:
             raise shapes.bad(f"'input' takes at most {EMBED_MAX_INPUTS} texts, not {len(texts)}.", "input")
+        chars = sum(min(len(t), MAX_TEXT_CHARS) for t in texts)  # each as the embedder cuts it
+        if chars > EMBED_MAX_CHARS:
+            raise shapes.bad(
+                f"'input' holds {chars:,} characters; one request takes at most {EMBED_MAX_CHARS:,} "
+                "(send the texts in several requests).",
+                "input",
+                "input_too_large",
+            )
         encoding = body.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise shapes.bad("'encoding_format' must be float or base64.", "encoding_format", "unsupported_value")
         if body.get("dimensions") not in (None, 384):
             raise shapes.bad("'dimensions' must be 384 for this model.", "dimensions", "unsupported_value")
         embedder = self.s.embedder()
-        ready = await asyncio.to_thread(embedder.wait, EMBED_WAIT_S)
-        future = embedder.submit(texts) if ready else None
-        if future is None:
+        if not await asyncio.to_thread(embedder.wait, EMBED_WAIT_S):
             raise ApiError(503, f"The embedding model is not available ({embedder.error or 'still loading'}).")
-        vectors = await asyncio.wrap_future(future)
-        tokens = embedder.count_tokens(texts)
+        vectors: list[Any] = []
+        tokens = 0
+        watch = Watch(request)
+        try:  # a few texts at a time: bounded memory, and a client that leaves stops the work within one batch
+            for start in range(0, len(texts), EMBED_BATCH):
+                batch = texts[start : start + EMBED_BATCH]
+                future = embedder.submit(batch)
+                if future is None:
+                    raise ApiError(503, "The embedding model is closing; try again.")
+                done = await watch.wait(asyncio.wrap_future(future))
+                if done is None:
+                    future.cancel()
+                    return Response(status_code=499)
+                vectors.extend(done)
+                tokens += await asyncio.to_thread(embedder.count_tokens, batch)
+        finally:
+            watch.stop()
         data = [{"object": "embedding", "index": i, "embedding": _encoded(v, encoding)} for i, v in enumerate(vectors)]
         return JSONResponse(
             {
@@ -359,7 +415,11 @@ class Watch:
 
     async def next(self, events: asyncio.Queue[Any]) -> Any:
         """The next event, or None as soon as the client disconnects."""
-        getter = asyncio.ensure_future(events.get())
+        return await self.wait(events.get())
+
+    async def wait(self, awaitable: Any) -> Any:
+        """What ``awaitable`` gives, or None as soon as the client disconnects (it is cancelled then)."""
+        getter = asyncio.ensure_future(awaitable)
         try:
             await asyncio.wait({getter, self._task}, return_when=asyncio.FIRST_COMPLETED)
             return getter.result() if getter.done() else None

@@ -31,6 +31,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", "repetition": "stop"}
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
 MAX_N = 1  # choices per request: one (several would be the same greedy reply, or a batch the client can send)
+CHARS_PER_TOKEN = 32  # more than any tokenizer's tokens average: a prompt over context x this cannot fit
 
 
 class ApiError(Exception):
@@ -327,6 +328,7 @@ def chat_request(
 ) -> tuple[Request, Reply]:
     """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
     messages = messages_from(body.get("messages"))
+    _within_context(len(messages), sum(len(m["content"]) for m in messages), context, "messages")
     tools, forced = tools_from(body)
     sampling = sampling_from(body, defaults, context)
     if forced:
@@ -357,6 +359,7 @@ def completion_request(
         raise bad("'prompt' must be one text (token lists and batches are not supported).", "prompt")
     if not prompt:
         raise bad("'prompt' is empty.", "prompt")
+    _within_context(1, len(prompt), context, "prompt")
     if body.get("suffix"):
         raise bad("'suffix' is not supported by this server.", "suffix", "unsupported_value")
     if body.get("best_of") not in (None, 1):
@@ -372,6 +375,32 @@ def completion_request(
         origin="server",
     )
     return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"))
+
+
+def _within_context(count: int, chars: int, context: int, param: str) -> None:
+    """Refuse a prompt far over the model's context before any of it is rendered or tokenized.
+
+    The engine fits a long conversation by dropping its oldest turns and cutting the last one, but it
+    must render and tokenize the whole first: a 7 MB prompt held it for minutes.  No message takes
+    less than one token and no tokenizer's tokens average ``CHARS_PER_TOKEN`` characters, so a prompt
+    past either bound could never fit; one within them is fitted by the engine as before."""
+    if not context:
+        return
+    if count > context:
+        raise bad(
+            f"'{param}' holds {count:,} messages, more than the model's context of {context:,} tokens can hold "
+            "(each takes at least one token); send the recent ones only.",
+            param,
+            "context_length_exceeded",
+        )
+    if chars > context * CHARS_PER_TOKEN:
+        what = "The prompt" if param == "prompt" else "The messages"
+        raise bad(
+            f"{what} hold{'s' if param == 'prompt' else ''} {chars:,} characters, far more than the model's "
+            f"context of {context:,} tokens can read (at most about {context * CHARS_PER_TOKEN:,}); shorten it.",
+            param,
+            "context_length_exceeded",
+        )
 
 
 def _streaming(body: Mapping[str, Any]) -> tuple[bool, bool]:

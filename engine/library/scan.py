@@ -245,6 +245,9 @@ def _hf_cache() -> Iterator[Found]:
 
 
 def _ollama(root: Path) -> Iterator[Found]:
+    if in_system_folder(os.path.realpath(root)) or in_system_folder(os.path.realpath(root / "manifests")):
+        log.warning("Not reading Ollama's models at %s: it leads into a system folder.", root)
+        return
     for model in ollama_models(root):
         yield Found(model.blob or model.manifest, "ollama", model.name, model.problem)
 
@@ -264,28 +267,35 @@ def find(folders: Sequence[str] = ()) -> list[Found]:
     found: list[Found] = []
     seen: set[str] = set()
 
-    def add(items: Iterator[Found]) -> None:
-        for item in items:
-            key = os.path.realpath(item.path)
-            if key not in seen:
-                seen.add(key)
-                found.append(item)
+    def add(items: Iterator[Found], source: str = "", where: Path | None = None) -> None:
+        try:
+            for item in items:
+                key = os.path.realpath(item.path)
+                if key not in seen:
+                    seen.add(key)
+                    found.append(item)
+        except Exception as exc:  # noqa: BLE001 - another app's folder: what listing it raises is its listed problem
+            if where is None:
+                raise
+            log.warning("Could not finish reading %s: %s: %s", where, type(exc).__name__, exc)
+            said = f"{type(exc).__name__}: {str(exc)[:200]}"
+            found.append(Found(where, source, str(where), f"Brisk could not finish reading {where} ({said})."))
 
     add(_bundled())
     add(_hf_cache())
     places = roots()
     for source in ("lmstudio", "gpt4all", "jan"):
         for root in places[source]:
-            add(Found(p, source, _relative_name(p, root)) for p in walk(root))
+            add((Found(p, source, _relative_name(p, root)) for p in walk(root)), source, root)
     for root in places["ollama"]:
-        add(_ollama(root))
+        add(_ollama(root), "ollama", root)
     for folder in folders:
         root = Path(folder).expanduser()
         if problem := system_folder_problem(root):  # settings written by hand, or before Brisk refused these
             found.append(Found(root, "folder", str(root), f"{problem} Remove it with `brisk models remove {folder}`."))
             continue
         bounds = Walk(os.path.realpath(root))
-        add(Found(p, "folder", _relative_name(p, root.parent)) for p in walk(root, bounds=bounds))
+        add((Found(p, "folder", _relative_name(p, root.parent)) for p in walk(root, bounds=bounds)), "folder", root)
         if bounds.stopped:
             stopped = (
                 f"Brisk stopped looking in {root} after {MAX_ENTRIES:,} files and folders; "

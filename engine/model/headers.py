@@ -525,13 +525,20 @@ class OllamaModel:
     problem: str = ""  # why it cannot be loaded ("" when the blob is there)
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a link to a place this user may not look (EACCES): not a manifest
+        return False
+
+
 def ollama_models(root: Path) -> Iterator[OllamaModel]:
     """The models of Ollama's folder ``root`` (``manifests/<host>/<namespace>/<model>/<tag>`` pointing to
     ``blobs/sha256-<hex>``), in name order; a missing blob or a bad manifest is a model with a ``problem``."""
     manifests = root / "manifests"
     if not manifests.is_dir():
         return
-    for manifest in sorted(p for p in manifests.rglob("*") if p.is_file()):
+    for manifest in sorted(p for p in manifests.rglob("*") if _is_file(p)):
         parts = manifest.relative_to(manifests).parts
         if len(parts) < 3:
             continue

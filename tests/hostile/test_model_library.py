@@ -115,6 +115,26 @@ def test_a_bad_ollama_manifest_is_one_problem(home: Path, data: Path, manifest: 
     assert said in str(rows["bad:latest"]["problem"])
 
 
+def test_an_ollama_folder_that_leads_into_proc_is_not_read(home: Path, data: Path) -> None:
+    (home / "ollama").mkdir()
+    (home / "ollama" / "manifests").symlink_to("/proc")
+    rows = listed(home, data)
+    assert [r for r in rows.values() if r["source"] == "ollama"] == []
+
+
+def test_an_unreadable_link_among_ollama_manifests_hides_no_model(home: Path, data: Path) -> None:
+    try:
+        os.stat("/proc/1/cwd")
+        pytest.skip("this machine lets the test look at /proc/1/cwd, so the link is readable")
+    except PermissionError:
+        pass
+    ollama = home / "ollama"
+    ollama_add(ollama, "good", "1b", write_gguf(home / "src" / "good.gguf", "qwen2"))
+    (ollama / "manifests" / "registry.ollama.ai" / "library" / "evil").symlink_to("/proc/1/cwd")
+    rows = listed(home, data)
+    assert not rows["good:1b"]["problem"]
+
+
 def test_bad_model_folders_are_each_one_problem(home: Path, data: Path) -> None:
     mine = home / "mine"
     (mine / "deep-config").mkdir(parents=True)

@@ -46,6 +46,7 @@ from app.background import in_background
 from app.state.model_facts import size_text
 from app.state.model_library import COLUMNS, SOURCE_NAMES, SOURCES, ModelRow, model_rows, progress_text
 from engine.client import model_drafts, model_library, pull_model
+from engine.library.scan import system_folder_problem
 
 NAME_MAX_PX = 300
 DRAFT_TIP = "Draft tokens with this smaller model of the same vocabulary (speculative decoding)"
@@ -283,6 +284,9 @@ class ModelsDialog(QDialog):
         self.refresh()
 
     def add_folder_path(self, folder: str) -> None:
+        if problem := system_folder_problem(folder):  # /, /proc, /sys, /dev: never walked for models
+            self.details.setText(_escape(problem))
+            return
         if folder not in self.folders:
             self.folders.append(folder)
             self.folders_changed.emit(list(self.folders))

@@ -85,6 +85,10 @@ def test_window_loads_the_model_picked_in_the_models_view(harness, library_home:
     folder.mkdir()
     dialog.add_folder_path(str(folder))
     assert window.settings.model_folders == [str(folder)]
+    for system in ("/proc", "/proc/self/cwd", "/"):  # another process's files, or the whole disk: refused, said
+        dialog.add_folder_path(system)
+        assert window.settings.model_folders == [str(folder)]
+        assert "system folder" in dialog.details.text() or "not a folder of models" in dialog.details.text()
     dialog._list_folders()
     removing = [a for a in dialog.folders_menu.actions() if a.text() == f"Remove {folder}"]
     assert len(removing) == 1

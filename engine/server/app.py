@@ -110,8 +110,10 @@ async def read_json(request: HttpRequest, limit: int) -> dict[str, Any]:
         body = json.loads(b"".join(chunks) or b"null")
     except RecursionError:
         raise shapes.bad(f"The body nests more than {MAX_DEPTH} levels deep.", code="invalid_json") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, and a number over 4,300 digits
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise shapes.bad(f"The body is not valid JSON ({_short(exc)}).", code="invalid_json") from None
+    except ValueError:  # Python reads no integer over 4,300 digits
+        raise shapes.bad("The body holds a number over 4,300 digits long.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise shapes.bad("The body must be a JSON object.", code="invalid_json")
     if _depth_over(body, MAX_DEPTH):

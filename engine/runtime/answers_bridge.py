@@ -73,6 +73,19 @@ def expected_failure(exc: BaseException) -> bool:
     return isinstance(exc, CacheError | StoreError)
 
 
+_SAID: set[str] = set()
+
+
+def said(exc: BaseException) -> None:
+    """Report a failure of the answer cache, which only saves time: the store's own errors (a full disk, a locked
+    file) in their one line, once a process for each message; anything else with its traceback (a bug)."""
+    if not expected_failure(exc):
+        traceback.print_exception(exc)
+    elif str(exc) not in _SAID:
+        _SAID.add(str(exc))
+        log.warning("The answer cache: %s", exc)
+
+
 def cache_config(settings: AnswerCacheSettings) -> Any:
     """The answer cache's :class:`~engine.answer_cache.CacheConfig` for these settings."""
     from engine.answer_cache import CacheConfig
@@ -178,8 +191,8 @@ class AnswerGate:
                         item = (item, self._loads)
                 elif kind == "request" and self._answer(item):
                     continue
-            except Exception:  # a lookup that fails is a miss; the request goes to the model
-                traceback.print_exc()
+            except Exception as exc:  # a lookup that fails is a miss; the request goes to the model
+                said(exc)
             self.forward((kind, item))
             if kind == "stop":
                 return
@@ -252,8 +265,8 @@ class AnswerGate:
             self._vectors_idle.wait(STORE_WAIT_S)  # the model is prefilling meanwhile: nobody waits for this
             self.cache.embedder.embed_one(fold(key.question))  # outside the lock: drafts and puts go on meanwhile
             hit = self._lookup(key, "semantic")
-        except Exception:  # the model answers
-            traceback.print_exc()
+        except Exception as exc:  # the model answers
+            said(exc)
             hit = None
         if hit is not None:
             with race.lock:
@@ -384,8 +397,8 @@ class AnswerGate:
                 return
             try:
                 missing = self.cache.missing_vectors(identity)
-            except Exception:  # only similar-question hits are lost
-                traceback.print_exc()
+            except Exception as exc:  # only similar-question hits are lost
+                said(exc)
                 return
             future = self.cache.embedder.submit([q for _, q in missing]) if missing else None
             if future is None:
@@ -399,8 +412,8 @@ class AnswerGate:
                     self.cache.set_vectors(identity, [(i, v) for (i, _), v in zip(missing, vectors, strict=True)])
             except CancelledError:  # the process is ending
                 pass
-            except Exception:  # a failed write: those entries stay exact-only until the next try
-                traceback.print_exc()
+            except Exception as exc:  # a failed write (a full disk): those entries stay exact-only until the next try
+                said(exc)
             finally:
                 with self._lock:
                     self._vectors_idle.set()

@@ -11,7 +11,7 @@ interleaving.
 
 :class:`ChildEngine` offers what the bench calls on a :class:`~engine.client.Client`:
 ``load(spec)``, ``ask(messages, sampling, **fields)`` (returns an object with
-``metrics.tokens_per_s`` and ``metrics.ttft_s``) and ``close()``.  Requests and
+``metrics.tokens_per_s``, ``metrics.ttft_s`` and ``metrics.acceptance``) and ``close()``.  Requests and
 replies are JSON lines on the child's stdin and a private copy of its stdout;
 everything else the child prints goes to its stderr.
 """
@@ -59,7 +59,8 @@ class ChildEngine:
     def ask(self, messages: list[dict[str, str]], sampling: Sampling, **fields: Any) -> SimpleNamespace:
         message = {"op": "ask", "messages": list(messages), "sampling": dataclasses.asdict(sampling), "fields": fields}
         reply = self._call(message)
-        return SimpleNamespace(metrics=SimpleNamespace(tokens_per_s=reply["tokens_per_s"], ttft_s=reply["ttft_s"]))
+        metrics = {key: reply.get(key) for key in ("tokens_per_s", "ttft_s", "acceptance")}
+        return SimpleNamespace(metrics=SimpleNamespace(**metrics))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -92,7 +93,7 @@ def serve() -> int:
                     sampling = message["sampling"]
                     sampling["stop"] = tuple(sampling.get("stop", ()))
                     done = client.ask(message["messages"], Sampling(**sampling), **message["fields"])
-                    reply = {"tokens_per_s": done.metrics.tokens_per_s, "ttft_s": done.metrics.ttft_s}
+                    reply = {key: getattr(done.metrics, key) for key in ("tokens_per_s", "ttft_s", "acceptance")}
             except Exception as exc:  # noqa: BLE001 (said to the parent, which stops)
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             out.write(json.dumps(reply) + "\n")

@@ -20,6 +20,9 @@ before the next) so drift hits each column alike:
   round's engines closed was the as-installed one in every round, and its TTFT
   was 35-50 ms above speculation off's in three sittings on two CPUs, while
   ``brisk ask`` alone, alternating, measured no difference).
+* with ``--draft-model FILE``: a column with that draft model (speculative
+  ``draft``, in a process of its own) and its acceptance on open and grounded
+  prompts (the seed's headline case: the 0.5B Qwen2.5-Coder drafting for the 1.5B).
 
 Columns:
 
@@ -44,6 +47,7 @@ peer column is left out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -103,7 +107,8 @@ def items() -> list[tuple[str, str, str | int]]:
 def measure_item(
     client: Client, speculative: str, item: tuple[str, str, str | int], max_tokens: int
 ) -> dict[str, list[float]]:
-    """One measurement on one column: a decode prompt's tok/s, or one TTFT question cold and warm."""
+    """One measurement on one column: a decode prompt's tok/s (and a draft model's acceptance), or one TTFT
+    question cold and warm."""
     kind, name, what = item
     out: dict[str, list[float]] = {}
     if kind != "ttft":
@@ -117,6 +122,8 @@ def measure_item(
         if done.metrics.tokens_per_s:
             out[kind] = [done.metrics.tokens_per_s]
             out[f"{kind}: {name}"] = [done.metrics.tokens_per_s]
+        if speculative == "draft" and done.metrics.acceptance is not None:
+            out[f"{kind} acceptance"] = [100 * done.metrics.acceptance]
         return out
     i = int(what)
     system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
@@ -212,6 +219,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info: dict[str, Any] = {}
     installed, off = f"brisk (as installed: {source})", "brisk (speculation off)"
     extra = f"brisk ({also}, speculation off)" if also else ""
+    draft = getattr(args, "draft_model", "") or ""
+    drafted = f"brisk (draft: {Path(draft).name})" if draft else ""
     try:
         if peer is not None and peer.loaded is not None:
             peer_label = f"peer ({Path(peer.loaded.model_name).name})"  # a server may name its model by path
@@ -243,6 +252,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     engines.append(other)
                     other.load(ModelSpec(source=spec.source, dtype="auto", quant=also))
                     sides.append((extra, other, "off"))  # type: ignore[arg-type]  # a Client's ask, load, close
+                if draft:  # the draft model's column, in a process of its own too
+                    drafting = ChildEngine()
+                    engines.append(drafting)
+                    drafting.load(dataclasses.replace(spec, draft=draft, draft_quant="auto"))
+                    sides.append((drafted, drafting, "draft"))  # type: ignore[arg-type]
                 if peer is not None:
                     sides.append((peer_label, peer, "off"))
                 # interleaved item by item, so that a machine whose speed drifts slows each column alike
@@ -262,8 +276,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("first question of a new process: decode tok/s", "first_tok_s"),
         ("TTFT cold, ~1,900-token system prompt, ms", "ttft_cold_ms"),
         ("TTFT warm: new chat, same system prompt, ms", "ttft_warm_ms"),
-    ]
-    order = [installed, off, *([extra] if extra else []), *([peer_label] if peer_label else [])]
+        *([("draft acceptance %, open prompts", "open acceptance"),
+           ("draft acceptance %, grounded prompts", "grounded acceptance")] if draft else []),
+    ]  # fmt: skip
+    order = [installed, off, *([extra] if extra else []), *([drafted] if drafted else []),
+             *([peer_label] if peer_label else [])]  # fmt: skip
     rows = [
         {"measure": name, **{col: spread(columns.get(col, {}).get(key, [])) for col in order}} for name, key in measures
     ]

@@ -70,6 +70,7 @@ def test_versus_puts_brisk_defaults_beside_the_peer(
     args = build_parser().parse_args(
         ["bench", "versus", "--peer", server.url, "--model", str(tiny_dir), "--runs", "1", "--max-tokens", "4"]
         + ["--quant", "none", "--dtype", "float32"]  # no probes: the tiny model's choice is not what is tested
+        + ["--draft-model", str(tiny_dir)]  # the model drafting for itself: every draft accepted
     )
     data = versus.run(args)
     out = capsys.readouterr().out
@@ -87,6 +88,10 @@ def test_versus_puts_brisk_defaults_beside_the_peer(
         first = data["samples"][column]
         assert len(first["first_ttft_ms"]) == 1 and first["first_ttft_ms"][0] > 0
     assert any(row["prompt"] == "open: recipe" for row in data["per_prompt"])
+    drafted = data["samples"][f"brisk (draft: {tiny_dir.name})"]  # the draft model's column and its acceptance
+    assert len(drafted["open"]) == len(versus.OPEN) and drafted["open acceptance"]
+    assert min(drafted["open acceptance"] + drafted["grounded acceptance"]) == 100.0
+    assert any(line.startswith("| draft acceptance %, open prompts") for line in out.splitlines())
     # the peer decodes plain greedy, as Brisk does: temperature 0 and no repetition penalty, bounded replies
     bodies = server.requests
     assert bodies and all(b["temperature"] == 0 and b["repeat_penalty"] == 1.0 for b in bodies)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.brisk-installed
 
-.PHONY: run test lint bench clean-venv native package package-test
+.PHONY: run test test-fast lint bench clean-venv native package package-test
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,18 @@ run: $(STAMP)
 	-$(PY) -m engine.quant.native
 	$(VENV)/bin/brisk $(ARGS)
 
+# Tiers: the marks are given by rule in tests/conftest.py.  `make test-fast` is the inner loop (in-process
+# tests: tiny models, fake engines, storage, the server, the window); `make test` runs it first, then the rest
+# (the hostile cases, the CLI in child processes, the bundled model), with the slowest 30 printed.
+FAST_TIER := not hostile and not cli and not bundled
+PYTEST := QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
+
+test-fast: native
+	$(PYTEST) -m "$(FAST_TIER)" $(PYTEST_ARGS)
+
 test: native
-	QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(PYTEST) -m "$(FAST_TIER)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -m "not ($(FAST_TIER))" --durations=30 $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app engine tests packaging

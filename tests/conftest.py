@@ -24,6 +24,30 @@ import pytest  # noqa: E402
 from tests.support.engine_runner import EngineRunner  # noqa: E402
 from tests.support.tiny import make_tiny_model  # noqa: E402
 
+# Tiers (``make test-fast`` runs what none of these marks): marks given here by rule, not by memory.
+CHILD_CLI = ("run_cli(", "brisk_cli", "\"app.cli\"", "BRISK = [")  # a module that starts the real CLI as a child
+_CHILD_MODULES: dict[str, bool] = {}
+
+
+def _starts_cli(path: Path) -> bool:
+    if str(path) not in _CHILD_MODULES:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        _CHILD_MODULES[str(path)] = any(marker in text for marker in CHILD_CLI)
+    return _CHILD_MODULES[str(path)]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``hostile``: tests/hostile/; ``cli``: a module that starts ``brisk`` in a child process; ``bundled``: a
+    test on the bundled SmolLM2 model (its engine, or marked so by hand)."""
+    for item in items:
+        path = Path(str(item.fspath))
+        if "hostile" in path.parts:
+            item.add_marker(pytest.mark.hostile)
+        if _starts_cli(path):
+            item.add_marker(pytest.mark.cli)
+        if "bundled_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.bundled)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def native_step() -> None:

@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if draft:  # the draft model's column, in a process of its own too
                     drafting = ChildEngine()
                     engines.append(drafting)
-                    drafting.load(dataclasses.replace(spec, draft=draft, draft_quant="auto"))
+                    drafting.load(dataclasses.replace(spec, draft=draft))  # the draft as it is (a GGUF on its blocks)
                     sides.append((drafted, drafting, "draft"))  # type: ignore[arg-type]
                 if peer is not None:
                     sides.append((peer_label, peer, "off"))

@@ -28,6 +28,8 @@ from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
 
+METRICS = ("tokens_per_s", "ttft_s", "acceptance", "drafted")  # what a reply brings back of its Done
+
 
 class ChildEngine:
     def __init__(self) -> None:
@@ -59,7 +61,7 @@ class ChildEngine:
     def ask(self, messages: list[dict[str, str]], sampling: Sampling, **fields: Any) -> SimpleNamespace:
         message = {"op": "ask", "messages": list(messages), "sampling": dataclasses.asdict(sampling), "fields": fields}
         reply = self._call(message)
-        metrics = {key: reply.get(key) for key in ("tokens_per_s", "ttft_s", "acceptance")}
+        metrics = {key: reply.get(key) for key in METRICS}
         return SimpleNamespace(metrics=SimpleNamespace(**metrics))
 
     def close(self) -> None:
@@ -93,7 +95,7 @@ def serve() -> int:
                     sampling = message["sampling"]
                     sampling["stop"] = tuple(sampling.get("stop", ()))
                     done = client.ask(message["messages"], Sampling(**sampling), **message["fields"])
-                    reply = {key: getattr(done.metrics, key) for key in ("tokens_per_s", "ttft_s", "acceptance")}
+                    reply = {key: getattr(done.metrics, key) for key in METRICS}
             except Exception as exc:  # noqa: BLE001 (said to the parent, which stops)
                 reply = {"error": f"{type(exc).__name__}: {exc}"}
             out.write(json.dumps(reply) + "\n")

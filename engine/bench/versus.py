@@ -122,8 +122,10 @@ def measure_item(
         if done.metrics.tokens_per_s:
             out[kind] = [done.metrics.tokens_per_s]
             out[f"{kind}: {name}"] = [done.metrics.tokens_per_s]
-        if speculative == "draft" and done.metrics.acceptance is not None:
-            out[f"{kind} acceptance"] = [100 * done.metrics.acceptance]
+        if speculative == "draft":  # how much was drafted (the source pauses while drafting does not pay), and kept
+            out[f"{kind} drafted"] = [float(done.metrics.drafted or 0)]
+            if done.metrics.acceptance is not None:
+                out[f"{kind} acceptance"] = [100 * done.metrics.acceptance]
         return out
     i = int(what)
     system = f"[session {uuid.uuid4().hex[:12]}] {LONG_SYSTEM}"
@@ -277,7 +279,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ("TTFT cold, ~1,900-token system prompt, ms", "ttft_cold_ms"),
         ("TTFT warm: new chat, same system prompt, ms", "ttft_warm_ms"),
         *([("draft acceptance %, open prompts", "open acceptance"),
-           ("draft acceptance %, grounded prompts", "grounded acceptance")] if draft else []),
+           ("draft acceptance %, grounded prompts", "grounded acceptance"),
+           ("tokens drafted a reply, open prompts", "open drafted"),
+           ("tokens drafted a reply, grounded prompts", "grounded drafted")] if draft else []),
     ]  # fmt: skip
     order = [installed, off, *([extra] if extra else []), *([drafted] if drafted else []),
              *([peer_label] if peer_label else [])]  # fmt: skip

@@ -91,6 +91,7 @@ def test_versus_puts_brisk_defaults_beside_the_peer(
     drafted = data["samples"][f"brisk (draft: {tiny_dir.name})"]  # the draft model's column and its acceptance
     assert len(drafted["open"]) == len(versus.OPEN) and drafted["open acceptance"]
     assert min(drafted["open acceptance"] + drafted["grounded acceptance"]) == 100.0
+    assert len(drafted["open drafted"]) == len(versus.OPEN) and max(drafted["open drafted"]) > 0
     assert any(line.startswith("| draft acceptance %, open prompts") for line in out.splitlines())
     # the peer decodes plain greedy, as Brisk does: temperature 0 and no repetition penalty, bounded replies
     bodies = server.requests

@@ -81,11 +81,15 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from engine.documents.reading import MAX_CHARS, PAGE_BYTES, Cancelled, DocumentError  # noqa: F401 (imported from here too)
+from engine.documents.reading import check as _check
+from engine.documents.reading import damaged as _damaged
+from engine.documents.reading import mb as _mb
+from engine.documents.reading import newlines as _newlines
+from engine.documents.reading import were as _were
 from engine.safe_read import NotRegularFile, kind_of, read_regular
 
 MAX_BYTES = 64 << 20
-MAX_CHARS = 16_000_000  # text taken from one file (about 4 M tokens, far past any model's context); the rest is left
-PAGE_BYTES = 4 << 20  # a PDF page's drawing instructions, decoded; pypdf parses 5 MB of them in about 2.5 s
 SNIFF_BYTES = 4096
 
 _TEXT = (".txt", ".text", ".log", ".csv", ".tsv")
@@ -138,14 +142,6 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16"),
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
-
-
-class DocumentError(Exception):
-    """A file that cannot be attached; ``str()`` is one clear sentence naming the file and what to do."""
-
-
-class Cancelled(DocumentError):
-    """``cancel()`` returned true; a subclass of :class:`DocumentError` so one handler covers both."""
 
 
 @dataclass(frozen=True)
@@ -385,11 +381,6 @@ def _outside(name: str, folder: Path) -> DocumentError:
     )
 
 
-def _check(cancel: Callable[[], bool] | None, name: str, what: str = "Attaching") -> None:
-    if cancel is not None and cancel():
-        raise Cancelled(f"{what} {name} was cancelled.")
-
-
 def _entries(path: str, unreadable: list[str]) -> list[os.DirEntry[str]]:
     """A folder's visible entries in name order; none for a virtual environment or a folder that cannot be read."""
     try:
@@ -503,10 +494,6 @@ def _plain(text: str) -> bool:
     return controls <= len(sample) // 100
 
 
-def _newlines(text: str) -> str:
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
 def _markdown(html: str, notes: list[str]) -> str:
     """Markdown of an HTML page or fragment: scripts, styles and the head dropped; images as their alt text."""
     from bs4 import BeautifulSoup
@@ -558,33 +545,11 @@ def _docx(data: bytes, name: str, notes: list[str]) -> str:
     return _markdown(result.value, notes)
 
 
-def _damaged(name: str, what: str, exc: BaseException) -> DocumentError:
-    detail = re.split(r"(?<=[.?!])\s", str(exc).strip())[0].rstrip(".?!") or type(exc).__name__  # its first sentence
-    viewer = "a PDF viewer" if what == "PDF" else "Word"
-    return DocumentError(
-        f"{name} could not be read as a {what} file ({detail}); it may be damaged or incomplete, so open it in"
-        f" {viewer}, save a new copy and attach that."
-    )
-
-
 # -- wording -------------------------------------------------------------------------------------------------
-
-
-def _mb(size: int) -> str:
-    """A size as people read it: "64 MB", "1.5 MB", "4 KB"."""
-    for unit, scale in (("MB", 1 << 20), ("KB", 1 << 10)):
-        if size >= scale:
-            value = size / scale
-            return f"{value:.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.1f} {unit}"
-    return f"{size} bytes"
 
 
 def _n(items: Any, noun: str, plural: str | None = None) -> str:
     return f"{len(items):,} {noun if len(items) == 1 else plural or noun + 's'}"
-
-
-def _were(items: Any) -> str:
-    return "was" if len(items) == 1 else "were"
 
 
 def _some(names: list[str], shown: int = 3) -> str:

@@ -13,7 +13,7 @@ part (images, fonts, embedded files: never read, since only an image's alt text 
 Why 16 MB: mammoth parses about 0.15 MB of ``document.xml`` a second on the 2-core machine (a 2 MB part:
 13 s; 20 MB: 143 s and 890 MB), so 16 MB is what the per-file deadline (``engine.documents.worker``) lets
 it finish; a 500-page report's ``document.xml`` is a few MB.  Every refusal is a
-:class:`~engine.documents.convert.DocumentError` whose ``str()`` is one sentence naming the file.
+:class:`~engine.documents.reading.DocumentError` whose ``str()`` is one sentence naming the file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from __future__ import annotations
 import zipfile
 from io import BytesIO
 
-from engine.documents.convert import DocumentError, _mb
+from engine.documents.reading import DocumentError
+from engine.documents.reading import mb as _mb
 
 MAX_PARTS = 10_000
 MAX_XML_BYTES = 16 << 20

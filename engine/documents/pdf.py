@@ -5,9 +5,9 @@ pypdf reads the file; ``progress(done, total)`` is called once per page (``(0, n
 hold 40 pages that each draw a 50 MB string (pypdf parses about 2 MB of drawing instructions a second):
 
 * a page whose decoded drawing instructions (its content streams and the forms it names) pass
-  :data:`~engine.documents.convert.PAGE_BYTES` is left out before pypdf parses them, with a note; a Flate
+  :data:`~engine.documents.reading.PAGE_BYTES` is left out before pypdf parses them, with a note; a Flate
   stream is inflated only that far to learn it, and nothing decoded is kept on the reader;
-* reading stops once :data:`~engine.documents.convert.MAX_CHARS` characters are taken, with a note.
+* reading stops once :data:`~engine.documents.reading.MAX_CHARS` characters are taken, with a note.
 
 Pages without a text layer, or that fail, are named in a note; a PDF with no text at all is refused (a
 scan: OCR is not done here), as is one whose every page is too heavy, each in one sentence.
@@ -21,12 +21,7 @@ from collections.abc import Callable
 from io import BytesIO
 from typing import Any
 
-from engine.documents.convert import MAX_CHARS, PAGE_BYTES, DocumentError
-from engine.documents.convert import _check as check
-from engine.documents.convert import _damaged as damaged
-from engine.documents.convert import _mb as mb
-from engine.documents.convert import _newlines as newlines
-from engine.documents.convert import _were as were
+from engine.documents.reading import MAX_CHARS, PAGE_BYTES, DocumentError, check, damaged, mb, newlines, were
 
 
 def pdf_text(

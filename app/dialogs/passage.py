@@ -30,8 +30,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.state.attachments import passage_of, position_text, source_label
+from app.state.attachments import passage_of, position_text
 from app.views.style import current
+from engine.documents.render import source_label
 
 CONTEXT_CHARS = 1500  # of the document's text shown before and after a passage
 

@@ -12,9 +12,9 @@ A chat's attached documents are the history file's entries
 * indexing: :func:`progress_text` and :func:`problems_text` (one line per problem,
   in the library's words: a file, or for a folder the files of one kind left out);
 * a reply's sources (``Metrics.sources``, saved with the reply): :func:`sources_of`
-  reads them back from stored metrics, :func:`source_label` names one under the
-  reply ("handbook.md", "[1] notes.md, part 3") and :func:`position_text` says
-  where its passage lies in the document;
+  reads them back from stored metrics (``engine.documents.render.source_label``
+  names one under the reply, as ``brisk ask`` does: "handbook.md", "[1] notes.md,
+  part 3") and :func:`position_text` says where its passage lies in the document;
 * the latency panel's line: :func:`reuse_text` ("3,012 tokens reused").
 """
 
@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from engine.documents.render import place_of
+from engine.documents.render import is_passage, place_of
 
 SEP = " \u00b7 "
 APPROX = "\u2248 "
@@ -167,21 +167,6 @@ def sources_of(metrics: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 def _int(value: object, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def is_passage(source: Mapping[str, Any]) -> bool:
-    """Whether a reply's source is a passage (a chunk of a document), not a whole document."""
-    return _int(source.get("chunk"), -1) >= 0
-
-
-def source_label(source: Mapping[str, Any]) -> str:
-    """``handbook.md`` (a whole document), ``[1] notes.md, part 3`` or ``[2] report.pdf, page 12`` (a passage)."""
-    name = str(source.get("name") or "document")
-    if not is_passage(source):
-        return name
-    label = str(source.get("label") or "")
-    number = f"{label} " if label and label != name else ""
-    return f"{number}{name}, {place_of(source)}"
 
 
 def position_text(source: Mapping[str, Any], total_chars: int | None = None) -> str:

@@ -32,10 +32,11 @@ from typing import Any
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
 from app.state.answer_stats import cache_badge
-from app.state.attachments import SEP, source_label, sources_of
+from app.state.attachments import SEP, sources_of
 from app.state.reply import ReplyState, stats_line
 from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
+from engine.documents.render import source_label
 from engine.storage import Message
 
 TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."

@@ -25,10 +25,9 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 from engine.api import (
     DEVICES,
@@ -50,7 +49,7 @@ from engine.api import (
 )
 from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems, is_remote
 from engine.client import format_problems
-from engine.documents.render import place_of
+from engine.documents.render import source_label
 from engine.paths import settings_path
 from engine.runtime.format_limits import MAX_BYTES as MAX_FORMAT_BYTES
 from engine.safe_read import NotRegularFile, read_regular
@@ -394,15 +393,6 @@ def print_event(event: Event, as_json: bool) -> None:
         print(" · ".join(summary(event.metrics)), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)
-
-
-def source_label(source: Mapping[str, Any]) -> str:
-    """``handbook.md`` for a whole document, ``[2] notes.md, part 3`` or ``[1] report.pdf, page 12`` for a passage."""
-    name = str(source.get("name", ""))
-    chunk = source.get("chunk", -1)
-    if not isinstance(chunk, int) or chunk < 0:
-        return name
-    return f"{source.get('label', '')} {name}, {place_of(source)}".strip()
 
 
 def summary(m: Metrics) -> list[str]:

@@ -66,6 +66,25 @@ def place_of(source: Any) -> str:
     return where(chunk, page, last if isinstance(last, int) else None)
 
 
+def is_passage(source: Any) -> bool:
+    """Whether a reply's source (a mapping, as saved with the reply) is a passage, not a whole document."""
+    chunk = source.get("chunk")
+    return isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0
+
+
+def source_label(source: Any) -> str:
+    """How a reply's source is named to a user, in the window and by ``brisk ask``: ``handbook.md`` for a
+    whole document, ``[1] notes.md, part 3`` or ``[2] report.pdf, page 12`` (``pages 12-13``) for a passage
+    (its number, left out when it has none, then its document and :func:`place_of`); ``document`` when the
+    name is missing."""
+    name = str(source.get("name") or "document")
+    if not is_passage(source):
+        return name
+    label = str(source.get("label") or "")
+    number = f"{label} " if label and label != name else ""
+    return f"{number}{name}, {place_of(source)}"
+
+
 def whole_order(docs: Sequence[Whole]) -> list[Whole]:
     """The stable order of whole documents: name (case folded), then content hash; one copy of each."""
     unique = {doc.doc_id: doc for doc in docs}

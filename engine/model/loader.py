@@ -199,7 +199,7 @@ def load_model(spec: ModelSpec, progress: Progress | None = None, defer_probe: b
         mode, dtype_name, mode_record, built = choice
         dtype = DTYPES[dtype_name] if dtype_name else dtype
     if mode in quant.INT_MODES and dtype is None:
-        dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/PERFORMANCE.md)
+        dtype = torch.bfloat16  # the int kernels' fast activation dtype (measured: docs/log/2026-12-03-quantization.md)
     if mode in (*quant.BNB_MODES, "fp16-cpu", "q8-cpu") and dtype is None:
         dtype = torch.float32  # fp16-cpu: fbgemm takes float32 activations; q8-cpu quantizes float32 ones
     if (
@@ -425,7 +425,7 @@ def _auto_mode(
         if mode in quant.NEVER_DEFAULT or (spec.dtype == "float32" and dtype_name != "float32"):
             continue
         if (mode, dtype_name) == ("none", "bfloat16") and not native_bf16:
-            continue  # without bfloat16 matmuls its prefill is several times float32's (docs/PERFORMANCE.md)
+            continue  # no bfloat16 matmuls: prefill is several times float32's (docs/log/2026-12-03-quantization.md)
         try:
             if mode != "none":
                 quant.require(mode, device)

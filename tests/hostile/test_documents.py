@@ -6,7 +6,7 @@ unzips to 354 MB (and one that announces 2 KB for the same bytes), 100,000 neste
 file outside the folder, a named pipe, UTF-16 without a BOM, 300 small files.  Each ends in bounded time
 with one sentence naming the file, the good files beside them are kept, and nothing outside the folder is
 read.  The per-file deadline is checked on :class:`engine.documents.worker.Reader` with a real slow PDF.
-Cases and results are tabled in ``docs/RELIABILITY.md``.
+Cases and results are tabled in ``tests/hostile/README.md``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two real servers: the server's own pieces (``ServerThread``, uvicorn, the guard)
 limits and no model, for the connection cases (raw sockets from other loopback addresses, 127.0.0.2 and
 up, as other machines), and ``brisk serve`` in a child process on the tiny model with its default limits,
 for the rest (raw HTTP, the ``openai`` SDK).  Every case checks that a real client is still served.
-Cases and results are tabled in ``docs/RELIABILITY.md``.
+Cases and results are tabled in ``tests/hostile/README.md``.
 """
 
 from __future__ import annotations

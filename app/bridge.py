@@ -23,6 +23,11 @@ backend: they call the bridge, whose methods are everything the window needs:
 * :meth:`seed_answers`: hand earlier (question, answer) pairs to the engine's
   answer memory; :meth:`set_prefix_budget`: a new prefix-cache byte budget.
   Both answer how much was taken (0 / False when the backend cannot);
+* :meth:`serve` / :meth:`stop_serving`: the built-in OpenAI-compatible server.
+  It lives with the backend in ``engine.client.Router``: its requests go to the
+  same ``Backend.submit`` as the window's and their events back to it there,
+  so the bridge sees only the window's events and, for the latency panel, an
+  ``engine.api.ServedReply`` per finished server request;
 * :func:`machine_report`: ``engine.doctor``'s facts about this machine.
 
 ``backend_factory(on_event)`` builds the backend (default:
@@ -43,13 +48,16 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine import client
 from engine.api import Backend, Error, LoadFailed, LoadProgress, ModelSpec, Request
 from engine.client import BackendFactory, local_backend
+
+if TYPE_CHECKING:
+    from engine.client import LocalServer
 
 
 def machine_report() -> Mapping[str, Any]:
@@ -77,27 +85,29 @@ class EngineBridge(QObject):
         self._local_factory = backend_factory or local_backend()
         self._factory = self._local_factory
         self.engine_key = LOCAL_KEY  # the engine the next load runs on (see use_engine)
-        self._backend_key = LOCAL_KEY  # the engine _backend was built for
+        self._backend_key = LOCAL_KEY  # the engine the router's backend was built for
         self._lock = threading.Lock()
-        self._backend: Backend | None = None
+        # builds the backend and holds it; the built-in server (serve) takes its own requests' events there
+        self._router = client.Router()
         self._closed = False
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="brisk-bridge")
         self._pending: deque[object] = deque()
         self._queue_lock = threading.Lock()  # guards _pending and _woken
         self._woken = False  # a wake-up (or a drain) is on its way
         self._wake.connect(self._drain)  # queued: emitted from other threads
-        self.server: Any = None  # the OpenAI-compatible server over this bridge's engine (serve), once made
 
     @property
     def backend(self) -> Backend | None:
-        return self._backend
+        return self._router.backend
+
+    @property
+    def server(self) -> LocalServer | None:
+        """The OpenAI-compatible server over this bridge's engine (:meth:`serve`), once made."""
+        return self._router.server
 
     def _on_backend_event(self, event: object) -> None:
-        """Called on the backend's thread: queue the event and wake the GUI thread once per batch (the events
-        of the server's requests go to the server, never to the window)."""
-        server = self.server
-        if server is not None and server.dispatch(event):
-            return
+        """Called on the backend's thread with the window's events (the router keeps the server's) and the
+        server's ``ServedReply`` records: queue the event and wake the GUI thread once per batch."""
         with self._queue_lock:
             self._pending.append(event)
             if self._woken:
@@ -139,25 +149,23 @@ class EngineBridge(QObject):
             with self._lock:
                 if self._closed:
                     return
-                old = self._backend if self._backend_key != self.engine_key else None
+                old = self._router.drop() if self._backend_key != self.engine_key else None
                 key, factory = self.engine_key, self._factory
             if old is not None:  # another engine: the old one goes first (outside the lock: it may take a while)
-                with self._lock:
-                    self._backend = None
                 old.shutdown()
             with self._lock:
                 if self._closed:
                     return
-                if self._backend is None:
+                backend = self._router.backend
+                if backend is None:
                     self._backend_key = key
-                    self._backend = factory(self._on_backend_event)
-                backend = self._backend
+                    backend = self._router.build(factory, self._on_backend_event)
             backend.load(spec)
         except Exception as exc:  # an import or constructor failure: tell the user
             self._on_backend_event(LoadFailed(f"Could not start the engine: {_reason(exc)}"))
 
     def submit(self, request: Request) -> None:
-        backend = self._backend
+        backend = self._router.backend
         if backend is None or self._closed:
             self.event.emit(Error(request.id, 0.0, "The engine is not running yet. Wait for the model to load."))
             return
@@ -166,15 +174,13 @@ class EngineBridge(QObject):
     def hint(self, request: Request) -> bool:
         """The request Send would make now (the draft last), for the engine to prefill while the user types;
         False when the backend cannot (a remote server, or none yet)."""
-        backend = self._backend
-        hint = getattr(backend, "hint", None)
-        if hint is None or self._closed:
+        backend = self._router.backend
+        if backend is None or self._closed:
             return False
-        hint(request)
-        return True
+        return backend.hint(request)
 
     def cancel(self, request_id: str) -> None:
-        backend = self._backend
+        backend = self._router.backend
         if backend is not None and not self._closed:
             backend.cancel(request_id)
 
@@ -183,7 +189,7 @@ class EngineBridge(QObject):
             if self._closed:
                 return
             self._closed = True
-            backend = self._backend
+            backend = self._router.drop()
         self._worker.shutdown(wait=False, cancel_futures=True)
         if self.server is not None:
             self.server.stop()
@@ -194,20 +200,14 @@ class EngineBridge(QObject):
     def serve(self, port: int, defaults: Any, speculative: str, host: str = "127.0.0.1", api_key: str = "") -> str:
         """Serve the engine to other programs (OpenAI-compatible, ``engine.server``); returns the base URL.
         Raises the server's ``ServeError`` (its message says why) when the address cannot be used.  Each
-        finished server request comes back as an ``engine.api.ServedReply`` on :attr:`event`."""
-        if self.server is None:
-            self.server = client.local_server(self._server_submit, self.cancel, self._on_backend_event)
-        return str(self.server.start(host, port, api_key or None, defaults, speculative))
+        finished server request comes back as an ``engine.api.ServedReply`` on :attr:`event`.  Its requests
+        reach the backend through the router, never through the bridge (a backend switch keeps it serving)."""
+        server = self._router.serve(self._on_backend_event)
+        return server.start(host, port, api_key or None, defaults, speculative)
 
     def stop_serving(self) -> None:
         if self.server is not None:
             self.server.stop()
-
-    def _server_submit(self, request: Request) -> None:
-        backend = self._backend
-        if backend is None or self._closed:
-            raise RuntimeError("The engine is not running yet. Wait for the model to load.")
-        backend.submit(request)
 
     def seed_answers(self, pairs: Sequence[tuple[str, str]]) -> int:
         """Give the engine's answer memory these (question, answer) pairs; how many it took.
@@ -215,29 +215,25 @@ class EngineBridge(QObject):
         The local engine queues the work on its own thread and returns at once;
         a backend without answer memory (a remote server) takes none.
         """
-        remember = getattr(self._backend, "remember_answer", None)
-        if self._closed or not callable(remember):
+        backend = self._router.backend
+        if backend is None or self._closed:
             return 0
-        for question, answer in pairs:
-            remember(question, answer)
-        return len(pairs)
+        return sum(backend.remember_answer(question, answer) for question, answer in pairs)
 
     def count_tokens(self, texts: list[str]) -> list[int] | None:
         """Tokens of each of ``texts`` in the loaded model's tokenizer; None when the backend cannot say (a
         remote server, no model yet).  Blocking and thread-safe: call it off the GUI thread."""
-        count = getattr(self._backend, "count_tokens", None)
-        if self._closed or not callable(count):
+        backend = self._router.backend
+        if backend is None or self._closed:
             return None
-        counts = count(texts)
-        return [int(n) for n in counts] if counts is not None else None
+        return backend.count_tokens(texts)
 
     def set_prefix_budget(self, budget_bytes: int) -> bool:
         """Apply a new prefix-cache budget now; False when the backend cannot (it applies at the next start)."""
-        apply = getattr(self._backend, "set_prefix_budget", None)
-        if self._closed or not callable(apply):
+        backend = self._router.backend
+        if backend is None or self._closed:
             return False
-        apply(budget_bytes)
-        return True
+        return backend.set_prefix_budget(budget_bytes)
 
     @staticmethod
     def machine_report() -> Mapping[str, Any]:

@@ -487,14 +487,51 @@ OnEvent = Callable[[object], None]
 class Backend(Protocol):
     """What the GUI, the CLI and the benchmarks drive: the local model thread or a remote server.
 
-    Every method returns at once; events arrive through the ``on_event`` given
-    to the backend's constructor, from the backend's own thread.
+    Every method but :meth:`count_tokens` returns at once; events arrive through the ``on_event`` given to
+    the backend's constructor, from the backend's own thread.  The verbs after :meth:`shutdown` are what
+    Brisk's own model does beyond a plain server: a backend that cannot (``engine.remote.RemoteBackend``)
+    still has each one, does nothing and says so by its return value, as each docstring states.
     """
 
-    def load(self, spec: ModelSpec) -> None: ...
+    def load(self, spec: ModelSpec) -> None:
+        """Load ``spec``: ``LoadProgress``... then ``Loaded`` or ``LoadFailed``."""
+        ...
 
-    def submit(self, request: Request) -> None: ...
+    def submit(self, request: Request) -> None:
+        """Answer ``request``: ``Started``... then ``Done`` or ``Error`` (the window's and the server's alike)."""
+        ...
 
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str) -> None:
+        """End that request soon with ``Done(finish_reason="cancelled")``; an unknown id is ignored."""
+        ...
 
-    def shutdown(self, timeout: float = 5.0) -> None: ...
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the backend's thread (waiting at most ``timeout`` s); a reply still streaming ends with it."""
+        ...
+
+    def hint(self, request: Request) -> bool:
+        """The request the window would send now (the draft being typed last), to prefill while idle; a
+        ``DraftPrefill`` event says how far it got.  True when taken; False when the backend cannot (no
+        event follows)."""
+        ...
+
+    def count_tokens(self, texts: list[str]) -> list[int] | None:
+        """The loaded model's token count of each text; blocking, on the caller's thread.  None while no
+        model is loaded, or when the backend cannot tell (a remote server)."""
+        ...
+
+    def remember_answer(self, question: str, answer: str) -> bool:
+        """Seed the answer memory (speculative drafts, never served as a reply) with an earlier answer.
+        True when taken; False when the backend keeps no answer memory."""
+        ...
+
+    def set_prefix_budget(self, budget_bytes: int) -> bool:
+        """Change the prefix cache's byte budget now, evicting as needed (``ValueError`` for a bad value).
+        True when applied; False when the backend keeps no prefix cache (the value applies at its next
+        start, through its options)."""
+        ...
+
+    def clear_prefix_cache(self) -> bool:
+        """Forget every prompt's KV in memory, in turn with requests, so the next reply starts cold.  True
+        when done; False when the backend keeps no prefix cache (nothing to forget)."""
+        ...

@@ -6,15 +6,20 @@
 yields that request's events up to and including its ``Done`` or ``Error``;
 ``ask(messages, ...)`` returns the ``Done`` or raises :class:`RequestError`.
 The default backend is the local engine thread (imported only then: it needs torch).
+
+Every backend is built through a :class:`Router` (the client's, the window's bridge's): where the built-in
+OpenAI-compatible server meets the backend, so that ``brisk serve`` and the window's Server switch submit
+to the one ``Backend.submit`` and take their events back the same way.
 """
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.api import (
     Backend,
@@ -28,8 +33,13 @@ from engine.api import (
     OnEvent,
     Request,
     Sampling,
+    ServedReply,
     Warning,
 )
+
+if TYPE_CHECKING:
+    from engine.runtime.options import EngineOptions
+    from engine.server.control import LocalServer
 
 BackendFactory = Callable[[OnEvent], Backend]
 
@@ -50,19 +60,112 @@ def local_backend(prefix_cache_bytes: int | None = None, **options: Any) -> Back
     """A factory for the local engine thread with these ``EngineOptions``."""
 
     def make(on_event: OnEvent) -> Backend:
-        from engine.runtime.engine import Engine, EngineOptions
+        from engine.runtime.engine import EngineOptions
 
         if prefix_cache_bytes is not None:
             options["prefix_cache_bytes"] = prefix_cache_bytes
-        return Engine(on_event, EngineOptions(**options))
+        return _local_engine()(on_event, EngineOptions(**options))
 
     return make
 
 
+@functools.cache
+def _local_engine() -> Callable[[OnEvent, EngineOptions], Backend]:
+    """``Engine`` with the protocol's answers to its fire-and-forget verbs (it returns None where the protocol
+    says True: taken).  An adapter until ``Engine`` returns them itself; then this goes and ``make`` builds
+    ``Engine``."""
+    from engine.runtime.engine import Engine
+
+    class LocalEngine(Engine):
+        def hint(self, request: Request) -> bool:  # type: ignore[override]
+            super().hint(request)
+            return True
+
+        def remember_answer(self, question: str, answer: str) -> bool:  # type: ignore[override]
+            super().remember_answer(question, answer)
+            return True
+
+        def set_prefix_budget(self, budget_bytes: int) -> bool:  # type: ignore[override]
+            super().set_prefix_budget(budget_bytes)
+            return True
+
+        def clear_prefix_cache(self) -> bool:  # type: ignore[override]
+            super().clear_prefix_cache()
+            return True
+
+    return LocalEngine
+
+
+class Router:
+    """Where the window's (or the CLI's) requests and the built-in server's meet one backend.
+
+    :meth:`build` makes the backend with :meth:`route` as its ``on_event``: each event goes to the built-in
+    server first (it keeps the events of the requests it submitted, ``Request.origin == "server"``), every
+    other event to the ``sink`` given to ``build`` (the window's queue, a client's).  :meth:`serve` makes that
+    server once (``engine.server.control.LocalServer``, not listening until its ``start``); its requests go
+    straight to the current backend's ``submit``, as the window's do.  Another ``build`` after :meth:`drop`
+    (a switch to another engine) puts a new backend under a server that keeps running; while there is none,
+    a server request is refused with ``RuntimeError`` (the server answers 500 with its message).
+    """
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.server: LocalServer | None = None
+        self._sink: OnEvent = _nowhere
+
+    def build(self, factory: BackendFactory, sink: OnEvent) -> Backend:
+        """The backend ``factory`` makes, its events routed here; the events not the server's go to ``sink``."""
+        self._sink = sink
+        self.backend = factory(self.route)
+        return self.backend
+
+    def drop(self) -> Backend | None:
+        """Stop routing requests to the current backend and return it (to shut down; its last events still
+        arrive here)."""
+        backend, self.backend = self.backend, None
+        return backend
+
+    def route(self, event: object) -> None:
+        """A backend's ``on_event`` (called on its thread): the server's own events to it, the rest to the sink."""
+        server = self.server
+        if server is not None and server.dispatch(event):
+            return
+        self._sink(event)
+
+    def serve(self, on_served: Callable[[ServedReply], None] | None = None) -> LocalServer:
+        """The built-in server over this router's backend, made at the first call; ``on_served`` is given each
+        finished server request (from the engine's thread), for the window's latency panel."""
+        if self.server is None:
+            from engine.server.control import LocalServer
+
+            self.server = LocalServer(self.submit, self.cancel, on_served)
+        return self.server
+
+    def submit(self, request: Request) -> None:
+        backend = self.backend
+        if backend is None:
+            raise RuntimeError("The engine is not running yet. Wait for the model to load.")
+        backend.submit(request)
+
+    def cancel(self, request_id: str) -> None:
+        backend = self.backend
+        if backend is not None:
+            backend.cancel(request_id)
+
+
+def _nowhere(event: object) -> None:
+    """The sink of a router that has built no backend yet (no events can come)."""
+
+
 class Client:
-    def __init__(self, factory: BackendFactory | None = None, timeout: float | None = None) -> None:
+    def __init__(
+        self, factory: BackendFactory | None = None, timeout: float | None = None, router: Router | None = None
+    ) -> None:
+        """``router``: one made before the backend, when its server must listen during the load (``brisk
+        serve``); the client's events are the ones the server leaves."""
         self.events: queue.Queue[object] = queue.Queue()
-        self.backend = (factory or local_backend())(self.events.put)
+        self.router = router or Router()
+        self.backend = self.router.build(factory or local_backend(), self.events.put)
         self.timeout = timeout  # seconds to wait for any one event (None: forever)
         self.loaded: Loaded | None = None
         self.warnings: list[Warning] = []
@@ -112,10 +215,8 @@ class Client:
     def prefill_draft(self, request: Request, timeout: float = 600.0) -> bool:
         """Hand ``request`` to the engine as a draft being typed (``Engine.hint``) and wait until its stable
         part is prefilled; False when the backend cannot (a remote server).  For one caller at a time."""
-        hint = getattr(self.backend, "hint", None)
-        if hint is None:
+        if not self.backend.hint(request):
             return False
-        hint(request)
         conversation = request.conversation_id or ""
         while True:
             try:
@@ -187,14 +288,6 @@ def server_backend(on_event: OnEvent, base_url: str, model: str | None, api_key:
     from engine.remote import RemoteBackend
 
     return RemoteBackend(on_event, base_url, model, api_key)
-
-
-def local_server(submit: Callable[[Request], None], cancel: Callable[[str], None], on_served: OnEvent) -> Any:
-    """The OpenAI-compatible server over a backend's ``submit``/``cancel`` (``engine.server.control.LocalServer``):
-    the window's Server switch.  Not listening until its ``start``."""
-    from engine.server.control import LocalServer
-
-    return LocalServer(submit, cancel, on_served)
 
 
 def server_key(base_url: str) -> str:

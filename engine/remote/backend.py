@@ -7,7 +7,10 @@ gives ``Loaded`` (device ``"remote"``) or ``LoadFailed``; each submitted
 request gives ``Started``, one ``Token`` per streamed text delta (``ids``
 empty: these servers send none), then one ``Done`` (metrics: see
 :mod:`engine.remote.metrics`) or one ``Error`` whose ``partial_text`` keeps
-what arrived.  Requests are served one at a time, in order.
+what arrived.  Requests are served one at a time, in order.  The protocol's
+verbs for Brisk's own caches (``hint``, ``count_tokens``, ``remember_answer``,
+``set_prefix_budget``, ``clear_prefix_cache``) do nothing here and say so
+(False, or None for a count).
 
 Why the ``openai`` SDK: it is the reference client for this API (auth header,
 SSE decoding, error classes with the response, mid-stream error objects), and
@@ -49,6 +52,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,6 +273,28 @@ class RemoteBackend:
         self._thread.join(timeout)
         self.client.close()
 
+    # A server keeps its own caches and memory, out of reach of this API: Brisk's extra verbs do nothing here.
+
+    def hint(self, request: Request) -> bool:
+        """No prefill while typing (the API has no such call): False, and no ``DraftPrefill`` follows."""
+        return False
+
+    def count_tokens(self, texts: list[str]) -> list[int] | None:
+        """None: the server's tokenizer is not reachable through this API."""
+        return None
+
+    def remember_answer(self, question: str, answer: str) -> bool:
+        """False: the server keeps no answer memory of Brisk's."""
+        return False
+
+    def set_prefix_budget(self, budget_bytes: int) -> bool:
+        """False: the server's prompt cache is its own (its budget is set where it runs)."""
+        return False
+
+    def clear_prefix_cache(self) -> bool:
+        """False: the server's prompt cache is its own."""
+        return False
+
     # -- the worker thread -------------------------------------------------------------------------
 
     def _work(self) -> None:
@@ -478,7 +504,9 @@ class RemoteBackend:
                     self.on_event(Token(request.id, t - t0, out))
 
 
-def remote_backend(base_url: str, model: str | None = None, api_key: str | None = None, **options: Any) -> Any:
+def remote_backend(
+    base_url: str, model: str | None = None, api_key: str | None = None, **options: Any
+) -> Callable[[OnEvent], RemoteBackend]:
     """A factory for :class:`engine.client.Client`: ``Client(remote_backend(url, model, key))``.
 
     What would only fail at load (a bad ``BRISK_REMOTE_*`` value, a key bound for plain http elsewhere) raises

@@ -285,12 +285,14 @@ class Recorder(FakeEngine):
         super().__init__(on_event)
         self.calls: list[tuple[str, str]] = []
 
-    def remember_answer(self, question: str, answer: str) -> None:
+    def remember_answer(self, question: str, answer: str) -> bool:
         self.calls.append((question, answer))
+        return True
 
 
 class NoMemory(FakeEngine):
-    remember_answer = None  # type: ignore[assignment]  # a backend without answer memory (a remote one)
+    def remember_answer(self, question: str, answer: str) -> bool:
+        return False  # a backend without answer memory (a remote one)
 
 
 def test_the_bridge_seeds_the_answer_memory_from_the_history(qtbot: QtBot) -> None:
@@ -379,8 +381,9 @@ def test_new_prefix_budget_reaches_the_engine(qtbot, tmp_path) -> None:  # noqa:
     budgets: list[int] = []
 
     class BudgetEngine(FakeEngine):
-        def set_prefix_budget(self, budget_bytes: int) -> None:
+        def set_prefix_budget(self, budget_bytes: int) -> bool:
             budgets.append(budget_bytes)
+            return True
 
     bridge = EngineBridge(lambda on_event: BudgetEngine(on_event))
     window = MainWindow(Store(None), bridge, Settings(), settings_path=tmp_path / "s.json")

@@ -27,9 +27,11 @@ thread.  The script is plain attributes set by the test:
   ``LoadProgress`` events of a load; ``draft_error``: like the real
   engine when only the draft model fails, ``Loaded`` is followed by ``Warning("draft", ...)``.
 
-What it saw is recorded in ``loads``, ``requests``, ``cancelled`` and
-``remembered`` (the ``remember_answer(question, answer)`` calls).  Pauses
-are ``threading.Event`` waits, so a cancel ends them at once.
+What it saw is recorded in ``loads``, ``requests``, ``cancelled``, ``hints`` and
+``remembered`` (the ``remember_answer(question, answer)`` calls).  It has every
+verb of the ``Backend`` protocol; it keeps no prefix cache, so
+``set_prefix_budget`` and ``clear_prefix_cache`` answer False, as a remote
+server's do.  Pauses are ``threading.Event`` waits, so a cancel ends them at once.
 """
 
 from __future__ import annotations
@@ -115,13 +117,14 @@ class FakeEngine:
         self.requests.append(request)
         self._jobs.put(("request", (request, time.perf_counter())))
 
-    def hint(self, request: Request) -> None:
+    def hint(self, request: Request) -> bool:
         """Prefill while typing: records the draft's request and says, as the engine does, that it is ready."""
         self.hints.append(request)
         text = str(request.messages[-1].get("content", "")) if request.messages else ""
         if text.strip():
             n = len(text.split())
             self.on_event(DraftPrefill(request.conversation_id or "", n, n))
+        return True
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
@@ -136,13 +139,21 @@ class FakeEngine:
         self.counted.extend(texts)
         return [len(text.split()) for text in texts]
 
-    def remember_answer(self, question: str, answer: str) -> None:
+    def remember_answer(self, question: str, answer: str) -> bool:
         self.remembered.append((question, answer))
+        return True
 
-    def shutdown(self) -> None:
+    def set_prefix_budget(self, budget_bytes: int) -> bool:
+        """No prefix cache here: like a remote server, the budget is not applied (False)."""
+        return False
+
+    def clear_prefix_cache(self) -> bool:
+        return False
+
+    def shutdown(self, timeout: float = 5.0) -> None:
         self.release()
         self._jobs.put(("stop", None))
-        self._thread.join(5)
+        self._thread.join(timeout)
 
     # -- test controls ----------------------------------------------------------------
     def release(self) -> None:

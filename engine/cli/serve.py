@@ -31,7 +31,7 @@ from engine.cli.common import (
     print_warnings,
     speculative_source,
 )
-from engine.client import Client, LoadError
+from engine.client import Client, LoadError, Router
 
 KEY_ENV = "BRISK_SERVER_KEY"
 
@@ -54,7 +54,6 @@ def add_serve_parser(sub: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from engine.server import ServeError, serve_problems
-    from engine.server.control import LocalServer
 
     settings = load_settings(False)
     apply_settings(args, settings, False)
@@ -63,7 +62,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if problems:
         return fail_problems(problems, False)
     client: Client | None = None
-    server = LocalServer(lambda r: _backend(client).submit(r), lambda i: _backend(client).cancel(i))
+    router = Router()  # the server listens while the engine starts; its requests wait for the backend there
+    server = router.serve()
     factory = backend_factory(args, settings)
     try:
         url = server.start(args.host, args.port, key, settings.sampling(), speculative_source(args, settings))
@@ -73,7 +73,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.quiet:
         server.hub.log.listeners.append(_print_entry)
     try:
-        client = Client(lambda sink: factory(server.hub.routed(sink)))
+        client = Client(factory, router=router)
         loaded = client.load(model_spec(args))
     except (LoadError, ValueError) as exc:
         server.stop()
@@ -93,12 +93,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server.stop()
         client.close()
     return 0
-
-
-def _backend(client: Client | None) -> Any:
-    if client is None:
-        raise RuntimeError("the engine is not started yet")
-    return client.backend
 
 
 def _print_entry(entry: Any, metrics: Any) -> None:

@@ -1,10 +1,12 @@
 """The server over one engine: the window's switch, ``brisk serve`` and the server tests all run this.
 
 :class:`LocalServer` is built over a backend's ``submit`` and ``cancel``; the
-backend's event sink hands it every event first (:meth:`dispatch`, or
-``hub.routed(sink)``: True for the server's own, which the window then never sees).  :meth:`start`
-and :meth:`stop` follow the Server switch; :meth:`set_model` follows loads (a
-request while no model is loaded gets a 503 that says so).  Each finished
+backend's event sink hands it every event first (:meth:`dispatch`: True for the
+server's own, which the window or the CLI then never sees).  Both are wired by
+``engine.client.Router``, the one place a backend meets its server (the window's
+bridge and ``brisk serve`` alike).  :meth:`start` and :meth:`stop` follow the
+Server switch; :meth:`set_model` follows loads (a request while no model is
+loaded gets a 503 that says so).  Each finished
 request is given to ``on_served`` (from the engine's thread) as an
 :class:`engine.api.ServedReply`, for the latency panel's history.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.api import Request, Sampling, ServedReply
+from engine.api import Metrics, Request, Sampling, ServedReply
 from engine.server.app import Service, model_id
 from engine.server.hub import Entry, Hub
 from engine.server.run import ServerThread
@@ -70,12 +72,13 @@ class LocalServer:
         self.service.model = model_id(name) if name else None
 
     def dispatch(self, event: object) -> bool:
+        """Take ``event`` when it is one of this server's requests' (True); else leave it to the caller."""
         return self.hub.dispatch(event)
 
     def snapshot(self) -> tuple[list[Entry], list[Entry], int]:
         return self.hub.log.snapshot()
 
-    def _served(self, entry: Entry, metrics: Any) -> None:
+    def _served(self, entry: Entry, metrics: Metrics | None) -> None:
         if self._on_served is not None:
             self._on_served(ServedReply(entry.client, entry.endpoint, entry.status, metrics, entry.message))
 

@@ -152,15 +152,6 @@ class Hub:
                 loop.call_soon_threadsafe(events.put_nowait, event)
         return True
 
-    def routed(self, sink: Callable[[object], None]) -> Callable[[object], None]:
-        """A backend's event sink: the server's requests' events here, every other event to ``sink``."""
-
-        def on_event(event: object) -> None:
-            if not self.dispatch(event):
-                sink(event)
-
-        return on_event
-
     def close(self, request_id: str) -> None:
         """The handler stops waiting (its client left, or it has all it needs): cancel what still runs."""
         with self._lock:

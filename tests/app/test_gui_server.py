@@ -88,3 +88,49 @@ def test_no_model_loaded_is_a_503(harness) -> None:  # noqa: ANN001
     with pytest.raises(openai.APIStatusError) as raised:
         ask(window.server_switch.url)
     assert raised.value.status_code == 503
+
+
+def test_a_switch_to_another_engine_keeps_serving_on_the_new_one(qtbot) -> None:  # noqa: ANN001
+    from app.bridge import EngineBridge
+    from engine.api import Loaded, ModelSpec, Sampling, ServedReply, Started
+    from tests.support.fake_engine import FakeEngine
+
+    def engine(words: list[str]) -> object:
+        def make(on_event):  # noqa: ANN001, ANN202
+            fake = FakeEngine(on_event)
+            fake.tokens = words
+            return fake
+
+        return make
+
+    bridge = EngineBridge(engine(["first", " engine"]))  # type: ignore[arg-type]
+    seen: list[object] = []
+    bridge.event.connect(seen.append)
+    try:
+        with qtbot.waitSignal(bridge.event, check_params_cb=lambda e: isinstance(e, Loaded), timeout=5_000):
+            bridge.load(ModelSpec())
+        url = bridge.serve(0, Sampling(), "off")
+        server = bridge.server
+        assert server is not None
+        server.set_model("fake-model")
+        first = bridge.backend
+        assert isinstance(first, FakeEngine)
+        assert ask(url).choices[0].message.content == "first engine"
+        assert [r.origin for r in first.requests] == ["server"]  # straight to the backend's submit
+
+        bridge.use_engine("other", engine(["second", " engine"]))  # type: ignore[arg-type]
+        with qtbot.waitSignal(bridge.event, check_params_cb=lambda e: isinstance(e, Loaded), timeout=5_000):
+            bridge.load(ModelSpec())
+        second = bridge.backend
+        assert isinstance(second, FakeEngine) and second is not first
+        assert bridge.server is server and server.running  # the same server, still listening
+        assert ask(url).choices[0].message.content == "second engine"
+        assert len(first.requests) == 1 and [r.origin for r in second.requests] == ["server"]
+
+        qtbot.waitUntil(lambda: sum(isinstance(e, ServedReply) for e in seen) == 2, timeout=5_000)
+        served = [e for e in seen if isinstance(e, ServedReply)]
+        assert [e.status for e in served] == ["done", "done"] and all(e.metrics is not None for e in served)
+        assert not any(isinstance(e, Started) for e in seen)  # the server's replies never reach the window
+    finally:
+        bridge.shutdown()
+    assert not server.running

@@ -13,14 +13,14 @@ class Served:
 
     def __init__(self, source: str, api_key: str | None = None, answer_cache: bool = False) -> None:
         from engine.api import AnswerCacheSettings, ModelSpec, Sampling
-        from engine.client import Client, local_backend
-        from engine.server.control import LocalServer
+        from engine.client import Client, Router, local_backend
 
-        backend = local_backend(answer_cache=AnswerCacheSettings(enabled=answer_cache))
-        self.server = LocalServer(lambda r: self.client.backend.submit(r), lambda i: self.client.backend.cancel(i))
+        router = Router()  # as brisk serve builds it
+        self.server = router.serve()
         self.hub, self.service = self.server.hub, self.server.service
         self.service.embedder = None  # the embeddings test gives it one
-        self.client = Client(lambda sink: backend(self.hub.routed(sink)), timeout=300)
+        backend = local_backend(answer_cache=AnswerCacheSettings(enabled=answer_cache))
+        self.client = Client(backend, timeout=300, router=router)
         loaded = self.client.load(ModelSpec(source=source, dtype="float32", quant="none"))
         self.server.set_model(loaded.model_name, loaded.info.context_length)
         self.url = self.server.start("127.0.0.1", 0, api_key, Sampling(max_tokens=24), "off")

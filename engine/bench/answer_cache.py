@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import numpy as np
 from engine.answer_cache import AnswerCache, CacheConfig, CacheKey, Embedder, ModelIdentity
 from engine.answer_cache.keys import normalise
 from engine.answer_cache.pairs import evaluate
-from engine.bench.common import table
+from engine.bench.common import median, percentile, table
 
 MODEL = ModelIdentity("bench-model", "0" * 32, "float32", "none")
 SYSTEM = [{"role": "system", "content": "You are a helpful assistant."}]
@@ -106,11 +105,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(
                 {
                     "lookup": name,
-                    "median_ms": 1000 * statistics.median(times),
-                    "p95_ms": 1000 * float(np.percentile(times, 95)),
-                    "cpu_ms": 1000 * statistics.median(cpu),
+                    "median_ms": 1000 * median(times),
+                    "p95_ms": 1000 * percentile(times, 95),
+                    "cpu_ms": 1000 * median(cpu),
                     "target_ms": f"< {1000 * target:.0f}" if target else "-",
-                    "met": ("yes" if statistics.median(times) < target else "NO") if target else "-",
+                    "met": ("yes" if median(times) < target else "NO") if target else "-",
                 }
             )
         cache.close()

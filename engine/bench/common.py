@@ -1,4 +1,14 @@
-"""What the benchmarks share: Markdown tables, medians, a fresh data folder, one synchronous engine, the peer.
+"""What the benchmarks share: one Markdown table, one median (and percentile, and spread), one cold question
+in a new process, a fresh data folder, one synchronous engine, the peer.
+
+Every benchmark prints its tables with :func:`markdown_table` (or :func:`table`, from dict rows), takes its
+medians with :func:`median`, its percentiles with :func:`percentile` (linear interpolation, numpy's
+default) and writes "median (min-max)" cells with :func:`spread`.  :func:`ask_in_new_process` is the one
+"first question of a new process": ``brisk ask QUESTION --json`` (``python -m app.cli``, what the installed
+``brisk`` runs) on the data folder in use or a given one, timed from launch; :func:`run_python` runs a
+snippet in a new interpreter (an import or load time).  This module imports only the standard library and
+``engine.api``/``engine.client`` (which import no torch), so a script run in a scratch environment
+(``python -m engine.bench.server_frameworks``) can use it too.
 
 The peer (``brisk bench SCENARIO --peer URL``): an OpenAI-compatible server
 measured beside the local engine by the same code, through the same
@@ -12,12 +22,19 @@ is off for these requests).  Only the numbers both sides can give are compared.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, ModelSpec, Sampling
@@ -41,8 +58,98 @@ def markdown_table(head: list[str], body: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def median(values: list[float]) -> float:
+def median(values: Iterable[float]) -> float:
+    """The median; NaN for no values (a row that measured nothing shows ``nan``, not a crash)."""
+    values = list(values)
     return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), interpolated linearly between the closest ranks (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def spread(values: Iterable[float | None], fmt: str = "{:,.0f}") -> str:
+    """``median (min-max)`` of the values that are not None, each written with ``fmt``; ``-`` for none."""
+    good = [v for v in values if v is not None]
+    if not good:
+        return "-"
+    return f"{fmt.format(median(good))} ({fmt.format(min(good))}-{fmt.format(max(good))})"
+
+
+BRISK = [sys.executable, "-m", "app.cli"]  # what the installed ``brisk`` runs (app.cli:main)
+
+
+@dataclass(frozen=True)
+class ColdAsk:
+    """One ``brisk ask --json`` in a new process, timed at this end from launch."""
+
+    metrics: dict[str, Any]  # the done event's metrics; empty when no done event came
+    first_token_s: float | None  # launch to the first token event read here
+    total_s: float  # launch to the process's exit
+    peak_rss_bytes: int  # the child's own peak resident memory
+    returncode: int
+    stderr: str = field(repr=False)
+
+    def done(self) -> dict[str, Any]:
+        """The done event's metrics; RuntimeError with the end of stderr when the ask failed."""
+        if not self.metrics:
+            raise RuntimeError(f"brisk ask failed ({self.returncode}): {self.stderr.strip()[-500:]}")
+        return self.metrics
+
+
+def ask_in_new_process(
+    question: str, flags: Sequence[str] = (), *, data_dir: str | Path | None = None, timeout_s: float = 600
+) -> ColdAsk:
+    """``brisk ask QUESTION --json FLAGS`` in a new process, offline, on ``data_dir`` (default: the one in use).
+
+    The one cold-question harness of the benchmarks: what a user's first question in a new process costs,
+    imports and load included.
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if data_dir is not None:
+        env["BRISK_DATA_DIR"] = str(data_dir)
+    metrics: dict[str, Any] = {}
+    first: float | None = None
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        began = time.perf_counter()
+        proc = subprocess.Popen(
+            [*BRISK, "ask", question, "--json", *flags], stdout=subprocess.PIPE, stderr=errors, text=True, env=env
+        )
+        killer = threading.Timer(timeout_s, proc.kill)
+        killer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                event = json.loads(line)
+                if event.get("type") == "token" and first is None:
+                    first = time.perf_counter() - began
+                elif event.get("type") == "done":
+                    metrics = dict(event["metrics"])
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KB on Linux)
+            total = time.perf_counter() - began
+        finally:
+            killer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        stderr = errors.read()
+    return ColdAsk(metrics, first, total, usage.ru_maxrss * 1024, proc.returncode, stderr)
+
+
+def run_python(code: str, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> str:
+    """Run ``code`` in a new interpreter (this one's executable) and return what it printed."""
+    merged = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=merged, cwd=cwd
+    ).stdout
 
 
 class Runner:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from typing import Any
 import torch
 
 from engine.api import ModelSpec
-from engine.bench.common import table
+from engine.bench.common import median, table
 from engine.quant import native
 
 MODES = ("none", "fp16-cpu", "q8-cpu", "int8-cpu", "int4-cpu")
@@ -51,7 +50,7 @@ def bandwidth_gbs() -> float:
         t = time.perf_counter()
         a.sum()
         speeds.append(a.nbytes / (time.perf_counter() - t) / 1e9)
-    return statistics.median(speeds)
+    return median(speeds)
 
 
 def step_times(model: Any, steps: int, before: Any = None, observe: bool = False) -> list[float]:
@@ -118,13 +117,13 @@ def load_run(model: Any, runs: int) -> list[dict[str, Any]]:
                     p.wait()
                 threads.set_adaptive(False)
                 torch.set_num_threads(most)
-            speeds[name].append(1 / statistics.median(times))
-    single = statistics.median(speeds["idle, 1 thread"])
+            speeds[name].append(1 / median(times))
+    single = median(speeds["idle, 1 thread"])
     return [
         {
             "variant": name,
-            "tok/s (median)": round(statistics.median(v), 2),
-            "vs 1 thread idle": round(statistics.median(v) / single, 2),
+            "tok/s (median)": round(median(v), 2),
+            "vs 1 thread idle": round(median(v) / single, 2),
             "runs": [round(x, 1) for x in v],
         }
         for name, v in speeds.items()
@@ -154,7 +153,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         for label, mode, on in variants:
             native.ENABLED = on and native_enabled
             try:
-                speeds[label].append(1 / statistics.median(step_times(models[mode], 8)))
+                speeds[label].append(1 / median(step_times(models[mode], 8)))
             finally:
                 native.ENABLED = native_enabled
     for label, mode, _ in variants:
@@ -163,7 +162,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         model = models[mode]
         embed = model.get_input_embeddings().weight
         read = quant.weight_bytes(model) - embed.numel() * embed.element_size()
-        tps = statistics.median(speeds[label])
+        tps = median(speeds[label])
         rows.append(
             {
                 "mode": label,

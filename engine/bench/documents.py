@@ -28,17 +28,13 @@ answer among the passages) for words alone, vectors alone and both.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
-from engine.bench.common import fresh_data_dir, median, table
+from engine.bench.common import ask_in_new_process, fresh_data_dir, median, spread, table
 from engine.client import Client, local_backend
 
 SYSTEM = "You are a helpful assistant."
@@ -137,24 +133,15 @@ def _typed(
 
 def _child_ask(question: str, args: argparse.Namespace, attach: Path | None) -> dict[str, Any]:
     """``brisk ask`` in a new process on the data folder in use; its Done's metrics."""
-    cmd = [sys.executable, "-m", "app.cli", "ask", question, "--json", "--max-tokens", str(MAX_TOKENS),
-           "--no-answer-cache", "--speculative", "off", "--system", SYSTEM]  # fmt: skip
+    flags = ["--max-tokens", str(MAX_TOKENS), "--no-answer-cache", "--speculative", "off", "--system", SYSTEM]
     if args.model:
-        cmd += ["--model", args.model]
-    cmd += ["--quant", args.quant or "auto"]
+        flags += ["--model", args.model]
+    flags += ["--quant", args.quant or "auto"]
     if attach is not None:
-        cmd += ["--attach", str(attach)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ))
-    for line in out.stdout.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if event.get("type") == "done":
-            m = event["metrics"]
-            return {"ttft_ms": 1000 * (m.get("ttft_s") or 0.0), "document_tokens": m.get("document_tokens", 0),
-                    "document_reused": m.get("document_reused", 0)}  # fmt: skip
-    raise RuntimeError(f"brisk ask failed: {out.stderr.strip()[-500:]}")
+        flags += ["--attach", str(attach)]
+    m = ask_in_new_process(question, flags).done()
+    return {"ttft_ms": 1000 * (m.get("ttft_s") or 0.0), "document_tokens": m.get("document_tokens", 0),
+            "document_reused": m.get("document_reused", 0)}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,8 +154,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from engine.bench import connect_peer
 
         peer = connect_peer(args)
-    keys = ("short", "first", "second", "typed_short", "typed_second", "typed_short_at_once", "typed_second_at_once",
-            "restart", "new_short", "restart_typed_short", "restart_typed")
+    keys = (
+        "short",
+        "first",
+        "second",
+        "typed_short",
+        "typed_second",
+        "typed_short_at_once",
+        "typed_second_at_once",
+        "restart",
+        "new_short",
+        "restart_typed_short",
+        "restart_typed",
+    )
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
     peer_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in ("short", "first", "second")}
     with fresh_data_dir() as data, tempfile.TemporaryDirectory(prefix="brisk-docs-") as folder:
@@ -241,8 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _spread(values: list[float]) -> str:
     """Median (min-max); tenths where the values are a few milliseconds (the typed rows' ratios are of those)."""
-    places = 1 if values and max(values) < 10 else 0
-    return f"{median(values):.{places}f} ({min(values):.{places}f}-{max(values):.{places}f})" if values else "-"
+    return spread(values, "{:.1f}" if values and max(values) < 10 else "{:.0f}")
 
 
 def _summary(rows: dict[str, list[dict[str, Any]]], peer_rows: dict[str, list[dict[str, Any]]], peer: bool) -> dict:

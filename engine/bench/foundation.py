@@ -10,7 +10,7 @@ import argparse
 import time
 from typing import Any
 
-from engine.bench.common import Runner, fresh_data_dir, median, table
+from engine.bench.common import Runner, fresh_data_dir, median, run_python, table
 
 SPECULATIVE = "off"  # the baseline: plain decode, like generate()
 PROMPTS = [
@@ -36,17 +36,13 @@ def bench_load(model: str | None) -> list[dict[str, Any]]:
 
 def load_in_subprocess(model: str | None) -> float:
     """Seconds from a fresh interpreter's first import to a loaded model (what a restart costs)."""
-    import subprocess
-    import sys
-
     code = (
         "import time; t = time.perf_counter()\n"
         "from engine.api import ModelSpec\nfrom engine.model.loader import load_model\n"
         f"load_model(ModelSpec(source={model or ''!r}, dtype='float32'))\n"
         "print(time.perf_counter() - t)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(run_python(code).strip().splitlines()[-1])
 
 
 def generate_timed(model: Any, ids: list[int], max_tokens: int) -> tuple[float, float, int]:

@@ -12,15 +12,11 @@ draft.  Medians with ranges.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from engine.bench.common import Runner, markdown_table, median
+from engine.bench.common import Runner, ask_in_new_process, markdown_table, spread
 
 PROMPTS = [
     "Write a Python function that checks whether a string is a palindrome.",
@@ -33,22 +29,11 @@ LONG = " ".join(f"Item {i}: the parcel to room {i % 17} weighs {i * 3 % 50} kg."
 
 def _ask(model: str, data: str, max_tokens: int) -> dict[str, Any]:
     """One ``brisk ask`` in a new process: seconds from launch to its first token and to its end, peak RSS."""
-    env = {**os.environ, "BRISK_DATA_DIR": data, "HF_HUB_OFFLINE": "1"}
-    command = [str(Path(sys.executable).with_name("brisk")), "ask", PROMPTS[0], "--model", model, "--json",
-               "--max-tokens", str(max_tokens), "--no-answer-cache"]  # fmt: skip
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-    first = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if first is None and '"type": "token"' in line:
-            first = time.perf_counter() - start
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KB on Linux)
-    total = time.perf_counter() - start
-    rss = usage.ru_maxrss
+    flags = ["--model", model, "--max-tokens", str(max_tokens), "--no-answer-cache"]
+    cold = ask_in_new_process(PROMPTS[0], flags, data_dir=data)
     written = sum(p.stat().st_size for p in Path(data).rglob("*") if p.is_file())
-    return {"first": first, "total": total, "rss": rss * 1024, "written": written,
-            "rc": os.waitstatus_to_exitcode(status)}  # fmt: skip
+    return {"first": cold.first_token_s, "total": cold.total_s, "rss": cold.peak_rss_bytes, "written": written,
+            "rc": cold.returncode}  # fmt: skip
 
 
 def _speeds(model: str, draft: str, runs: int, max_tokens: int) -> list[list[str]]:
@@ -74,18 +59,11 @@ def _speeds(model: str, draft: str, runs: int, max_tokens: int) -> list[list[str
             prefill.append(done.metrics.computed_tokens / (done.metrics.prefill_s or float("nan")))
     finally:
         runner.close()
-    rows = [[f"decode tok/s, speculation {m}", _spread(v)] for m, v in got.items()]
+    rows = [[f"decode tok/s, speculation {m}", spread(v, "{:.1f}")] for m, v in got.items()]
     if accepted:
-        rows.append(["draft acceptance", _spread(accepted, "{:.2f}")])
-    rows.append([f"prefill tok/s ({int(done.metrics.computed_tokens)} tokens)", _spread(prefill)])
+        rows.append(["draft acceptance", spread(accepted, "{:.2f}")])
+    rows.append([f"prefill tok/s ({int(done.metrics.computed_tokens)} tokens)", spread(prefill, "{:.1f}")])
     return rows
-
-
-def _spread(values: list[float], fmt: str = "{:.1f}") -> str:
-    good = [v for v in values if v is not None]
-    if not good:
-        return "n/a"
-    return f"{fmt.format(median(good))} ({fmt.format(min(good))}-{fmt.format(max(good))})"
 
 
 def run(args: Any) -> dict[str, Any]:
@@ -101,9 +79,11 @@ def run(args: Any) -> dict[str, Any]:
             starts["later start"].append(_ask(model, data, 16))
     body = []
     for name, results in starts.items():
-        body.append([f"{name}: launch to first token, s", _spread([r["first"] for r in results], "{:.2f}")])
-        body.append([f"{name}: peak RSS, MB", _spread([r["rss"] / 2**20 for r in results], "{:.0f}")])
-    body.append(["written to the data folder, KB", _spread([r["written"] / 1024 for r in starts["later start"]])])
+        body.append([f"{name}: launch to first token, s", spread([r["first"] for r in results], "{:.2f}")])
+        body.append([f"{name}: peak RSS, MB", spread([r["rss"] / 2**20 for r in results], "{:.0f}")])
+    body.append(
+        ["written to the data folder, KB", spread([r["written"] / 1024 for r in starts["later start"]], "{:.1f}")]
+    )
     body += _speeds(model, getattr(args, "draft_model", "") or "", runs, int(args.max_tokens or 128))
     size = Path(model).stat().st_size
     print(f"\n## {Path(model).name} ({size / 2**20:,.0f} MB), {runs} runs\n")

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from engine.bench.common import fresh_data_dir, spread, table
 
 SHAPE: dict[str, Any] = {"vocab_size": 259, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8}
 SHAPE |= {"max_position_embeddings": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
@@ -119,14 +120,9 @@ def _ours(model: Any, prompt: list[int], reference: list[int]) -> tuple[float, f
     return speed, hits / NEW
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
-
-
 def _load_times(folder: Path) -> tuple[float, float, str]:
     """(first, later) load seconds of ``folder`` in fp16-cpu on an empty data folder, and the fast path said."""
     from engine.api import AnswerCacheSettings, ModelSpec
-    from engine.bench.common import fresh_data_dir
     from engine.client import Client, local_backend
 
     times = []
@@ -184,9 +180,9 @@ def measure_architectures(runs: int) -> list[dict[str, Any]]:
                 "native step": "yes" if fast is not None and fast.native is not None and verdict.native_step else "no",
                 "load first s": round(first, 2),
                 "load later s": round(later, 2),
-                "transformers tok/s": _spread(speeds["transformers"]),
-                "lean fp32 tok/s": _spread(speeds["lean"]),
-                "fp16-cpu tok/s": _spread(speeds["fp16"]),
+                "transformers tok/s": spread(speeds["transformers"]),
+                "lean fp32 tok/s": spread(speeds["lean"]),
+                "fp16-cpu tok/s": spread(speeds["fp16"]),
                 "agree fp32": f"{agree['lean']:.0%}",
                 "agree fp16": f"{agree['fp16']:.0%}",
                 "said": said,
@@ -219,7 +215,6 @@ def _user_library(root: Path, tiny: Path) -> None:
 def measure_scan() -> dict[str, Any]:
     import os
 
-    from engine.bench.common import fresh_data_dir
     from engine.library.scan import scan
 
     with tempfile.TemporaryDirectory(prefix="brisk-bench-library-") as tmp, fresh_data_dir():
@@ -249,7 +244,6 @@ def measure_scan() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """``brisk bench models``."""
-    from engine.bench.common import table
     from engine.model.support import Support
 
     runs = max(1, int(getattr(args, "runs", 3) or 3))

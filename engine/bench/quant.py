@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from engine.bench.common import markdown_table, median
 
 AGREEMENT_TEXT = (
     "The history of the bicycle is a story of many small improvements. The first machines, built in the early "
@@ -240,9 +241,9 @@ def _run(runs: int) -> list[dict[str, Any]]:
     out = []
     for row in rows.values():
         if "ttft" in row:
-            row["ttft_ms"] = 1000 * statistics.median(row.pop("ttft"))
+            row["ttft_ms"] = 1000 * median(row.pop("ttft"))
             tps = row.pop("tps")
-            row["decode_tok_s"], row["best_tok_s"] = statistics.median(tps), max(tps)
+            row["decode_tok_s"], row["best_tok_s"] = median(tps), max(tps)
             row["prompt_tokens"] = prompt.shape[1]
             row["agreement_tokens"] = text.shape[1]
             row["fp32_near_ties"] = near_ties  # positions whose fp32 top-2 logits differ by < 0.1
@@ -325,8 +326,6 @@ def table(rows: list[dict[str, Any]]) -> str:
             body.append([r["variant"], f"unavailable: {r['unavailable']}"] + [""] * (len(COLUMNS) - 2))
             continue
         body.append([fmt.format(r[key]) if r.get(key) is not None else "-" for key, _, fmt in COLUMNS])
-    from engine.bench.common import markdown_table
-
     return markdown_table(head, body)
 
 

@@ -19,14 +19,13 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-from engine.bench.common import table
+from engine.bench.common import median, percentile, spread, table
 from engine.bench.versus import GROUNDED, OPEN
 
 STAGGER_S = 0.25
@@ -157,25 +156,19 @@ def one_run(
     }
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
-
-
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     agg = [r["aggregate_tok_s"] for r in runs]
     ttft = [q["ttft_s"] for r in runs for q in r["requests"] if q.get("ttft_s") is not None]
     tpot = [q["tpot_s"] for r in runs for q in r["requests"] if q.get("tpot_s") is not None]
     return {
-        "agg_median": statistics.median(agg),
+        "agg": agg,
+        "agg_median": median(agg),
         "agg_min": min(agg),
         "agg_max": max(agg),
-        "ttft_p50": _pct(ttft, 0.5),
-        "ttft_p95": _pct(ttft, 0.95),
-        "tpot_p50": _pct(tpot, 0.5),
-        "tpot_p95": _pct(tpot, 0.95),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p95": percentile(ttft, 95),
+        "tpot_p50": percentile(tpot, 50),
+        "tpot_p95": percentile(tpot, 95),
         "errors": sum(len(r["errors"]) for r in runs),
     }
 
@@ -223,7 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "server": name,
                 "arrival": pattern,
                 "clients": int(how_many),
-                "aggregate tok/s (min-max)": f"{s['agg_median']:.1f} ({s['agg_min']:.1f}-{s['agg_max']:.1f})",
+                "aggregate tok/s (min-max)": spread(s["agg"], "{:.1f}"),
                 f"vs {counts[0]} client": f"{s['agg_median'] / single:.2f}x",
                 "TTFT p50 / p95 s": f"{s['ttft_p50']:.3f} / {s['ttft_p95']:.3f}",
                 "TPOT p50 / p95 ms": f"{1000 * s['tpot_p50']:.1f} / {1000 * s['tpot_p95']:.1f}",

@@ -48,17 +48,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec, Sampling
 from engine.bench.child import ChildEngine
-from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, median, table
+from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, ask_in_new_process, median, table
 from engine.bench.speculative import ARTICLE, CODE
 from engine.client import Client, local_backend
 from engine.storage.settings import Settings
@@ -147,21 +143,13 @@ def measure_item(
 
 def first_question(question: str, args: argparse.Namespace, max_tokens: int, speculative: str | None) -> dict[str, Any]:
     """``brisk ask QUESTION --json`` in a new process, as installed (answer cache on): its Done metrics."""
-    launcher = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main(sys.argv[1:]))"]
-    command = [*launcher, "ask", question, "--json", "--max-tokens", str(max_tokens)]
+    flags = ["--max-tokens", str(max_tokens)]
     for flag in ("model", "dtype", "quant"):
         if getattr(args, flag, None):
-            command += [f"--{flag}", str(getattr(args, flag))]
+            flags += [f"--{flag}", str(getattr(args, flag))]
     if speculative:
-        command += ["--speculative", speculative]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
-    for line in result.stdout.splitlines():
-        if line.startswith("{"):
-            event = json.loads(line)
-            if event.get("type") == "done":
-                return dict(event["metrics"])
-    raise RuntimeError(f"brisk ask failed ({result.returncode}): {result.stderr.strip()[-300:]}")
+        flags += ["--speculative", speculative]
+    return ask_in_new_process(question, flags).done()
 
 
 def measure_first(

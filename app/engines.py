@@ -24,7 +24,6 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from app.state.session import model_spec
 from engine import client
@@ -72,15 +71,15 @@ def server_factory(base_url: str, model: str = "") -> BackendFactory:
 
     def make(on_event: OnEvent) -> Backend:
         api_key = client.server_key(base_url) or None  # the keyring may be slow: this runs on the bridge's worker
-        holder: list[Any] = []
+        where: list[str] = []  # the backend's checked base URL, once it is built
 
         def forward(event: object) -> None:
-            if isinstance(event, Loaded) and event.device == "remote" and not event.info.endpoint and holder:
-                event = dataclasses.replace(event, info=dataclasses.replace(event.info, endpoint=holder[0].base_url))
+            if isinstance(event, Loaded) and event.device == "remote" and not event.info.endpoint and where:
+                event = dataclasses.replace(event, info=dataclasses.replace(event.info, endpoint=where[0]))
             on_event(event)
 
         backend = client.server_backend(forward, base_url, model or None, api_key)
-        holder.append(backend)
+        where.append(backend.base_url)
         return backend
 
     return make

@@ -38,8 +38,13 @@ from engine.api import (
 )
 
 if TYPE_CHECKING:
+    from engine.documents.library import DocumentLibrary
+    from engine.library.pull import PullProgress, PullResult
+    from engine.library.scan import Library, ModelEntry
+    from engine.remote import RemoteBackend
     from engine.runtime.options import EngineOptions
     from engine.server.control import LocalServer
+    from engine.tools.registry import Tool
 
 BackendFactory = Callable[[OnEvent], Backend]
 
@@ -283,7 +288,7 @@ def machine_report() -> dict[str, Any]:
     return dict(report())
 
 
-def server_backend(on_event: OnEvent, base_url: str, model: str | None, api_key: str | None) -> Any:
+def server_backend(on_event: OnEvent, base_url: str, model: str | None, api_key: str | None) -> RemoteBackend:
     """A backend on an OpenAI-compatible server (``engine.remote.RemoteBackend``; its ``base_url`` is checked)."""
     from engine.remote import RemoteBackend
 
@@ -324,7 +329,7 @@ def server_models(base_url: str, api_key: str | None) -> list[str]:
     return list_models(base_url, api_key or None)
 
 
-def probe_tool_server(target: str, timeout_s: float, taken: Callable[[str], bool]) -> tuple[str, str, list[Any]]:
+def probe_tool_server(target: str, timeout_s: float, taken: Callable[[str], bool]) -> tuple[str, str, list[Tool]]:
     """Start the MCP server ``target`` (a command line or an http(s) URL), list its tools, stop it.
 
     Returns ``(status, message, tools)``: ``"running"`` with the tools (``.name``, ``.description``), or
@@ -347,11 +352,11 @@ def probe_tool_server(target: str, timeout_s: float, taken: Callable[[str], bool
         hub.close(timeout_s=2.0)
 
 
-_library: Any = None
+_library: DocumentLibrary | None = None
 _library_lock = threading.Lock()
 
 
-def document_library() -> Any:
+def document_library() -> DocumentLibrary:
     """The process's :class:`engine.documents.library.DocumentLibrary` (the window and the CLI attach files
     through it; opened at the first call: the index and its converters are imported only then)."""
     global _library
@@ -363,7 +368,7 @@ def document_library() -> Any:
         return _library
 
 
-def model_library(folders: list[str] | tuple[str, ...] = ()) -> Any:
+def model_library(folders: list[str] | tuple[str, ...] = ()) -> Library:
     """The models on disk (``engine.library.scan.Library``: entries with what each needs; reads headers only)."""
     from engine.library.scan import scan
 
@@ -378,14 +383,20 @@ def models_elsewhere(folders: list[str] | tuple[str, ...] = ()) -> bool:
     return elsewhere(list(folders))
 
 
-def model_drafts(target: Any, library: Any) -> list[Any]:
+def model_drafts(target: ModelEntry, library: Library) -> list[ModelEntry]:
     """The library's models that can draft for ``target`` (same vocabulary, smaller), smallest first."""
     from engine.library.scan import drafts_for
 
     return drafts_for(target, library)
 
 
-def pull_model(repo: str, file: str | None, quant: str | None, progress: Any, cancel: threading.Event) -> Any:
+def pull_model(
+    repo: str,
+    file: str | None,
+    quant: str | None,
+    progress: Callable[[PullProgress], None] | None,
+    cancel: threading.Event,
+) -> PullResult:
     """Download ``repo`` from the Hugging Face hub (``engine.library.pull.pull``); raises its ``PullError``."""
     from engine.library.pull import pull
 

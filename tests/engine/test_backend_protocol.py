@@ -98,6 +98,7 @@ def test_the_local_backend_takes_the_verbs_it_has() -> None:
     engine = client._local_engine()(events.put, EngineOptions(persist_prefixes=False))
     try:
         assert engine.count_tokens(["one two"]) is None  # no model loaded yet
+        assert engine.hint(Request("d", ({"role": "user", "content": "typing"},), Sampling())) is True
         assert engine.remember_answer("question", "answer") is True
         assert engine.set_prefix_budget(64 << 20) is True
         assert engine.clear_prefix_cache() is True

@@ -14,7 +14,6 @@ to the one ``Backend.submit`` and take their events back the same way.
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 import uuid
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
     from engine.library.pull import PullProgress, PullResult
     from engine.library.scan import Library, ModelEntry
     from engine.remote import RemoteBackend
-    from engine.runtime.options import EngineOptions
     from engine.server.control import LocalServer
     from engine.tools.registry import Tool
 
@@ -65,40 +63,13 @@ def local_backend(prefix_cache_bytes: int | None = None, **options: Any) -> Back
     """A factory for the local engine thread with these ``EngineOptions``."""
 
     def make(on_event: OnEvent) -> Backend:
-        from engine.runtime.engine import EngineOptions
+        from engine.runtime.engine import Engine, EngineOptions
 
         if prefix_cache_bytes is not None:
             options["prefix_cache_bytes"] = prefix_cache_bytes
-        return _local_engine()(on_event, EngineOptions(**options))
+        return Engine(on_event, EngineOptions(**options))
 
     return make
-
-
-@functools.cache
-def _local_engine() -> Callable[[OnEvent, EngineOptions], Backend]:
-    """``Engine`` with the protocol's answers to its fire-and-forget verbs (it returns None where the protocol
-    says True: taken).  An adapter until ``Engine`` returns them itself; then this goes and ``make`` builds
-    ``Engine``."""
-    from engine.runtime.engine import Engine
-
-    class LocalEngine(Engine):
-        def hint(self, request: Request) -> bool:  # type: ignore[override]
-            super().hint(request)
-            return True
-
-        def remember_answer(self, question: str, answer: str) -> bool:  # type: ignore[override]
-            super().remember_answer(question, answer)
-            return True
-
-        def set_prefix_budget(self, budget_bytes: int) -> bool:  # type: ignore[override]
-            super().set_prefix_budget(budget_bytes)
-            return True
-
-        def clear_prefix_cache(self) -> bool:  # type: ignore[override]
-            super().clear_prefix_cache()
-            return True
-
-    return LocalEngine
 
 
 class Router:

@@ -402,6 +402,11 @@ class Embedder:
         vectors = self.embed([text])
         return None if vectors is None else vectors[0]
 
+    def keep(self, text: str, vector: np.ndarray) -> None:
+        """Remember ``text``'s vector, made by a :meth:`submit` the caller did not wait for: a lookup of it
+        then uses this one (``remembered``, ``embed``) instead of asking the thread again."""
+        self._remember(text, vector)
+
     def _remember(self, text: str, vector: np.ndarray) -> None:
         with self._lock:
             self._memo[text] = vector

@@ -15,12 +15,16 @@ before, and every torch op stays on the engine thread (a second thread's OpenMP 
 engine's decode speed, see ``engine.runtime.threads``).  Greedy output does not change: a batched row is
 computed by the same code as a lone one (``native_step.cpp``'s ``forward_batch``).
 
-The window's requests go first: at most :data:`MAX_ACTIVE` requests are in flight; past that, new ones
-wait, the window's (``Request.origin`` "") before other programs' ("server").
+Work that is not the model's (a tool round: fetching a URL, running an MCP tool) leaves the batch
+(:func:`away`): it runs on a short-lived thread of its own while the request's greenlet is parked, the
+other requests go on stepping, and the thread posts its outcome to the scheduler's intake, which hands
+it back (:meth:`Batch.back`) so the request rejoins the batch at the next step.  Which request runs
+when is decided in ``engine.runtime.scheduler``; this module only steps the ones in flight.
 """
 
 from __future__ import annotations
 
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +72,15 @@ def decode(
     return batch.wait(Job(model, state, ids, all_logits, run))
 
 
+def away(work: Callable[[], Any]) -> Any:
+    """``work()``'s result (or its exception, raised here), run so that the other requests in flight keep
+    stepping meanwhile: on a thread of its own when called from a request served in a batch, else at once."""
+    batch = _mine()
+    if batch is None:
+        return work()
+    return batch.away(work)
+
+
 def stepped_alone() -> bool:
     """Whether the last decode step of the calling request ran alone: its time is then the model's own
     step time, which the speculation controller and the thread governor learn from (a batched step's
@@ -86,8 +99,15 @@ def pause() -> None:
 class Batch:
     """The requests in flight on the engine thread, and the step that advances them together."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        post: Callable[[tuple[str, Any]], None] = lambda item: None,
+        many: Callable[..., list[torch.Tensor]] = forward_many,
+    ) -> None:
+        self.post = post  # the scheduler's intake: a request's work done away comes back through it
+        self.many = many  # several requests' steps in one call (``engine.model.kv.forward_many``; tests fake it)
         self.active: list[Served] = []  # in the order they joined
+        self.gone: set[Served] = set()  # requests whose work runs away from the batch (a tool round)
         self._waiting: dict[Served, Job | None] = {}  # each active request's next step (None: a pause)
         self.steps = 0  # batched steps run (for the benchmarks and tests)
         self.widest = 0  # the most requests one step advanced
@@ -107,6 +127,35 @@ class Batch:
         self._waiting[current] = job
         return current.parent.switch()
 
+    @property
+    def ready(self) -> bool:
+        """Some request in flight waits for a step (the others, if any, are away)."""
+        return bool(self._waiting)
+
+    def away(self, work: Callable[[], Any]) -> Any:
+        """From inside a request: run ``work`` on a short-lived thread; the request rejoins when it is done."""
+        current = greenlet.getcurrent()
+        assert isinstance(current, Served) and current.parent is not None
+        self.gone.add(current)
+
+        def run() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, work())
+            except BaseException as exc:  # noqa: BLE001 - raised again in the request that asked for it
+                outcome = (False, exc)
+            self.post(("back", (current, outcome)))
+
+        threading.Thread(target=run, name="brisk-away", daemon=True).start()
+        return current.parent.switch()
+
+    def back(self, runner: Served, outcome: tuple[bool, Any]) -> None:
+        """``runner``'s work away from the batch is done: it goes on (up to its next step) with the outcome."""
+        self.gone.discard(runner)
+        if runner.dead or runner not in self.active:
+            return
+        ok, value = outcome
+        self._resume(runner, value, throw=not ok)
+
     def step(self) -> None:
         """One step for every request in flight: their decode rows in one model call, then each goes on."""
         waiting, self._waiting = self._waiting, {}
@@ -117,7 +166,7 @@ class Batch:
                     one = jobs[0][1]
                     results = [one.run(one.model, one.state, one.ids, one.all_logits, decode=True)]
                 else:
-                    results = forward_many(jobs[0][1].model, [(j.state, j.ids, j.all_logits) for _, j in jobs])
+                    results = self.many(jobs[0][1].model, [(j.state, j.ids, j.all_logits) for _, j in jobs])
             except Exception as exc:  # each request ends with its own Error (Serving._serve catches it there)
                 for runner, _ in jobs:
                     self._resume(runner, exc, throw=True)
@@ -141,6 +190,7 @@ class Batch:
         if runner.dead:
             self.active.remove(runner)
             self._waiting.pop(runner, None)
+            self.gone.discard(runner)
 
 
 def _run(serve: Callable[[Request], None], request: Request) -> None:

@@ -1,4 +1,4 @@
-"""The engine thread: owns the model and its caches, serves requests in order.
+"""The engine thread: owns the model and its caches; its scheduler decides what runs next.
 
 ``Engine(on_event)`` starts one daemon thread and implements
 :class:`engine.api.Backend`.  ``load(spec)``, ``submit(request)`` and
@@ -12,9 +12,11 @@ loaded, or with invalid values, gets an ``Error`` at once, before any prefill.
 A prompt cache that cannot be saved or read costs speed, not the reply or the
 load: a ``Warning("cache", ...)``.  A load switches to the new model only once
 all of it is built (``engine.runtime.loading``; on ``LoadFailed`` the old one
-stays).  ``call(fn)`` runs ``fn(engine)`` in turn with requests
-(``set_prefix_budget``, ``clear_prefix_cache``, ``remember_answer``); one that
-raises is reported as ``Warning("engine", ...)``.  Serving a request is
+stays; the model is built on a short-lived thread while the engine thread goes
+on answering from the answer cache).  ``call(fn)`` runs ``fn(engine)`` when no
+request is in flight (``set_prefix_budget``, ``clear_prefix_cache``,
+``remember_answer``); one that raises is reported as ``Warning("engine", ...)``.
+What runs next is ``engine.runtime.scheduler``; serving a request is
 ``engine.runtime.serving``; the decoding itself is ``engine.runtime.decode``.
 
 After a reload the old prefix cache's last used system prompts are prefilled
@@ -24,10 +26,9 @@ prompt is warm (its ``Started``/``Metrics.cached_tokens`` count it) and a
 request that arrives meanwhile waits for one chunk at most.  Greedy replies
 are the same with or without it; one that fails is a ``Warning("cache", ...)``.
 
-Everything submitted passes the answer gate (``engine.runtime.answers_bridge``)
-in order: a request the answer cache can answer is answered there at once
-(even while a model loads), the rest reach this thread; a complete reply
-without tools is kept in the cache after its ``Done``.  Tools
+A request the answer cache can answer (``engine.runtime.answer_lookup``) is
+answered when the scheduler takes it in (even while a model loads); a complete
+reply without tools is kept in the cache after its ``Done``.  Tools
 (``engine.runtime.tool_turns``): the tools a request names run from the
 user's ``/NAME`` lines first, then from the model's calls, for at most
 ``ToolSettings.max_rounds`` rounds of up to ``max_tokens`` each; every call
@@ -37,32 +38,30 @@ is a ``ToolCall`` event and the text of every round is streamed.
 from __future__ import annotations
 
 import copy
-import functools
-import queue
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from engine.answer_cache import ModelIdentity
 from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Tuning, Warning
 from engine.model.loader import LoadedModel, ModelLoadError
+from engine.runtime.answer_lookup import AnswerLookup
 from engine.runtime.answers import AnswerMemory
-from engine.runtime.answers_bridge import AnswerGate
-from engine.runtime.batching import MAX_ACTIVE, Batch
-from engine.runtime.decode import Decoder
+from engine.runtime.batching import Batch
 from engine.runtime.documents import Documents
-from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
+from engine.runtime.hints import Hints
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
-from engine.runtime.serving import CONVERSATION, Prepared, Serving, conversation_key, with_applied
-from engine.runtime.speculative import DraftModel, HistoryIndex
+from engine.runtime.scheduler import Item, Scheduler
+from engine.runtime.serving import CONVERSATION, Resources, Serving, conversation_key
+from engine.runtime.speculative import HistoryIndex
 from engine.runtime.threads import claim_threads
 from engine.runtime.tool_turns import ToolBox
 
@@ -82,47 +81,54 @@ MEASURE_POLL_S = 0.25  # while the native step compiles, the idle engine looks a
 TYPING_HOLD_S = 2.0  # the background measurement waits while hints came this recently (a message is being typed)
 
 
-class Engine(Serving):
+def _resource(name: str) -> Any:
+    """A property of the engine that is its ``res.NAME``."""
+    return property(lambda self: getattr(self.res, name), lambda self, value: setattr(self.res, name, value))
+
+
+class Engine:
     def __init__(self, on_event: Callable[[object], None], options: EngineOptions | None = None) -> None:
         tune_malloc()
         self.on_event = on_event
-        self.options = options or EngineOptions()
-        self.loaded: LoadedModel | None = None
-        self.identity: ModelIdentity | None = None  # the loaded model, as the answer cache knows it
-        self.decoder: Decoder | None = None
-        self.prefix_cache: PrefixCache | None = None
-        self.draft: DraftModel | None = None
-        self.answers = AnswerMemory()  # drafts seeded by remember_answer (and replies the cache did not keep)
-        self.history = HistoryIndex()  # every finished or seeded reply's n-grams: drafts for any question
-        self.tools = ToolBox(self.options.tools, on_event)
+        options = options or EngineOptions()
+        self.answer_lookup = AnswerLookup(options.answer_cache, on_event, lambda r: not request_problems(r))
+        self.res = Resources(options, ToolBox(options.tools, on_event), self.answer_lookup, Hints(), Documents())
+        self.serving = Serving(self.res, on_event)
         self.rewarm = Rewarm()  # system prompts to prefill again after a reload, while idle
         self.measuring: Measuring | None = None  # a first start's mode measurement, run while idle
-        self.hints = Hints()  # the message being typed, prefilled while idle
-        self.documents = Documents()  # the document index, opened by the first request that attaches documents
         self._last_hint = -1e9  # time.monotonic() of the last hint
         self._load_number = 0  # the load the current model came from
-        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.batch = Batch()  # the requests in flight, decoding together (engine.runtime.batching)
-        self._held: list[Request] = []  # requests waiting for a place in the batch (the window's first)
-        self._later: deque[tuple[str, Any]] = deque()  # loads and calls that wait until no request is in flight
-        self._cancelled: set[str] = set()
-        self._lock = threading.Lock()
+        self.scheduler = Scheduler(self)
         self._count_lock = threading.Lock()
         self._counter: tuple[LoadedModel, Any] | None = None  # count_tokens' own copy of the loaded tokenizer
-        self.answer_gate = AnswerGate(
-            self.options.answer_cache, on_event, self._queue.put, lambda r: not request_problems(r), self.cancel
-        )
-        self._thread = threading.Thread(target=self._loop, name="brisk-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="brisk-engine", daemon=True)
         self._thread.start()
 
-    # -- public, thread-safe: every item passes the answer gate, in order --------
+    # the resources requests are served with (engine.runtime.serving.Resources), read and set through the engine
+    options = _resource("options")
+    tools = _resource("tools")
+    hints = _resource("hints")
+    documents = _resource("documents")
+    loaded = _resource("loaded")
+    identity = _resource("identity")
+    decoder = _resource("decoder")
+    prefix_cache = _resource("prefix_cache")
+    draft = _resource("draft")
+    answers = _resource("answers")
+    history = _resource("history")
+
+    @property
+    def batch(self) -> Batch:
+        return self.scheduler.batch
+
+    # -- public, thread-safe: every item goes to the scheduler's intake, in order ---------------------
     def load(self, spec: ModelSpec) -> None:
-        self.answer_gate.put_item("load", spec)
+        self.scheduler.put(("load", spec))
 
     def submit(self, request: Request) -> None:
         if not request.submitted_at:
             object.__setattr__(request, "submitted_at", time.perf_counter())
-        self.answer_gate.put_item("request", request)
+        self.scheduler.put(("submit", request))
 
     def count_tokens(self, texts: list[str]) -> list[int] | None:
         """The loaded model's token count of each text (an attached document's chip), on the caller's thread;
@@ -138,38 +144,38 @@ class Engine(Serving):
             tokenizer = self._counter[1]
             return [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
 
-    def hint(self, request: Request) -> None:
+    def hint(self, request: Request) -> bool:
         """The request the window would send now (its draft as the last message): prefill its stable part
         while the engine is idle (``engine.runtime.hints``); a draft with no text drops the hint."""
-        self.answer_gate.put_item("hint", request)
+        self.scheduler.put(("hint", request))
+        return True
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            self._cancelled.add(request_id)
+        self.scheduler.cancel(request_id)
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        self.answer_gate.put_item("stop", None)
-        self.answer_gate.join(timeout)
+        self.scheduler.put(("stop", None))
         self._thread.join(timeout)
         self.tools.close()
 
     def call(self, fn: Callable[[Engine], Any]) -> None:
-        """Run ``fn(engine)`` on the engine thread, in order with requests."""
-        self.answer_gate.put_item("call", fn)
+        """Run ``fn(engine)`` on the engine thread once no request is in flight (in order with loads and calls)."""
+        self.scheduler.put(("call", fn))
 
-    def set_prefix_budget(self, budget_bytes: int) -> None:
+    def set_prefix_budget(self, budget_bytes: int) -> bool:
         """Change the prefix cache's byte budget now (evicting if needed); a bad value raises ``ValueError`` here."""
         check_budget(budget_bytes)
 
         def apply(engine: Engine) -> None:
-            engine.options.prefix_cache_bytes = budget_bytes
+            engine.res.options.prefix_cache_bytes = budget_bytes
             if engine.prefix_cache is not None:
                 engine.prefix_cache.budget_bytes = budget_bytes
                 engine.prefix_cache.evict()
 
         self.call(apply)
+        return True
 
-    def clear_prefix_cache(self) -> None:
+    def clear_prefix_cache(self) -> bool:
         """Forget every prompt's KV in memory (in turn with requests), so the next reply starts cold."""
 
         def clear_prefix_cache(engine: Engine) -> None:
@@ -178,94 +184,59 @@ class Engine(Serving):
                 engine.prefix_cache.entries.clear()
 
         self.call(clear_prefix_cache)
+        return True
 
-    def remember_answer(self, question: str, answer: str) -> None:
+    def remember_answer(self, question: str, answer: str) -> bool:
         """Seed the speculative answer drafts (thread-safe: runs on the engine thread); never served as a reply."""
 
         def add(engine: Engine) -> None:
             if engine.loaded is not None:
                 ids = engine.loaded.tokenizer(answer, add_special_tokens=False)["input_ids"]
-                engine.answers.add(question, list(ids))
-                engine.history.add(ids)
+                engine.res.answers.add(question, list(ids))
+                engine.res.history.add(ids)
 
         self.call(add)
+        return True
 
-    # -- engine thread ----------------------------------------------------------
-    def _loop(self) -> None:
-        """Serve the queue until ``shutdown``, prefilling again while it is empty; nothing here ends the thread.
-
-        Requests are served together (``engine.runtime.batching``): while any is in flight, the loop takes
-        what has arrived without waiting, lets new requests join, and runs one batched step; loads and
-        calls wait until no request is in flight (they change the model or the caches under them)."""
+    # -- engine thread: the scheduler's Work (engine.runtime.scheduler) -----------------------------------
+    def _run(self) -> None:
         claim_threads()  # this thread's torch thread count, whatever another thread set before it started
-        while True:
-            if self.batch.active:
-                try:
-                    kind, item = self._queue.get_nowait()
-                except queue.Empty:
-                    self._admit()
-                    self._guarded(self.batch.step)
-                    continue
-            elif self._held:
-                self._admit()
-                continue
-            elif self._later:
-                kind, item = self._later.popleft()
-            else:
-                kind, item = self._next()
-            if kind == "stop":
-                return
-            if kind == "request":
-                self._held.append(item)
-                self._admit()
-            elif self.batch.active and kind != "hint":
-                self._later.append((kind, item))
-            else:
-                self._guarded(functools.partial(self._run_item, kind, item))
+        self.answer_lookup.open()
+        self.scheduler.run()
 
-    def _admit(self) -> None:
-        """Requests that wait join the batch while it has room, the window's before other programs'."""
-        self._held.sort(key=lambda r: r.origin != "")  # stable: in order of arrival within each
-        while self._held and len(self.batch.active) < MAX_ACTIVE:
-            self._guarded(functools.partial(self.batch.start, self._serve, self._held.pop(0)))
+    def answer(self, request: Request, post: Callable[[Item], None]) -> bool:
+        return self.answer_lookup.answer(request, post)
 
-    def _run_item(self, kind: str, item: Any) -> None:
-        if kind == "rewarm":
-            self._rewarm_step()
-        elif kind == "hint":
-            self._hint(item)
-        elif kind == "hint-step":
-            self._hint_step()
-        elif kind == "measure":
-            self._measure_step()
-        elif kind == "load":
-            self._load_reported(*item)
-        elif kind == "call":
-            self._call(item)
+    def semantic(self, request_id: str, answered: bool) -> tuple[Request, Any, float] | None:
+        return self.answer_lookup.semantic(request_id, answered)
 
-    @staticmethod
-    def _guarded(fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except Exception:  # a failing on_event callback: nothing left to report it to
-            traceback.print_exc()
+    def serve_hit(self, request: Request, hit: Any, t_taken: float, started: bool) -> None:
+        self.answer_lookup.serve_hit(request, hit, t_taken, started)
 
-    def _next(self) -> tuple[str, Any]:
-        """The next queued item; ``("rewarm", None)`` instead of waiting while a warm-up is pending."""
-        if self.rewarm.pending() or self.hints.pending():
-            try:
-                return self._queue.get_nowait()
-            except queue.Empty:
-                return ("rewarm", None) if self.rewarm.pending() else ("hint-step", None)
+    def serve(self, request: Request, reply: ReplyEvents, cancelled: Callable[[], bool]) -> None:
+        self.serving.serve(request, reply, cancelled)
+
+    def load_started(self, spec: ModelSpec) -> int:
+        return self.answer_lookup.load_started(spec)
+
+    def run_call(self, fn: Callable[[Any], Any]) -> None:
+        self._call(fn)
+
+    def idle(self) -> tuple[Callable[[], None] | None, float | None]:
+        """A warm-up or a draft's prefill first, one chunk at a time; then the mode measurement, which waits while
+        the native step compiles or the user is typing (hints came in the last ``TYPING_HOLD_S``): its build
+        could hold the Send that follows."""
+        if self.rewarm.pending():
+            return self._rewarm_step, 0
+        if self.res.hints.pending():
+            return self._hint_step, 0
         if self.measuring is not None:
-            # the native step compiles, or the user is typing a message (hints came in the last
-            # TYPING_HOLD_S): no measuring step, whose build could hold the Send that follows
-            hold = self.measuring.waiting() or time.monotonic() - self._last_hint < TYPING_HOLD_S
-            try:
-                return self._queue.get(timeout=MEASURE_POLL_S) if hold else self._queue.get_nowait()
-            except queue.Empty:
-                return ("idle", None) if hold and not self.measuring.waiting() else ("measure", None)
-        return self._queue.get()
+            if self.measuring.waiting():
+                return self._measure_step, MEASURE_POLL_S
+            if time.monotonic() - self._last_hint < TYPING_HOLD_S:
+                return None, MEASURE_POLL_S
+            return self._measure_step, 0
+        return None, None
 
     def _call(self, fn: Callable[[Engine], Any]) -> None:
         try:
@@ -275,48 +246,53 @@ class Engine(Serving):
             name = getattr(fn, "__name__", "an engine task")
             self.on_event(Warning("engine", f"{name} failed ({type(exc).__name__}: {exc}); the engine goes on."))
 
-    def _load_reported(self, spec: ModelSpec, number: int = 0) -> None:
-        """Load ``spec``; whatever happens, send ``Loaded`` or ``LoadFailed`` (the old model stays on failure)."""
-        try:
-            self._load(spec, number)
-            return
-        except ModelLoadError as exc:
-            failed = LoadFailed(str(exc))
-        except Exception as exc:
-            traceback.print_exc()
-            failed = LoadFailed(
-                f"Unexpected error while loading the model ({type(exc).__name__}: {exc}). "
-                "Check the model and the data folder, or pick another model in Settings."
-            )
-        self.answer_gate.load_failed(number, self.identity)
-        self.on_event(failed)
-
-    def _load(self, spec: ModelSpec, number: int = 0) -> None:
-        """Build the model and everything that belongs to it, then switch to it all at once."""
+    def build(self, spec: ModelSpec, number: int) -> Built:
+        """Build the model and everything that belongs to it (on the load's own thread)."""
 
         def progress(fraction: float, message: str) -> None:
             self.on_event(LoadProgress(fraction, message))
 
-        self.measuring = None  # what was measured belongs to the model being replaced
-        built = build(spec, self.options, progress)
-        self._switch(spec, number, built, built.loaded.load_s, same_tokenizer=False)
-        if built.loaded.measuring is not None:
-            self.measuring = Measuring(built.loaded.measuring, built.loaded.tokenizer, spec, number)
-            self.on_event(Tuning("Chatting on float32 while the faster weight modes are measured in the background"))
+        return build(spec, self.res.options, progress)
+
+    def switch(self, spec: ModelSpec, number: int, built: Built) -> None:
+        """Switch to the model just built, all at once; a first start's mode measurement then runs while idle."""
+        try:
+            self.measuring = None  # what was measured belongs to the model being replaced
+            self._switch(spec, number, built, built.loaded.load_s, same_tokenizer=False)
+            if built.loaded.measuring is not None:
+                self.measuring = Measuring(built.loaded.measuring, built.loaded.tokenizer, spec, number)
+                message = "Chatting on float32 while the faster weight modes are measured in the background"
+                self.on_event(Tuning(message))
+        except Exception as exc:
+            self.load_failed(number, exc)
+
+    def load_failed(self, number: int, error: BaseException) -> None:
+        """Send ``LoadFailed`` (the old model stays)."""
+        if isinstance(error, ModelLoadError):
+            failed = LoadFailed(str(error))
+        else:
+            traceback.print_exception(error)
+            failed = LoadFailed(
+                f"Unexpected error while loading the model ({type(error).__name__}: {error}). "
+                "Check the model and the data folder, or pick another model in Settings."
+            )
+        self.answer_lookup.load_failed(number, self.res.identity)
+        self.on_event(failed)
 
     def _switch(self, spec: ModelSpec, number: int, built: Built, load_s: float, same_tokenizer: bool) -> None:
         """Switch to ``built`` all at once and send ``Loaded`` (with ``load_s``) and the load's warnings."""
-        old_cache, old_tokenizer = self.prefix_cache, self.loaded.tokenizer if self.loaded is not None else None
+        res = self.res
+        old_cache, old_tokenizer = res.prefix_cache, res.loaded.tokenizer if res.loaded is not None else None
         loaded, warnings = built.loaded, built.warnings
-        self.loaded, self.decoder, self.draft = loaded, built.decoder, built.draft
-        self.prefix_cache = built.prefix_cache
+        res.loaded, res.decoder, res.draft = loaded, built.decoder, built.draft
+        res.prefix_cache = built.prefix_cache
         self._load_number = number
         if not same_tokenizer:
-            self.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
-            self.history = HistoryIndex()
-        self.identity = ModelIdentity(loaded.name, loaded.identity, built.dtype, loaded.quant)
+            res.answers = AnswerMemory()  # token ids of another tokenizer would be useless drafts
+            res.history = HistoryIndex()
+        res.identity = ModelIdentity(loaded.name, loaded.identity, built.dtype, loaded.quant)
         try:  # before Loaded: a request sent on Loaded meets this model's answers
-            self.answer_gate.loaded(spec, number, self.identity)
+            self.answer_lookup.loaded(spec, number, res.identity)
         except Exception as exc:  # the answer cache only saves time
             traceback.print_exc()
             warnings.append(Warning("cache", f"The answer cache was not updated for this model ({exc})."))
@@ -336,7 +312,7 @@ class Engine(Serving):
                 self.measuring = None
                 if outcome.loaded is not None and measuring.number == self._load_number and self.loaded is not None:
                     load_s = self.loaded.load_s
-                    built = build(measuring.spec, self.options, lambda _f, _m: None, loaded=outcome.loaded)
+                    built = build(measuring.spec, self.res.options, lambda _f, _m: None, loaded=outcome.loaded)
                     self._switch(measuring.spec, measuring.number, built, load_s, same_tokenizer=True)
                 elif self.loaded is not None:
                     self.loaded.info["mode_probe"] = outcome.record
@@ -350,7 +326,7 @@ class Engine(Serving):
             self.on_event(Tuning(message, done=True))
             self.on_event(Warning("engine", message))
 
-    def _hint(self, request: Request) -> None:
+    def hint_now(self, request: Request) -> None:
         """A new draft: what of its prompt no keystroke can change becomes the hint job.  Whatever happens,
         a ``DraftPrefill`` says how much is ready (0 of 0: nothing will be prefilled)."""
         ready, total = 0, 0
@@ -366,24 +342,7 @@ class Engine(Serving):
     def _start_hint(self, request: Request, conversation: str) -> tuple[int, int]:
         if self.loaded is None or self.prefix_cache is None or self.prefix_cache.budget_bytes <= 0:
             return 0, 0
-        text = str(request.messages[-1].get("content", "")) if request.messages else ""
-        tokens: list[int] = []
-        # a draft far longer than the context can hold is cut at Send: nothing of it is stable, and rendering it
-        # five times (hint_tokens' probes) would hold the interpreter, and the window, for most of a second a pause
-        fits = len(text) <= self.loaded.context_length * HINT_CHARS_PER_TOKEN
-        if fits and text.strip() and request.prefix_cache and not request_problems(request):
-            _view, schemas = self._tool_view(request)
-            max_tokens = request.sampling.max_tokens
-            # whole documents only: the passages depend on the words still being typed
-            messages = list(request.messages)
-            applied, prompt = self._render(request, messages, schemas, passages=False)
-            messages, whole = with_applied(applied, messages)
-            tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
-                                 messages)  # fmt: skip
-            # a Send of this very text takes this rendering (Serving._prepare)
-            self.prepared = Prepared(self.request_key(request, schemas), self.loaded.tokenizer, applied, prompt)
-            if whole:  # a restart's document KV, read while the question is typed
-                self._documents_kv(prompt)
+        tokens = self.serving.hint_tokens(request)
         if not tokens:  # an empty draft, nothing stable yet, a prompt that does not fit, a Send that reuses nothing
             self.hints.drop(self.prefix_cache)  # one composer, one draft: whatever was prefilled before is stale
             return 0, 0
@@ -424,7 +383,7 @@ class Engine(Serving):
             state = self.rewarm.step()
             if state is not None:
                 try:
-                    self._remember_system(state, len(state))
+                    self.serving._remember_system(state, len(state))
                 except OSError as exc:  # kept in memory; only the copy on disk failed
                     traceback.print_exc()
                     self.on_event(Warning("cache", f"The prompt cache could not be saved ({exc}); replies still work."))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.api import SOURCES, AnswerCacheSettings, Request, Sampling, ToolSettings
-from engine.runtime import answers_bridge, tool_turns
+from engine.runtime import answer_lookup, tool_turns
 
 
 @dataclass
@@ -28,7 +28,7 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         check_budget(self.prefix_cache_bytes)
-        problems = tool_turns.settings_problems(self.tools) + answers_bridge.settings_problems(self.answer_cache)
+        problems = tool_turns.settings_problems(self.tools) + answer_lookup.settings_problems(self.answer_cache)
         if problems:
             raise ValueError("; ".join(problems) + ".")
 

@@ -1,8 +1,10 @@
 """Serving one request on the engine thread: prompt, draft sources, prefix cache, decode, tools, ``Done``.
 
-:class:`Serving` is the request path of :class:`~engine.runtime.engine.Engine`
-(its base class; it works on the engine's state, declared below).
-``_serve(request)`` ends the request with exactly one ``Done`` or ``Error``
+:class:`Serving` is the request path: a plain object given the engine's
+:class:`Resources` (the model, its caches and the rest a reply is made with;
+the engine switches the model's part at a load).  The scheduler
+(``engine.runtime.scheduler``) calls ``serve(request, reply, cancelled)`` in a
+greenlet of the batch; it ends the request with exactly one ``Done`` or ``Error``
 whatever raises (an ``Error`` carries the text streamed so far); a request
 that arrives before a model is loaded, or with invalid values, gets an
 ``Error`` before any prefill.  Each model round looks the prompt up in the
@@ -21,9 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
-import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -32,9 +34,9 @@ from engine.answer_cache import ModelIdentity
 from engine.api import SOURCES, Done, Metrics, Request, Sampling, Started, Token, Warning
 from engine.model.kv import KVState, common_prefix
 from engine.model.loader import LoadedModel
-from engine.runtime import tool_turns
+from engine.runtime import batching, tool_turns
+from engine.runtime.answer_lookup import AnswerLookup, expected_failure
 from engine.runtime.answers import AnswerMemory
-from engine.runtime.answers_bridge import AnswerGate, expected_failure
 from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.documents import (
     MARGIN,
@@ -45,7 +47,7 @@ from engine.runtime.documents import (
     document_key,
     document_kv_file,
 )
-from engine.runtime.hints import Hints
+from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
 from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
@@ -79,51 +81,51 @@ class Prepared:
     prompt: Prompt
 
 
-class Serving:
-    """The request path; the engine's state it works on is declared here and set by ``Engine``."""
+@dataclasses.dataclass
+class Resources:
+    """What requests are served with.  The engine sets the model's part (``loaded`` to ``draft``) at a load and
+    the memories at a change of tokenizer; everything runs on the engine thread."""
 
-    on_event: Callable[[object], None]
     options: EngineOptions
-    loaded: LoadedModel | None
-    identity: ModelIdentity | None
-    decoder: Decoder | None
-    prefix_cache: PrefixCache | None
-    _base_memo: tuple[Any, str, list[int]] | None = None  # (tokenizer, messages, their prompt): see _base_ids
-    prepared: Prepared | None = None  # the last hint's rendering of its request: see _prepare
-    draft: DraftModel | None
-    answers: AnswerMemory
-    history: HistoryIndex
     tools: ToolBox
-    answer_gate: AnswerGate
+    answer_lookup: AnswerLookup
     hints: Hints
     documents: Documents
-    _cancelled: set[str]
-    _lock: threading.Lock
+    loaded: LoadedModel | None = None
+    identity: ModelIdentity | None = None  # the loaded model, as the answer cache knows it
+    decoder: Decoder | None = None
+    prefix_cache: PrefixCache | None = None
+    draft: DraftModel | None = None
+    answers: AnswerMemory = dataclasses.field(default_factory=AnswerMemory)  # seeded and uncached replies
+    history: HistoryIndex = dataclasses.field(default_factory=HistoryIndex)  # every reply's n-grams
 
-    def _is_cancelled(self, request_id: str) -> bool:
-        with self._lock:
-            return request_id in self._cancelled
 
-    def _serve(self, request: Request) -> None:
-        reply = ReplyEvents(request.id, request.submitted_at, self.on_event, self.answer_gate.race(request.id))
+class Serving:
+    """The request path over ``res``; events go to ``on_event``."""
+
+    def __init__(self, res: Resources, on_event: Callable[[object], None]) -> None:
+        self.res = res
+        self.on_event = on_event
+        self.prepared: Prepared | None = None  # the last hint's rendering of its request: see _prepare
+        self._base_memo: tuple[Any, str, list[int]] | None = None  # (tokenizer, messages, their prompt): _base_ids
+
+    def serve(self, request: Request, reply: ReplyEvents, cancelled: Callable[[], bool]) -> None:
+        """Serve ``request`` to its end; ``cancelled()`` says whether it was cancelled (looked at every step)."""
         try:
-            if not reply.lost:  # the answer cache answered it while it waited here
-                self._serve_checked(request, reply)
+            if not reply.muted:  # the answer cache answered it while it waited
+                self._serve_checked(request, reply, cancelled)
         except Exception as exc:  # whatever raised, the request ends with one Error
             traceback.print_exc()
-            if self.draft is not None:
-                self.draft.state = KVState()  # a step that failed half-way may have left its KV uneven
+            if self.res.draft is not None:
+                self.res.draft.state = KVState()  # a step that failed half-way may have left its KV uneven
             reply.fail(
                 f"The reply failed ({type(exc).__name__}: {exc}). Try again; if it keeps failing, "
                 "reload the model or pick another in Settings."
             )
-        finally:
-            with self._lock:
-                self._cancelled.discard(request.id)
 
-    def _serve_checked(self, request: Request, reply: ReplyEvents) -> None:
+    def _serve_checked(self, request: Request, reply: ReplyEvents, cancelled: Callable[[], bool]) -> None:
         t_taken = reply.since()
-        if self.loaded is None or self.decoder is None or self.prefix_cache is None:
+        if self.res.loaded is None or self.res.decoder is None or self.res.prefix_cache is None:
             reply.fail("No model is loaded yet. Wait for loading to finish or pick a model in Settings.")
             return
         problems = request_problems(request)
@@ -135,8 +137,8 @@ class Serving:
         applied: Applied | None = None
         try:
             if request.raw:
-                text, context = messages[0]["content"], self.loaded.context_length
-                prompt = raw_prompt(self.loaded.tokenizer, text, context, request.sampling.max_tokens)
+                text, context = messages[0]["content"], self.res.loaded.context_length
+                prompt = raw_prompt(self.res.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
                 applied, prompt = self._prepare(request, messages, schemas)
             messages, whole = with_applied(applied, messages)
@@ -152,27 +154,38 @@ class Serving:
         if view is not None and calls:  # the user's own /NAME lines run first; the model sees the results
             reply.emit(Started(request.id, t_prompt, len(prompt.ids), prompt.truncated, 0))
             started = True
-            rounds.turns.append(tool_turns.run_turn(calls, view, request, reply.emit, *self._fit()))
+            # the tools run away from the batch (on a thread of their own): its other requests keep streaming
+            rounds.turns.append(
+                batching.away(functools.partial(tool_turns.run_turn, calls, view, request, reply.emit, *self._fit()))
+            )
             messages = tool_turns.with_slash_results(messages, kept, rounds.turns[-1])
             prompt = self._prompt(messages, request.sampling.max_tokens, schemas, whole)
             drafters = self._drafters(request, len(prompt.ids))
         first: Metrics | None = None
         model_turns, as_text = 0, False
         while True:  # each round may write up to max_tokens; at most max_rounds rounds of tool calls
-            result, lookup_at = self._decode(request, reply, prompt, request.sampling, drafters, started, schemas)
+            result, lookup_at = self._decode(
+                request, reply, prompt, request.sampling, drafters, started, cancelled, schemas
+            )
             started = True
             rounds.decodes.append((result.metrics, lookup_at))
             if first is None:
                 first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
             finish = result.finish_reason
             parsed = tool_turns.model_calls(result.text) if view is not None else Parsed(result.text)
-            if not parsed.calls or finish in ("cancelled", "context") or model_turns >= self.options.tools.max_rounds:
+            if (
+                not parsed.calls
+                or finish in ("cancelled", "context")
+                or model_turns >= self.res.options.tools.max_rounds
+            ):
                 break
             assert view is not None
             model_turns += 1
-            turn = tool_turns.run_turn(parsed.calls, view, request, reply.emit, *self._fit())
+            turn = batching.away(
+                functools.partial(tool_turns.run_turn, parsed.calls, view, request, reply.emit, *self._fit())
+            )
             rounds.turns.append(turn)
-            if self._is_cancelled(request.id):
+            if cancelled():
                 finish = "cancelled"
                 break
             reply.emit(Token(request.id, reply.since(), "\n\n"))  # the next round's text starts apart
@@ -186,22 +199,47 @@ class Serving:
             )
             drafters = self._drafters(request, len(prompt.ids))
         assert first is not None
-        metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.prefix_cache.nbytes())
+        metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.res.prefix_cache.nbytes())
         if applied is not None:
             metrics = _with_document_metrics(metrics, applied, first_prompt, first.cached_tokens)
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
         if applied is not None:  # an index write: after the reply's tokens, not before its first
-            self.documents.touch(applied.found_ids)
-        with self.answer_gate.storing():  # a lookup of the same question waits for the answer to be kept
-            reply.emit(Done(request.id, reply.since(), text, finish, metrics))
-            self._keep_answer(request, result, finish, rounds, metrics)
+            self.res.documents.touch(applied.found_ids)
+        reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+        self._keep_answer(request, result, finish, rounds, metrics)  # before the next request is taken in
+
+    def hint_tokens(self, request: Request) -> list[int]:
+        """The tokens of ``request``'s prompt that no keystroke in its last message can change (``Engine.hint``):
+        none for an empty draft, one far longer than the context, or one that may not be sent.  Its rendering is
+        kept for a Send of this very text (:meth:`_prepare`)."""
+        loaded = self.res.loaded
+        assert loaded is not None
+        text = str(request.messages[-1].get("content", "")) if request.messages else ""
+        # a draft far longer than the context can hold is cut at Send: nothing of it is stable, and rendering it
+        # five times (hint_tokens' probes) would hold the interpreter, and the window, for most of a second a pause
+        fits = len(text) <= loaded.context_length * HINT_CHARS_PER_TOKEN
+        if not (fits and text.strip() and request.prefix_cache and not request_problems(request)):
+            return []
+        _view, schemas = self._tool_view(request)
+        max_tokens = request.sampling.max_tokens
+        # whole documents only: the passages depend on the words still being typed
+        messages = list(request.messages)
+        applied, prompt = self._render(request, messages, schemas, passages=False)
+        messages, whole = with_applied(applied, messages)
+        tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
+                             messages)  # fmt: skip
+        # a Send of this very text takes this rendering (_prepare)
+        self.prepared = Prepared(self.request_key(request, schemas), loaded.tokenizer, applied, prompt)
+        if whole:  # a restart's document KV, read while the question is typed
+            self._documents_kv(prompt)
+        return tokens
 
     def _tool_view(self, request: Request) -> tuple[Any, list[dict[str, Any]] | None]:
         """The tools ``request`` may call, and their schemas for the chat template (None: no tools).  A reply
         and the draft prefilled before it (``Engine.hint``) render their prompts from the same schemas."""
         if request.client_tools:  # a server client's own tools: in the prompt, calls handed back, never run
             return None, [dict(tool) for tool in request.client_tools]
-        view = self.tools.view(request.tools)
+        view = self.res.tools.view(request.tools)
         return view, (tool_schemas(view) or None) if view is not None else None
 
     def _prompt(
@@ -212,17 +250,19 @@ class Serving:
         documents: tuple[str, ...] = (),
     ) -> Prompt:
         """The prompt of ``messages``; ``documents``: the ids of the whole documents its system message holds."""
-        assert self.loaded is not None
-        prompt = build_prompt(self.loaded.tokenizer, messages, self.loaded.context_length, max_tokens, tools=schemas)
+        assert self.res.loaded is not None
+        prompt = build_prompt(
+            self.res.loaded.tokenizer, messages, self.res.loaded.context_length, max_tokens, tools=schemas
+        )
         return dataclasses.replace(prompt, documents=documents) if documents and prompt.system_tokens else prompt
 
     def request_key(self, request: Request, schemas: list[dict[str, Any]] | None) -> str:
         """What a request's documents and prompt are rendered from (the model's tokenizer aside): its messages,
         documents, tools and reply length, the context and the prefix cache's size (which documents fit whole)."""
-        assert self.loaded is not None
-        budget = self.prefix_cache.budget_bytes if self.prefix_cache is not None else 0
+        assert self.res.loaded is not None
+        budget = self.res.prefix_cache.budget_bytes if self.res.prefix_cache is not None else 0
         parts = [request.messages, request.documents, schemas, request.sampling.max_tokens,
-                 self.loaded.context_length, budget]  # fmt: skip
+                 self.res.loaded.context_length, budget]  # fmt: skip
         return json.dumps(parts, sort_keys=True, default=str)
 
     def _prepare(
@@ -231,9 +271,9 @@ class Serving:
         """The request's documents and prompt: the last hint's rendering where it was of this very request
         (a Send of the text typed: the same messages, documents, tools and reply length, on the same model;
         every document whole and still in the index), else rendered now."""
-        assert self.loaded is not None
+        assert self.res.loaded is not None
         memo = self.prepared
-        same = memo is not None and memo.tokenizer is self.loaded.tokenizer
+        same = memo is not None and memo.tokenizer is self.res.loaded.tokenizer
         if memo is None or not same or memo.key != self.request_key(request, schemas):
             return self._render(request, messages, schemas)
         applied = memo.applied
@@ -241,7 +281,7 @@ class Serving:
             return None, memo.prompt
         indexed = set(applied.found_ids) == set(request.documents) and not applied.searched
         with contextlib.suppress(Exception):  # an index that cannot be read: rendered again, which says so
-            store = self.documents.store()
+            store = self.res.documents.store()
             if indexed and all(store.get(doc_id) is not None for doc_id in applied.found_ids):
                 return applied, memo.prompt
         return self._render(request, messages, schemas)
@@ -268,14 +308,14 @@ class Serving:
         """``messages`` with the request's documents (engine.runtime.documents), fitted to what the prompt
         leaves; a document that is gone is a warning (only for a reply: a draft being typed says nothing), an
         index that cannot be read a ``ValueError`` (the reply fails saying so)."""
-        assert self.loaded is not None
-        tokenizer, context = self.loaded.tokenizer, self.loaded.context_length
+        assert self.res.loaded is not None
+        tokenizer, context = self.res.loaded.tokenizer, self.res.loaded.context_length
         budget = prompt_budget(context, request.sampling.max_tokens)
         base_ids = self._base_ids(messages, schemas)
         room = budget - len(base_ids) - MARGIN
         whole_limit = min(int(budget * PROMPT_SHARE), self._cache_tokens(WHOLE_SHARE))
         try:
-            applied = self.documents.apply(
+            applied = self.res.documents.apply(
                 request.documents,
                 messages,
                 tokenizer,
@@ -297,8 +337,8 @@ class Serving:
     def _base_ids(self, messages: list[dict[str, Any]], schemas: list[dict[str, Any]] | None) -> list[int]:
         """The prompt of ``messages`` without documents (what they leave room for), the last one remembered:
         the hints of a draft and its Send ask for the same."""
-        assert self.loaded is not None
-        tokenizer = self.loaded.tokenizer
+        assert self.res.loaded is not None
+        tokenizer = self.res.loaded.tokenizer
         key = json.dumps([messages, schemas], sort_keys=True, default=str)
         memo = self._base_memo
         if memo is not None and memo[0] is tokenizer and memo[1] == key:
@@ -309,28 +349,28 @@ class Serving:
 
     def _cache_tokens(self, share: float) -> int:
         """How many positions of KV ``share`` of the prefix cache holds (a large number when not known)."""
-        assert self.loaded is not None
-        layout = kv_layout(self.loaded.model)
-        cache = self.prefix_cache
+        assert self.res.loaded is not None
+        layout = kv_layout(self.res.loaded.model)
+        cache = self.res.prefix_cache
         if layout is None or cache is None:
             return 1 << 30
         layers, heads, dim = layout
-        itemsize = getattr(getattr(self.loaded.model, "dtype", None), "itemsize", 4) or 4
+        itemsize = getattr(getattr(self.res.loaded.model, "dtype", None), "itemsize", 4) or 4
         return int(cache.budget_bytes * share) // max(1, 2 * layers * heads * dim * itemsize)
 
     def _documents_kv(self, prompt: Prompt) -> None:
         """Before a lookup: read the KV of the prompt's whole documents from disk when it is not in memory.
         A file that does not check out is deleted (the reply computes the KV again and saves a new one)."""
-        cache = self.prefix_cache
-        if not prompt.documents or cache is None or cache.budget_bytes <= 0 or self.loaded is None:
+        cache = self.res.prefix_cache
+        if not prompt.documents or cache is None or cache.budget_bytes <= 0 or self.res.loaded is None:
             return
-        if not self.options.persist_prefixes:
+        if not self.res.options.persist_prefixes:
             return
         key = document_key(prompt.ids[: prompt.system_tokens])
         if key in cache.entries:
             return
         path = document_kv_file(cache.identity, key)
-        if path.is_file() and not cache.load_entry(path, key, kv_layout(self.loaded.model)):
+        if path.is_file() and not cache.load_entry(path, key, kv_layout(self.res.loaded.model)):
             why = "; ".join(cache.load_problems) or f"{path.name} does not fit the prompt cache's size"
             if cache.load_problems:
                 with contextlib.suppress(OSError):
@@ -339,8 +379,8 @@ class Serving:
 
     def _fit(self) -> tuple[Any, int]:
         """What tool results are measured and cut against: the tokenizer and the context length."""
-        assert self.loaded is not None
-        return self.loaded.tokenizer, self.loaded.context_length
+        assert self.res.loaded is not None
+        return self.res.loaded.tokenizer, self.res.loaded.context_length
 
     def _drafters(self, request: Request, prompt_length: int) -> list[Drafter]:
         """The draft sources for this request, best first (``auto``: all that are available)."""
@@ -349,7 +389,7 @@ class Serving:
             raise ValueError(f"Unknown speculative source {source!r}; choose one of {', '.join(SOURCES)}.")
         if source == "off":
             return []
-        if source == "draft" and self.draft is None:
+        if source == "draft" and self.res.draft is None:
             raise ValueError("Speculative source 'draft' needs a draft model: set one in Settings or --draft-model.")
         drafters: list[Drafter] = []
         if source in ("auto", "answers"):
@@ -358,21 +398,21 @@ class Serving:
                 drafters.append(AnswerDrafts(similar, prompt_length))
         if source in ("auto", "lookup"):
             drafters.append(PromptLookup())
-        if source == "auto" and len(self.history):
-            drafters.append(HistoryDrafts(self.history))
-        if source in ("auto", "draft") and self.draft is not None:
-            drafters.append(self.draft)
+        if source == "auto" and len(self.res.history):
+            drafters.append(HistoryDrafts(self.res.history))
+        if source in ("auto", "draft") and self.res.draft is not None:
+            drafters.append(self.res.draft)
         return drafters
 
     def _answer_drafts(self, question: str, limit: int = 3) -> list[list[int]]:
         """Earlier answers to similar questions: the answer cache's nearest, then seeded ones."""
         found: list[list[int]] = []
-        if self.identity is not None:
+        if self.res.identity is not None:
             try:
-                found = self.answer_gate.drafts(question, self.identity, limit)
+                found = self.res.answer_lookup.drafts(question, self.res.identity, limit)
             except Exception:  # drafts only save time
                 traceback.print_exc()
-        for ids in self.answers.similar(question, limit):
+        for ids in self.res.answers.similar(question, limit):
             if ids not in found:
                 found.append(ids)
         return found[:limit]
@@ -385,32 +425,34 @@ class Serving:
         sampling: Sampling,
         drafters: list[Drafter],
         started: bool,
+        cancelled: Callable[[], bool],
         schemas: list[dict[str, Any]] | None = None,
     ) -> tuple[DecodeResult, float]:
         """One model round: cache lookup, prefill, decode (its events sent); returns its result and lookup end."""
-        assert self.loaded is not None and self.decoder is not None and self.prefix_cache is not None
+        assert self.res.loaded is not None and self.res.decoder is not None and self.res.prefix_cache is not None
         conversation = conversation_key(request.conversation_id or request.id)
         state, known = KVState(), None
         if request.prefix_cache:
             self._documents_kv(prompt)
             # a draft prefilled to its end while typed, exactly this prompt: its last logits come with it
-            found = self.prefix_cache.finished(prompt.ids)
-            state, known = found or (self.prefix_cache.lookup(prompt.ids, prefer=conversation), None)
-        typed = len(state) if request.prefix_cache and (self.prefix_cache.last_key or "").startswith(HINT) else 0
-        self.hints.sent(self.prefix_cache, prompt.ids)  # a draft this prompt holds is sent: its prefill is done with
+            found = self.res.prefix_cache.finished(prompt.ids)
+            state, known = found or (self.res.prefix_cache.lookup(prompt.ids, prefer=conversation), None)
+        typed = len(state) if request.prefix_cache and (self.res.prefix_cache.last_key or "").startswith(HINT) else 0
+        # a draft this prompt holds is sent: its prefill is done with
+        self.res.hints.sent(self.res.prefix_cache, prompt.ids)
         t_lookup = reply.since()
         if not started:
             reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
         result = None
-        for item in self.decoder.stream(
+        for item in self.res.decoder.stream(
             request.id,
             prompt.ids,
             state,
             sampling,
-            lambda: self._is_cancelled(request.id),
+            cancelled,
             request.submitted_at,
             drafters,
-            self.loaded.context_length,
+            self.res.loaded.context_length,
             schemas,
             known,
         ):
@@ -434,7 +476,7 @@ class Serving:
     ) -> None:
         """Keep this conversation's KV, and its system prompt's KV under a key of its own (with ``documents``:
         the prefix of whole documents, in a file of its own)."""
-        cache = self.prefix_cache
+        cache = self.res.prefix_cache
         assert cache is not None
         if system_tokens and documents:
             self._remember_documents(state, system_tokens, documents)
@@ -444,22 +486,22 @@ class Serving:
 
     def _remember_documents(self, state: KVState, system_tokens: int, documents: tuple[str, ...]) -> None:
         """Keep the prefix of whole documents; save it to a file of its own when no file holds it yet."""
-        cache = self.prefix_cache
+        cache = self.res.prefix_cache
         assert cache is not None
         key = document_key(state.tokens[:system_tokens])
         cache.insert(key, state, system_tokens)
         path = document_kv_file(cache.identity, key)
-        if self.options.persist_prefixes and key in cache.entries and not path.is_file():
+        if self.res.options.persist_prefixes and key in cache.entries and not path.is_file():
             cache.save_entry(key, path, {"documents": json.dumps(sorted(documents))})
 
     def _remember_system(self, state: KVState, system_tokens: int) -> None:
         """Keep the first ``system_tokens`` of ``state`` as a system prompt's entry; save a new one to disk."""
-        cache = self.prefix_cache
+        cache = self.res.prefix_cache
         assert cache is not None
         key = system_key(state.tokens[:system_tokens])
         is_new = key not in cache.entries
         cache.insert(key, state, system_tokens)
-        if is_new and self.options.persist_prefixes and key in cache.entries:
+        if is_new and self.res.options.persist_prefixes and key in cache.entries:
             cache.save(kv_file(cache.identity))
 
     def _keep_answer(
@@ -467,24 +509,29 @@ class Serving:
     ) -> None:
         """After ``Done``: a complete reply without tools goes to the answer cache (else to the draft memory)."""
         if finish != "cancelled" and not rounds.tools_ran:
-            self.history.add(result.ids)  # drafts for any later question
+            self.res.history.add(result.ids)  # drafts for any later question
         # a raw prompt or a client's tools are not what the answer cache keys on: not kept there
         # nor are replies about documents: their sources are not kept with an answer
         kept_elsewhere = request.raw or bool(request.client_tools) or bool(request.documents)
-        if finish not in ("stop", "length", "repetition") or rounds.tools_ran or kept_elsewhere or not self.identity:
+        if (
+            finish not in ("stop", "length", "repetition")
+            or rounds.tools_ran
+            or kept_elsewhere
+            or not self.res.identity
+        ):
             if finish != "cancelled" and not rounds.tools_ran:
-                self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+                self.res.answers.add(str(request.messages[-1].get("content", "")), result.ids)
             return
         generation_s = (metrics.total_s or 0.0) - (metrics.queue_s or 0.0)
         try:
-            kept = self.answer_gate.put(self.identity, request, result.text, result.ids, generation_s)
+            kept = self.res.answer_lookup.put(self.res.identity, request, result.text, result.ids, generation_s)
         except Exception as exc:  # the answer cache only saves time
             if not expected_failure(exc):  # the store's own errors say it all in one line
                 traceback.print_exc()
             self.on_event(Warning("cache", f"The answer could not be kept in the answer cache ({exc})."))
             kept = False
         if not kept:
-            self.answers.add(str(request.messages[-1].get("content", "")), result.ids)
+            self.res.answers.add(str(request.messages[-1].get("content", "")), result.ids)
 
 
 def with_applied(

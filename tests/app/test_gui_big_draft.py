@@ -19,7 +19,7 @@ from PySide6.QtCore import Qt, QTimer
 from pytestqt.qtbot import QtBot
 
 from engine.api import DraftPrefill
-from engine.runtime import engine as engine_module
+from engine.runtime import serving as serving_module
 from engine.storage import Settings
 from tests.app.test_gui_real_engine import close, open_window
 
@@ -50,8 +50,8 @@ def test_typing_into_a_two_megabyte_draft_keeps_the_window_responsive(
     qtbot: QtBot, brisk_data_dir: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rendered: list[int] = []
-    real_hint_tokens = engine_module.hint_tokens
-    monkeypatch.setattr(engine_module, "hint_tokens", lambda *a: rendered.append(1) or real_hint_tokens(*a))
+    real_hint_tokens = serving_module.hint_tokens
+    monkeypatch.setattr(serving_module, "hint_tokens", lambda *a: rendered.append(1) or real_hint_tokens(*a))
     settings = Settings(model=str(tiny_dir), device="cpu", dtype="float32", quant="none", answer_cache=False)
     window = open_window(qtbot, brisk_data_dir / "draft.db", settings)
     events: list[DraftPrefill] = []

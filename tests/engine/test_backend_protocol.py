@@ -26,7 +26,6 @@ def engine_class() -> type:
 
 BACKENDS: dict[str, Callable[[], type]] = {
     "Engine": engine_class,
-    "the local backend": client._local_engine,  # what client.local_backend() builds
     "RemoteBackend": lambda: RemoteBackend,
     "FakeEngine": lambda: FakeEngine,
 }
@@ -55,24 +54,12 @@ def test_every_backend_takes_every_verb_as_the_protocol_does(name: str) -> None:
         assert parameters(method) == parameters(getattr(Backend, verb)), f"{name}.{verb}"
 
 
-@pytest.mark.parametrize("name", ["the local backend", "RemoteBackend", "FakeEngine"])
+@pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_every_backend_answers_as_the_protocol_says(name: str) -> None:
     cls = BACKENDS[name]()
     for verb in VERBS:
         returns = inspect.signature(getattr(cls, verb)).return_annotation
         assert returns == inspect.signature(getattr(Backend, verb)).return_annotation, f"{name}.{verb}"
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="Engine's hint, remember_answer, set_prefix_budget and clear_prefix_cache return None; "
-    "engine.client._local_engine answers True for it until Engine does (then drop the adapter and this mark)",
-)
-def test_the_engine_itself_answers_as_the_protocol_says() -> None:
-    cls = engine_class()
-    for verb in VERBS:
-        returns = inspect.signature(getattr(cls, verb)).return_annotation
-        assert returns == inspect.signature(getattr(Backend, verb)).return_annotation, verb
 
 
 def test_a_remote_server_does_nothing_for_brisks_own_caches_and_says_so() -> None:
@@ -92,10 +79,8 @@ def test_a_remote_server_does_nothing_for_brisks_own_caches_and_says_so() -> Non
 
 
 def test_the_local_backend_takes_the_verbs_it_has() -> None:
-    from engine.runtime.engine import EngineOptions
-
     events: queue.Queue[object] = queue.Queue()
-    engine = client._local_engine()(events.put, EngineOptions(persist_prefixes=False))
+    engine = client.local_backend(persist_prefixes=False)(events.put)
     try:
         assert engine.count_tokens(["one two"]) is None  # no model loaded yet
         assert engine.hint(Request("d", ({"role": "user", "content": "typing"},), Sampling())) is True

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,19 +104,19 @@ def test_a_request_waits_for_at_most_one_measuring_step(
 ) -> None:
     fake(monkeypatch, STEADY, AGREE)
     timeline: list[tuple[str, float]] = []
-    step, serve = Engine._measure_step, Engine._serve
+    step, serve = Engine._measure_step, Engine.serve
 
     def measure_step(self: Engine) -> None:
         timeline.append(("step", time.perf_counter()))
         time.sleep(0.05)  # a step that takes a while: requests pile up behind it if they can
         step(self)
 
-    def served(self: Engine, request: Request) -> None:
+    def served(self: Engine, request: Request, *rest: Any) -> None:
         timeline.append(("serve", time.perf_counter()))
-        serve(self, request)
+        serve(self, request, *rest)
 
     monkeypatch.setattr(Engine, "_measure_step", measure_step)
-    monkeypatch.setattr(Engine, "_serve", served)
+    monkeypatch.setattr(Engine, "serve", served)
     recorder = Recorder()
     engine = start(tiny_dir, recorder)
     try:

@@ -272,12 +272,12 @@ def typed_then_sent(runner: EngineRunner, question: str, documents: tuple[str, .
         between()
     engine = runner.engine
     rendered_now = []
-    original = engine._with_documents  # type: ignore[attr-defined]
-    engine._with_documents = lambda *a, **kw: rendered_now.append(1) or original(*a, **kw)  # type: ignore[attr-defined]
+    original = engine.serving._with_documents  # type: ignore[attr-defined]
+    engine.serving._with_documents = lambda *a, **kw: rendered_now.append(1) or original(*a, **kw)  # type: ignore[attr-defined]
     try:
         events, reply = ask(runner, question, documents, conversation_id="c")
     finally:
-        del engine._with_documents  # type: ignore[attr-defined]
+        del engine.serving._with_documents  # type: ignore[attr-defined]
     return events, reply, len(rendered_now)
 
 

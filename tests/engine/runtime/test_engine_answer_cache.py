@@ -70,7 +70,7 @@ def test_a_cached_reply_that_stopped_at_max_tokens_says_so_again(runner: EngineR
     question = {"role": "user", "content": "Say hi."}
     request = Request(uuid.uuid4().hex, (question,), GREEDY, answer_cache=True)
     engine = runner.engine
-    assert engine.answer_gate.put(engine.identity, request, "Hi!", [1, 2], 0.5)
+    assert engine.answer_lookup.put(engine.identity, request, "Hi!", [1, 2], 0.5)
     hit = done(runner.run([question], sampling=GREEDY))
     assert hit.metrics.answer_cache == "exact" and hit.text == "Hi!" and hit.finish_reason == "stop"
 
@@ -89,10 +89,10 @@ def test_another_context_or_sampling_misses(runner: EngineRunner) -> None:
 
 def test_fresh_bypasses_the_cache_and_replaces_the_answer(runner: EngineRunner) -> None:
     first = done(ask(runner, "Regenerate me."))
-    entries = runner.engine.answer_gate.stats().entries
+    entries = runner.engine.answer_lookup.stats().entries
     fresh = done(ask(runner, "Regenerate me.", fresh=True))
     assert fresh.metrics.answer_cache is None and fresh.metrics.completion_tokens > 0
-    assert runner.engine.answer_gate.stats().entries == entries, "the fresh answer replaced the old one"
+    assert runner.engine.answer_lookup.stats().entries == entries, "the fresh answer replaced the old one"
     again = done(ask(runner, "Regenerate me."))
     assert again.metrics.answer_cache == "exact" and again.text == fresh.text == first.text
 

@@ -109,7 +109,7 @@ def test_a_request_during_the_warm_up_comes_first_and_reuses_the_part_done(
             log.append(("warm", len(ids)))
             if len(log) == 1:  # the request arrives while the first chunk is computed
                 object.__setattr__(request, "submitted_at", 0.0)
-                runner.engine._queue.put(("request", request))
+                runner.engine.scheduler.put(("submit", request))
             return real(model, state, ids, *args)
 
         def reply_forward(model: Any, state: Any, ids: list[int], *args: Any, **kwargs: Any) -> Any:
@@ -181,7 +181,7 @@ def test_clearing_the_prompt_cache_stops_the_warm_up(
         while not chunks and time.monotonic() < deadline:
             time.sleep(0.01)
         runner.engine.clear_prefix_cache()
-        while runner.engine._queue.empty() and time.monotonic() < deadline:
+        while runner.engine.scheduler.intake.empty() and time.monotonic() < deadline:
             time.sleep(0.01)  # the clear has reached the engine's queue
         go.set()
         assert runner.engine.rewarm.idle.wait(120)

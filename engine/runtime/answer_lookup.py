@@ -1,42 +1,38 @@
-"""The engine's answer cache, and the gate that answers cached questions without waiting for the model.
+"""The engine's answer cache: looked up when a request arrives, kept after its reply, never waited for.
 
-:class:`AnswerGate` owns one :class:`~engine.answer_cache.AnswerCache` on the
-app database (``engine.paths.database_path()``) and one thread.  Everything
-the engine is asked (``load``, ``submit``, ``call``, ``stop``) passes the gate
-in order; the gate forwards each item to the engine's queue at once, except a
-request that the cache answers: that one it serves itself (``Started``, one
-``Token`` with the cached ids, ``Done`` whose metrics say ``answer_cache``), so
-a hit never waits behind a reply in progress or a model that is loading.
+:class:`AnswerLookup` owns one :class:`~engine.answer_cache.AnswerCache` on the
+app database (``engine.paths.database_path()``).  It has no thread of its own:
+the scheduler (``engine.runtime.scheduler``) calls it on the engine thread.
 
-Which model a request will meet is known on the gate before the engine gets
-there: the identity of the model loaded last, or, while a load is under way,
-the identity this :class:`~engine.api.ModelSpec` had the last time it loaded
-(kept in ``cache/answer-cache-models.json``, so a hit is served during the
-first load after a restart too; read through ``engine.datafiles.load_state``,
-so a file of another shape is moved aside with one warning and costs only
-those hits).  A spec never loaded before gives no hits
-until its load ends.  A request is looked up only when it may be
-(``request.answer_cache`` and not ``request.fresh``, the cache on, its values
-valid, no slash tool lines); a lookup that fails is a miss (and a ``Warning``
-once).  A lookup never waits for the embedder: the gate starts it when a load
-starts (it loads in about 0.1 s, beside a model that takes seconds, and a reply
-reaches the model only after the load), and until it is ready lookups are
-exact-only.  A request is held only for the exact match (about 1 ms); on a
-miss it goes to the model at once and the semantic stage (embedding the
-question, on the embedder's own low-priority thread) runs beside its prefill:
-whichever sends the first token answers (:class:`~engine.runtime.reply_events.Race`;
-the engine takes its side with :meth:`AnswerGate.race`, and a cache hit
-cancels the model's decode through ``cancel``).  An entry is written at once
-without a vector unless its lookup left one; entries without get theirs on the
-embedder's thread after a reply's ``Done`` or a load's end (nobody waits for
-it), never in a lookup.  The engine calls
-:meth:`AnswerGate.put` after a complete reply, :meth:`AnswerGate.drafts` for
-speculative drafts (they never embed: only a vector the lookup made is used)
-and :meth:`AnswerGate.loaded` after a load (answers of other models are
-deleted then); while the engine sends a ``Done`` and keeps that reply
-(:meth:`AnswerGate.storing`), a lookup waits for it (at most ``STORE_WAIT_S``),
-so a question asked again right after its answer finds it.  The cache is used
-from both threads under one lock.
+* :meth:`AnswerLookup.answer` runs when a request is taken in: the exact match
+  (a hash, about 1 ms); a hit is sent at once (``Started``, one ``Token`` with
+  the cached ids, ``Done`` whose metrics say ``answer_cache``), even while a
+  model loads, since loads are built off the engine thread.  On a miss the
+  request goes to the model and, when a stored question could be near, the
+  question is embedded on the embedder's own low-priority thread; when its
+  vector is ready the embedder posts ``("semantic", request_id)`` to the
+  intake and the scheduler calls :meth:`AnswerLookup.semantic` (a dot product
+  over the stored vectors) only if the model has not answered yet; a hit then
+  ends the model's side (``engine.runtime.reply_events``: muted) and answers.
+  A miss so costs the exact match, never the embedding.
+* Which model a request will meet is known when it arrives: the identity of
+  the model loaded last, or, while a load is under way, the identity this
+  :class:`~engine.api.ModelSpec` had the last time it loaded (kept in
+  ``cache/answer-cache-models.json``, so a hit is served during the first load
+  after a restart too; read through ``engine.datafiles.load_state``, so a file
+  of another shape is moved aside with one warning and costs only those hits).
+  A spec never loaded before gives no hits until its load ends.
+* A request is looked up only when it may be (``request.answer_cache`` and not
+  ``request.fresh``, the cache on, its values valid, no slash tool lines); a
+  lookup that fails is a miss (and a ``Warning`` once).  The embedder starts
+  when a load starts (it loads in about 0.1 s beside a model that takes
+  seconds); until it is ready lookups are exact-only.
+* :meth:`AnswerLookup.put` keeps a complete reply after its ``Done``, written
+  at once without a vector unless its lookup left one; entries without get
+  theirs on the embedder's thread (nobody waits for it).  Since the lookup and
+  the put both run on the engine thread, a question asked again right after its
+  answer finds it.  :meth:`drafts` gives speculative drafts (never embedding),
+  :meth:`loaded` follows a load (answers of other models are deleted then).
 """
 
 from __future__ import annotations
@@ -45,23 +41,21 @@ import contextlib
 import dataclasses
 import json
 import logging
-import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, Metrics, ModelSpec, Request, Span, Started, Token, Warning
 from engine.datafiles import load_state, string_map
 from engine.paths import atomic_write, cache_dir, database_path
-from engine.runtime.reply_events import Race, ReplyEvents
+from engine.runtime.reply_events import ReplyEvents
 
 log = logging.getLogger("brisk.answers")
 
 IDENTITIES_FILE = "answer-cache-models.json"
-STORE_WAIT_S = 2.0  # longest a lookup waits for the engine to keep the reply it has just sent
 PAUSE_AFTER_ERROR_S = 60.0  # after a failed read or write (a file locked by another program) the cache rests
 
 
@@ -121,83 +115,42 @@ def has_slash_calls(request: Request) -> bool:
     return bool(parse_slash_lines(str(request.messages[-1].get("content", "")), lambda name: None).calls)
 
 
-class AnswerGate:
+@dataclasses.dataclass
+class Pending:
+    """A request whose question is being embedded for the semantic stage."""
+
+    request: Request
+    key: Any  # its CacheKey
+    t_taken: float  # seconds from its submission to the lookup
+
+
+class AnswerLookup:
     def __init__(
         self,
         settings: AnswerCacheSettings,
         on_event: Callable[[object], None],
-        forward: Callable[[tuple[str, Any]], None],
         valid: Callable[[Request], bool],
-        cancel: Callable[[str], None] = lambda request_id: None,
     ) -> None:
         self.settings = settings
-        self.cancel = cancel  # stops the model's decode of a request the cache answered after all
         self.on_event = on_event
-        self.forward = forward  # puts an item on the engine's queue
         self.valid = valid
         self._paused_until = 0.0  # monotonic time before which the cache is skipped after a failed read or write
-        self.cache: Any = None  # AnswerCache once opened (on the gate thread); None when off or unusable
-        self._lock = threading.RLock()  # the cache is used from the gate and the engine thread
-        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.cache: Any = None  # AnswerCache once opened (on the engine thread); None when off or unusable
+        self._lock = threading.RLock()  # the cache is used from the engine thread and the embedder's callbacks
         self._known: dict[str, dict[str, str]] = {}  # spec key -> identity fields, from the last load of each
-        self._expected: Any = None  # ModelIdentity the next forwarded request will meet
-        self._loads = 0  # loads forwarded so far; the engine reports which one ended
+        self._expected: Any = None  # ModelIdentity the next request taken in will meet
+        self._loads = 0  # loads taken in so far; the engine reports which one ended
         self._warned = False
-        self._settled = threading.Event()  # clear while the engine keeps a reply it has just sent
-        self._settled.set()
         self._vectors_idle = threading.Event()  # clear while a batch of missing vectors is on the embedder's thread
         self._vectors_idle.set()
-        self._races: dict[str, Race] = {}  # requests sent to the model while their semantic lookup runs
-        self._thread = threading.Thread(target=self._loop, name="brisk-answer-gate", daemon=True)
-        self._thread.start()
-
-    # -- any thread -------------------------------------------------------------------------------
-    def put_item(self, kind: str, item: Any) -> None:
-        self._queue.put((kind, item))
-
-    def race(self, request_id: str) -> Race | None:
-        """The engine's side of ``request_id``'s race with its semantic lookup (taken once), or None."""
-        with self._lock:
-            return self._races.pop(request_id, None)
+        self.pending: dict[str, Pending] = {}  # requests whose question is being embedded
 
     def vectors_kept(self, timeout: float) -> bool:
         """Wait until no batch of missing vectors is being embedded (tests, benchmarks); true when none is."""
         return self._vectors_idle.wait(timeout)
 
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    @contextlib.contextmanager
-    def storing(self) -> Iterator[None]:
-        """Around sending a reply's ``Done`` and keeping it: lookups wait (briefly) until it is kept."""
-        self._settled.clear()
-        try:
-            yield
-        finally:
-            self._settled.set()
-
-    # -- the gate thread ----------------------------------------------------------------------------
-    def _loop(self) -> None:
-        self._open()
-        while True:
-            kind, item = self._queue.get()
-            try:
-                if kind == "load":
-                    self._start_embedder()  # beside the model's load, so it is ready by the first question
-                    with self._lock:
-                        self._loads += 1
-                        known = self._known.get(spec_key(item))
-                        self._expected = _identity(known) if known else None
-                        item = (item, self._loads)
-                elif kind == "request" and self._answer(item):
-                    continue
-            except Exception as exc:  # a lookup that fails is a miss; the request goes to the model
-                said(exc)
-            self.forward((kind, item))
-            if kind == "stop":
-                return
-
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open the cache (on the engine thread, before the first item is taken in)."""
         if not self.settings.enabled:
             return
         try:
@@ -213,20 +166,37 @@ class AnswerGate:
                 traceback.print_exc()
             self.on_event(Warning("cache", f"The answer cache is off ({exc}); every reply comes from the model."))
 
+    def load_started(self, spec: ModelSpec) -> int:
+        """A load is taken in: start the embedder beside it and expect the identity ``spec`` had last time.
+        Returns the load's number (the engine reports which one ended)."""
+        try:
+            self._start_embedder()  # beside the model's load, so it is ready by the first question
+        except Exception as exc:  # only similar-question hits are lost
+            said(exc)
+        with self._lock:
+            self._loads += 1
+            known = self._known.get(spec_key(spec))
+            self._expected = _identity(known) if known else None
+            return self._loads
+
     def _start_embedder(self) -> None:
         if self.cache is not None and self.settings.semantic and not self.cache.embedder.started:
-            self.cache.embedder.import_modules()  # here, before the load goes on: no import runs on two threads
+            self.cache.embedder.import_modules()  # here, before the load's thread starts: no import on two threads
             self.cache.embedder.start()
 
-    def _answer(self, request: Request) -> bool:
-        """Serve ``request`` from the cache, or send it on to the model; false when the caller should send it.
+    def answer(self, request: Request, post: Callable[[tuple[str, Any]], None]) -> bool:
+        """Answer ``request`` from the cache now (an exact hit: true), or leave it to the model (false).
 
-        The exact match (a hash, about 1 ms) runs first.  On a miss the request goes to the model at once
-        and the semantic lookup (embedding the question: about 9 ms on one core) runs beside its prefill,
-        in a :class:`~engine.runtime.reply_events.Race`: a hit found before the model's first token
-        answers it (and the model's decode is cancelled), a later one is dropped.  A miss so costs the
-        exact match, never the embedding.
-        """
+        On a miss, when a stored question could be near, the question is embedded on the embedder's
+        thread, which posts ``("semantic", request.id)`` when its vector is ready; the scheduler then
+        calls :meth:`semantic` if the model has not answered yet.  A lookup that fails is a miss."""
+        try:
+            return self._answer(request, post)
+        except Exception as exc:  # a lookup that fails is a miss; the request goes to the model
+            said(exc)
+            return False
+
+    def _answer(self, request: Request, post: Callable[[tuple[str, Any]], None]) -> bool:
         with self._lock:
             identity = self._expected
         if self.cache is None or identity is None or not request.answer_cache or request.fresh:
@@ -240,43 +210,55 @@ class AnswerGate:
         if not self.valid(request) or has_slash_calls(request) or request.messages[-1].get("role") != "user":
             return False
         from engine.answer_cache import CacheKey
+        from engine.answer_cache.keys import fold
 
         t_taken = time.perf_counter() - request.submitted_at
-        self._settled.wait(STORE_WAIT_S)  # the reply just sent may be this very question's answer
         key = CacheKey.for_request(identity, request)
         hit = self._lookup(key, "exact")
         if hit is not None:
-            self._serve_hit(request, hit, t_taken)
+            self.serve_hit(request, hit, t_taken)
             return True
         with self._lock:
             try:  # a batch of vectors being made (the reply just kept) may hold the match
                 wanted = not self._vectors_idle.is_set() or self.cache.could_match(key)
             except Exception:  # the index could not be read: the stage below says so (or misses)
                 wanted = False
-            if wanted:
-                race = self._races[request.id] = Race()
         if not wanted:
             self._lookup(key, "semantic")  # counts the miss (and cannot embed: nothing to compare)
             return False
-        self.forward(("request", request))
-        try:
-            from engine.answer_cache.keys import fold
+        # queued after any batch of vectors on the embedder's one thread, so that batch is kept first
+        future = self.cache.embedder.submit([fold(key.question)])
+        if future is None:  # not ready: exact-only for now
+            self._lookup(key, "semantic")
+            return False
+        self.pending[request.id] = Pending(request, key, t_taken)
+        embedder = self.cache.embedder
 
-            self._vectors_idle.wait(STORE_WAIT_S)  # the model is prefilling meanwhile: nobody waits for this
-            self.cache.embedder.embed_one(fold(key.question))  # outside the lock: drafts and puts go on meanwhile
-            hit = self._lookup(key, "semantic")
+        def ready(done: Future[Any]) -> None:
+            with contextlib.suppress(BaseException):  # a failed embedding: the stage finds no vector and misses
+                embedder.keep(fold(key.question), done.result()[0])
+            post(("semantic", request.id))
+
+        future.add_done_callback(ready)
+        return False
+
+    def semantic(self, request_id: str, answered: bool) -> tuple[Request, Any, float] | None:
+        """The semantic stage of a request whose question's vector is ready: ``(request, hit, t_taken)`` to
+        answer it with, or None (a miss, or ``answered``: the model's reply is already out, the hit would be late)."""
+        pending = self.pending.pop(request_id, None)
+        if pending is None:
+            return None
+        if answered:
+            with self._lock:
+                if self.cache is not None:
+                    self.cache.store.record_lookup()  # the lookup counts once, as a miss
+            return None
+        try:
+            hit = self._lookup(pending.key, "semantic")
         except Exception as exc:  # the model answers
             said(exc)
-            hit = None
-        if hit is not None:
-            with race.lock:
-                if race.claim("cache"):
-                    self.cancel(request.id)
-                    self._serve_hit(request, hit, t_taken, started=race.started_sent)
-        if race.owner != "cache":  # a miss, or a hit too late: the model's events need no race any more
-            with self._lock:
-                self._races.pop(request.id, None)
-        return True
+            return None
+        return (pending.request, hit, pending.t_taken) if hit is not None else None
 
     def _lookup(self, key: Any, stage: str) -> Any:
         with self._lock:
@@ -291,7 +273,7 @@ class AnswerGate:
             )
         return hit
 
-    def _serve_hit(self, request: Request, hit: Any, t_taken: float, started: bool = False) -> None:
+    def serve_hit(self, request: Request, hit: Any, t_taken: float, started: bool = False) -> None:
         """Send the cached reply; it ends with one ``Done``, or an ``Error`` if sending fails half-way.
 
         ``started``: the model already sent this request's ``Started`` (it lost the race), so none is sent.

@@ -6,7 +6,8 @@ Ollama and GPT4All keep it (hard links), its converted safetensors folder in the
 Hugging Face cache, a second Ollama model whose blob is missing and a GGUF of
 an architecture transformers cannot read, then opens the Models view offscreen,
 selects the Hugging Face copy, starts a download that cannot reach the hub, and
-saves ``screenshot-models.png``.
+saves ``screenshot-models.png``.  Not a benchmark (those are in ``engine/bench/``): a script of the
+repository, kept here because it drives the window with ``tests.support``'s model library fixtures.
 """
 
 from __future__ import annotations

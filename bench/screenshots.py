@@ -20,7 +20,9 @@ mode, so it starts as a usual day's start does), with the default settings
   prompt) and a long changelog (searched) attached, after two questions: the
   chips, the sources under the replies and the panel's Documents line.
 
-Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).
+Needs a display or ``QT_QPA_PLATFORM=offscreen`` (set here when there is none).  Not a benchmark (those
+are in ``engine/bench/``): a script of the repository that drives the window, kept here because neither
+``engine/`` (no Qt) nor ``app/`` (its import contract) may hold it.
 """
 
 from __future__ import annotations

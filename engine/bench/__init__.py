@@ -13,8 +13,18 @@ messages typed and pasted at a person's pace; ``--text-file F``, ``--json``), ``
 1, 2, 4 and 8 concurrent clients: aggregate tokens/s, TTFT and TPOT; ``--clients``), ``documents`` (the first
 and second question about a 3,000-token document, in a new chat and after a restart; indexing and retrieval
 on 1,000 notes), ``models`` (each architecture's load time, decode speed and agreement on Brisk's paths
-against transformers' forward; the model library's scan of 200 folders), ``all``.  Variants are
-compared side by side in one run; we report medians.  Each scenario lives in a module of its own.
+against transformers' forward; the model library's scan of 200 folders), ``gguf`` (a .gguf file: first and
+later start, speed), ``defaults`` (which default sampling keeps the bundled model from looping),
+``first-question`` (``brisk ask`` in a new process, answer cache and speculation on and off),
+``first-start`` (the window's first start: time to a usable chat), ``all``.  Variants are compared side by
+side in one run; we report medians.  Each scenario lives in a module of its own.
+
+Every benchmark lives here, in ``engine/bench/``, and prints its tables with :mod:`engine.bench.common`'s
+one table printer and median.  Those that take arguments of their own or run in a scratch environment
+are run as modules from the repository's root (``python -m engine.bench.NAME``, each docstring says how):
+``step_phases``, ``ttft_alone``, ``quant``, and the one-offs whose numbers the docs quote,
+``document_converters``, ``document_prefill_parts``, ``grammar_libraries``, ``server_frameworks`` and
+``vector_search``.  JSON goes to ``bench/results/`` (not committed).
 
 ``--peer URL`` (an OpenAI-compatible server; ``--peer-model`` its model id,
 default the first it lists; ``--api-key`` or ``BRISK_API_KEY``) adds a table
@@ -29,15 +39,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from engine.api import AnswerCacheSettings, ModelSpec
-from engine.bench.common import LONG_SYSTEM, PEER_EXTRA, latency_profile, peer_rows, table
+from engine.bench.common import LONG_SYSTEM, PEER_EXTRA, latency_profile, peer_rows, save, table
 from engine.client import Client, LoadError, RequestError, local_backend
 
 SCENARIOS: dict[str, str] = {
@@ -54,6 +62,9 @@ SCENARIOS: dict[str, str] = {
     "documents": "engine.bench.documents",
     "models": "engine.bench.models",
     "gguf": "engine.bench.gguf",
+    "defaults": "engine.bench.defaults",
+    "first-question": "engine.bench.first_question",
+    "first-start": "engine.bench.first_start",
 }
 
 
@@ -131,9 +142,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     return 3
             elif peer is not None and name not in OWN_PEER:
                 print(f"\n--peer is not used by the {name} scenario (it measures what only the local engine has)")
-            out = Path(args.out) if args.out and len(names) == 1 else Path("bench/results") / f"{name}.json"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(data, indent=2, default=str))
+            out = save(name, data, args.out if len(names) == 1 else None)
             print(f"\nwrote {out}")
     finally:
         if peer is not None:

@@ -152,6 +152,17 @@ def run_python(code: str, env: dict[str, str] | None = None, cwd: str | Path | N
     ).stdout
 
 
+RESULTS = Path("bench/results")  # where benchmarks write their JSON, from the folder they run in (the root)
+
+
+def save(name: str, data: Any, out: str | Path | None = None) -> Path:
+    """Write a benchmark's JSON to ``out`` (default ``bench/results/NAME.json``); the path written."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str))
+    return path
+
+
 class Runner:
     """One local engine, driven synchronously through the shared client.
 

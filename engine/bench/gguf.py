@@ -11,7 +11,6 @@ draft.  Medians with ranges.
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -88,8 +87,4 @@ def run(args: Any) -> dict[str, Any]:
     size = Path(model).stat().st_size
     print(f"\n## {Path(model).name} ({size / 2**20:,.0f} MB), {runs} runs\n")
     print(markdown_table(["measure", "median (range)"], body))
-    result = {"model": model, "rows": body, "starts": starts}
-    out = Path(args.out or "bench/results/gguf.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
-    return result
+    return {"model": model, "rows": body, "starts": starts}

@@ -15,14 +15,12 @@ processes hits them alike.  It writes the rows as JSON.  Nothing here asserts a 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.bench.common import markdown_table, median
+from engine.bench.common import markdown_table, median, save
 
 AGREEMENT_TEXT = (
     "The history of the bicycle is a story of many small improvements. The first machines, built in the early "
@@ -341,7 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", nargs="?", default="bench/results/quant.json", help="where to write the JSON")
+    parser.add_argument("out", nargs="?", default=None, help="where to write the JSON (bench/results/quant.json)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args(argv)
@@ -361,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(verdict(rows))
     print(reply_verdict(rows))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "scenario": "quant",
         "machine": report(),
@@ -371,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "verdict": verdict(rows),
         "reply_verdict": reply_verdict(rows),
     }
-    out.write_text(json.dumps(data, indent=2, default=str))
-    print(f"\nwrote {out}")
+    print(f"\nwrote {save('quant', data, args.out)}")
     return 0
 
 

@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(func=cmd_doctor)
     bench = sub.add_parser("bench", help="benchmarks; prints a table and writes JSON")
-    bench.add_argument("scenario", nargs="?", default="foundation")
-    bench.add_argument("--runs", type=int, default=5)
+    from engine.bench import SCENARIOS
+
+    bench.add_argument("scenario", nargs="?", default="foundation", help=f"one of: all, {', '.join(SCENARIOS)}")
+    bench.add_argument("--runs", type=int, default=5, help="rounds (first-question: questions) to take medians over")
     bench.add_argument("--out", default=None, help="JSON output path (default bench/results/SCENARIO.json)")
     bench.add_argument("--draft-model", default="", help="draft model for the speculative scenario")
     bench.add_argument("--only", default="", help="speculative: only the prompts whose name contains this")

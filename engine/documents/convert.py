@@ -37,7 +37,7 @@ first 4 KiB for a file with no extension) whether a file is one ``convert`` take
   Mammoth reads a copy of the zip made by ``engine.documents.docx_zip``: its XML
   parts' sizes checked before inflating and counted while inflating.
 
-Why these libraries: measured on the 2-core machine by ``python bench/document_converters.py
+Why these libraries: measured on the 2-core machine by ``python -m engine.bench.document_converters
 markitdown`` and ``... light`` (each in an environment that has it; the bench makes the files: a
 3-page and a 200-page text PDF, a DOCX with headings, lists and a table, an HTML page with a script,
 a style, a list and a table).  Times are medians of 3; installed sizes are the wheels' RECORDs.

@@ -34,7 +34,7 @@ fused as ``engine.documents.retrieval`` says (a convex combination of the two
 scores: it measured better than reciprocal rank fusion on the benchmark notes).
 
 Vectors are BLOBs scored with numpy, not sqlite-vec; ``python
-bench/vector_search.py`` on the 2-core machine, 20,000 chunks x 384 dims, 50
+-m engine.bench.vector_search`` on the 2-core machine, 20,000 chunks x 384 dims, 50
 queries: numpy over a matrix held in memory 1.2 ms a query (median), sqlite-vec's
 ``vec0`` 15 ms (8.6 ms filtered to 5 documents), both giving the same top 10;
 inserting 20,000 vectors 0.16 s as BLOBs, 0.19 s into ``vec0``.  (A ``vec0``

@@ -57,7 +57,7 @@ class Settings:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    # greedy with a light penalty and a loop stop: measured against greedy alone and sampled (bench/defaults.py,
+    # greedy with a light penalty and a loop stop: measured against greedy alone and sampled (brisk bench defaults,
     # docs/PERFORMANCE.md); greedy keeps the answer cache and exact drafting, sampling got facts wrong
     repetition_penalty: float = 1.1
     seed: int | None = None

@@ -76,3 +76,13 @@ def test_a_cold_question_reads_the_done_metrics_and_times_the_first_token(
 def test_run_python_returns_what_the_child_printed() -> None:
     out = common.run_python("import os; print(os.environ['BRISK_BENCH_PROBE'])", env={"BRISK_BENCH_PROBE": "seen"})
     assert out.strip() == "seen"
+
+
+def test_every_scenario_of_brisk_bench_is_a_module_with_run() -> None:
+    import importlib
+
+    from engine.bench import SCENARIOS
+
+    for name, module in SCENARIOS.items():
+        assert module.startswith("engine.bench."), name
+        assert callable(getattr(importlib.import_module(module), "run", None)), name

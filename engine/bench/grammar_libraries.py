@@ -1,9 +1,10 @@
 """llguidance against xgrammar on this CPU, briefly: tokenizer set-up, schema compile, mask time, forced tokens.
 
 Run in a scratch environment that has both (xgrammar pulls triton and a TVM runtime, which Brisk does not
-install): ``pip install llguidance xgrammar`` beside torch and transformers, then ``python
-bench/grammar_libraries.py``.  Uses the bundled model's converted tokenizer from the data folder (start
-Brisk once first).  The result and the choice are in docs/PERFORMANCE.md (issue 27).
+install): ``pip install llguidance xgrammar`` beside torch and transformers, then, from the repository
+root, ``python -m engine.bench.grammar_libraries``.  Uses the bundled model's converted tokenizer from the
+data folder (start Brisk once first).  A one-off: the result and the choice are in docs/PERFORMANCE.md
+(issue 27).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import statistics
 import time
 from typing import Any
+
+from engine.bench.common import markdown_table, median
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "flat": {
@@ -63,7 +65,7 @@ def llguidance_numbers(tok: Any) -> dict[str, Any]:
     out["tokenizer set-up s"] = time.perf_counter() - began
     for name, schema in SCHEMAS.items():
         began = time.perf_counter()
-        options = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        options: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # a TypedDict
         matcher = llguidance.LLMatcher(lltok, llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=options))
         out[f"compile {name} ms"] = (time.perf_counter() - began) * 1e3
         words = torch.zeros((lltok.vocab_size + 31) // 32, dtype=torch.int32)
@@ -74,7 +76,7 @@ def llguidance_numbers(tok: Any) -> dict[str, Any]:
             times.append(time.perf_counter() - began)
             forced += bool(matcher.compute_ff_tokens())
             assert matcher.consume_token(token), matcher.get_error()
-        out[f"mask {name} us (median)"] = statistics.median(times) * 1e6
+        out[f"mask {name} us (median)"] = median(times) * 1e6
         out[f"steps with forced tokens, {name}"] = f"{forced}/{len(times)}"
     return out
 
@@ -100,18 +102,20 @@ def xgrammar_numbers(tok: Any) -> dict[str, Any]:
             forced += bool(matcher.find_jump_forward_string())
             if not matcher.accept_token(token):
                 break
-        out[f"mask {name} us (median)"] = statistics.median(times) * 1e6
+        out[f"mask {name} us (median)"] = median(times) * 1e6
         out[f"steps with forced tokens, {name}"] = f"{forced}/{len(times)}"
     return out
+
+
+def _cell(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:.3f}"
 
 
 def main() -> None:
     tok = tokenizer()
     ours, theirs = llguidance_numbers(tok), xgrammar_numbers(tok)
-    print("| measure | llguidance | xgrammar |\n|---|---|---|")
-    for key in ours:
-        cells = [v if isinstance(v, str) else f"{v:.3f}" for v in (ours[key], theirs.get(key, "-"))]
-        print(f"| {key} | {cells[0]} | {cells[1]} |")
+    body = [[key, _cell(ours[key]), _cell(theirs.get(key, "-"))] for key in ours]
+    print(markdown_table(["measure", "llguidance", "xgrammar"], body))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Which default sampling keeps the bundled model from looping: greedy, greedy with a repetition penalty, sampled.
 
-Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/defaults.py [MAX_TOKENS]``; prints a
-table and writes ``bench/results/defaults.json`` (with every reply, to read).  One engine on the bundled
-model (its mode as installed), the answer cache off; each prompt is asked once per variant, the variants
+Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/brisk bench defaults [--max-tokens N]`` (or
+``python -m engine.bench.defaults [MAX_TOKENS]``; 256 tokens unless given); prints a table and writes
+``bench/results/defaults.json`` (with every reply, to read).  One engine on the bundled
+model (or ``--model``; its mode as installed), the answer cache off; each prompt is asked once per variant, the variants
 interleaved prompt by prompt.  Per variant: how many replies loop (a 4-gram repeated 3 or more times, or a
 line repeated), how many ran to the token limit, how many the loop stop ended, the share of repeated
 4-grams and the median reply length.  The prompts are of many kinds, not picked for looping.  Speed is not
@@ -11,14 +12,14 @@ measured here (``brisk bench``): these are the replies' words.
 
 from __future__ import annotations
 
-import json
-import statistics
+import argparse
 import sys
 import uuid
 from collections import Counter
-from pathlib import Path
+from typing import Any
 
 from engine.api import AnswerCacheSettings, Done, ModelSpec, Request, Sampling
+from engine.bench.common import markdown_table, median, save
 from engine.client import Client, local_backend
 
 PROMPTS = [
@@ -60,10 +61,12 @@ def repeated_share(ids: list[int]) -> float:
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
 
 
-def main() -> None:
-    max_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """``brisk bench defaults``: each variant on every prompt, ``--max-tokens`` (256) a reply; the table, and
+    the replies themselves in the JSON."""
+    max_tokens = int(getattr(args, "max_tokens", None) or 256)
     client = Client(local_backend(answer_cache=AnswerCacheSettings(enabled=False)), timeout=600)
-    loaded = client.load(ModelSpec(quant="auto"))
+    loaded = client.load(ModelSpec(source=getattr(args, "model", None) or "", quant="auto"))
     rows: dict[str, list[dict[str, object]]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
     for i, prompt in enumerate(PROMPTS):
@@ -89,22 +92,20 @@ def main() -> None:
                 }
             )
     client.close()
-    print(f"bundled model, {loaded.info.quant}, max_tokens {max_tokens}, {len(PROMPTS)} prompts")
-    print(f"{'variant':42} {'loop':>6} {'to limit':>9} {'loop stop':>10} {'repeated 4-grams':>17} {'tokens':>7}")
+    print(f"{loaded.model_name}, {loaded.info.quant}, max_tokens {max_tokens}, {len(PROMPTS)} prompts")
+    body = []
     for name, replies in rows.items():
+        n = len(replies)
         looped = sum(bool(r["loops"]) for r in replies)
         limit = sum(r["finish"] == "length" for r in replies)
-        share = statistics.median(float(r["repeated"]) for r in replies)  # type: ignore[arg-type]
-        tokens = statistics.median(int(r["tokens"]) for r in replies)  # type: ignore[call-overload]
         stopped = sum(r["finish"] == "repetition" for r in replies)
-        print(
-            f"{name:42} {looped:>3}/{len(replies):<2} {limit:>6}/{len(replies):<2} {stopped:>7}/{len(replies):<2} "
-            f"{share:>17.2f} {tokens:>7.0f}"
-        )
-    results = Path(__file__).with_name("results")
-    results.mkdir(exist_ok=True)
-    (results / "defaults.json").write_text(json.dumps({"max_tokens": max_tokens, "rows": rows}, indent=1))
+        share = median(float(r["repeated"]) for r in replies)  # type: ignore[arg-type]
+        tokens = median(int(r["tokens"]) for r in replies)  # type: ignore[call-overload]
+        body.append([name, f"{looped}/{n}", f"{limit}/{n}", f"{stopped}/{n}", f"{share:.2f}", f"{tokens:.0f}"])
+    print(markdown_table(["variant", "loop", "to limit", "loop stop", "repeated 4-grams", "tokens"], body))
+    return {"max_tokens": max_tokens, "rows": rows}
 
 
 if __name__ == "__main__":
-    main()
+    max_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    print(f"\nwrote {save('defaults', run(argparse.Namespace(max_tokens=max_tokens)))}")

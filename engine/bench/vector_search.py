@@ -4,21 +4,22 @@
 top 10 each, over all documents and over 5 of them.  Python's ``sqlite3`` often cannot load extensions
 (``enable_load_extension`` is missing from this build), so sqlite-vec is loaded through apsw; run in a
 scratch environment: ``pip install --target /tmp/vecbench sqlite-vec apsw``, then
-``python bench/vector_search.py /tmp/vecbench``.  The result and the choice (numpy) are in the module
-docstring of ``engine.documents.store``.
+``python -m engine.bench.vector_search /tmp/vecbench`` from the repository root.  A one-off whose result and
+choice (numpy) are in the module docstring of ``engine.documents.store``.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
+
+from engine.bench.common import median, percentile
 
 N, DIM, QUERIES, TOP = 20_000, 384, 50, 10
 FIVE = [1, 50, 300, 700, 999]
@@ -30,8 +31,7 @@ def timed(fn: Callable[[np.ndarray], object], queries: np.ndarray) -> str:
         began = time.perf_counter()
         fn(q)
         times.append(time.perf_counter() - began)
-    times.sort()
-    return f"median {statistics.median(times) * 1e3:.2f} ms, p95 {times[int(0.95 * len(times)) - 1] * 1e3:.2f} ms"
+    return f"median {median(times) * 1e3:.2f} ms, p95 {percentile(times, 95) * 1e3:.2f} ms"
 
 
 def main(extra: str | None) -> None:

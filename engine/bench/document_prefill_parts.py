@@ -1,5 +1,5 @@
 """Where a second question about a 3,500-token document spends its prefill, in pieces, alone:
-``python bench/document_prefill_parts.py``.
+``python -m engine.bench.document_prefill_parts``.  A one-off whose numbers docs/PERFORMANCE.md quotes.
 
 Times, on 2 threads, with the bundled model's shapes (30 layers, 9 query heads, 3 KV heads of 64, float32
 KV): attention of 12 new tokens over 3,509 cached positions, per layer, as one SDPA call over a copy of
@@ -13,13 +13,14 @@ what a restart pays, beside the SHA-256 a tensor it used to be).
 from __future__ import annotations
 
 import hashlib
-import statistics
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
+
+from engine.bench.common import median
 
 LAYERS, HEADS, KV_HEADS, DIM, PAST, NEW = 30, 9, 3, 64, 3509, 12
 
@@ -31,7 +32,7 @@ def timed(fn, runs: int = 20) -> float:  # noqa: ANN001
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+    return 1000 * median(times)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Cold and warm TTFT of one engine at a time: Brisk in a weight mode, or a peer server, nothing else running.
 
-Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/ttft_alone.py q8-cpu fp16-cpu
+Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python -m engine.bench.ttft_alone q8-cpu fp16-cpu
 --peer http://127.0.0.1:8089/v1 [--rounds 3]``.  For each column in turn, ``rounds`` new system prompts
 (``engine.bench.common.LONG_SYSTEM`` with a nonce, about 1,900 tokens): the first question is the cold
 TTFT, a second question in a new chat the warm one.  ``brisk bench versus`` measures the same rows
@@ -11,17 +11,11 @@ Prints a table and writes ``bench/results/ttft_alone.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import sys
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine.api import AnswerCacheSettings, ModelSpec, Sampling  # noqa: E402
-from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, server_ttft  # noqa: E402
-from engine.client import Client, local_backend  # noqa: E402
+from engine.api import AnswerCacheSettings, ModelSpec, Sampling
+from engine.bench.common import LONG_SYSTEM, PEER_PROMPTS, markdown_table, save, server_ttft, spread
+from engine.client import Client, local_backend
 
 
 def questions(rounds: int) -> list[tuple[str, list[dict[str, str]]]]:
@@ -70,14 +64,9 @@ def main() -> int:
     columns = {f"brisk {m}": brisk(m, args.rounds) for m in args.modes}
     if args.peer:
         columns["peer"] = peer(args.peer, args.rounds)
-    print("| column | TTFT cold ms, median (min-max) | TTFT warm ms, median (min-max) |\n|---|---|---|")
-    for name, values in columns.items():
-        cells = [f"{statistics.median(v):,.0f} ({min(v):,.0f}-{max(v):,.0f})" for v in (values["cold"], values["warm"])]
-        print(f"| {name} | {cells[0]} | {cells[1]} |")
-    out = Path("bench/results/ttft_alone.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(columns, indent=1))
-    print(f"wrote {out}")
+    head = ["column", "TTFT cold ms, median (min-max)", "TTFT warm ms, median (min-max)"]
+    print(markdown_table(head, [[name, spread(v["cold"]), spread(v["warm"])] for name, v in columns.items()]))
+    print(f"wrote {save('ttft_alone', columns)}")
     return 0
 
 

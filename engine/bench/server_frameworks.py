@@ -4,7 +4,7 @@ Run in a scratch environment, not Brisk's (neither framework is a dependency of 
 
     python3 -m venv /tmp/fw-venv
     /tmp/fw-venv/bin/pip install -q fastapi starlette sse-starlette uvicorn httpx2
-    nice -n 10 /tmp/fw-venv/bin/python bench/server_frameworks.py [ROUNDS] [--out PATH]
+    nice -n 10 /tmp/fw-venv/bin/python -m engine.bench.server_frameworks [ROUNDS] [--out PATH]   # from the root
 
 Prints a table and writes ``bench/results/server_frameworks.json`` (or PATH).  The two variants serve the same
 routes, ``GET /health`` and ``POST /v1/chat/completions``, on uvicorn (h11, asyncio loop, 127.0.0.1, a free port):
@@ -30,7 +30,6 @@ import json
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -38,6 +37,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from engine.bench.common import markdown_table, median, percentile, run_python, save, spread
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository, where ``python -m engine.bench...`` finds engine/
 
 HOST = "127.0.0.1"
 REQUESTS = 300
@@ -250,7 +253,7 @@ def import_run(variant: str) -> dict[str, float]:
         f"import {STACKS[variant]}\n"
         "print(time.perf_counter() - t, len(sys.modules) - n)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    out = run_python(code).split()
     return {"import ms": float(out[0]) * 1e3, "modules imported": float(out[1])}
 
 
@@ -258,7 +261,8 @@ def server_run(variant: str) -> dict[str, float]:
     """A fresh server process: start to /health, non-streamed latency, streams, RSS."""
     port = free_port()
     began = time.perf_counter()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", variant, "--port", str(port)])
+    command = [sys.executable, "-m", "engine.bench.server_frameworks", "--serve", variant, "--port", str(port)]
+    server = subprocess.Popen(command, cwd=ROOT)
     out: dict[str, float] = {}
     try:
         while True:
@@ -286,11 +290,11 @@ def server_run(variant: str) -> dict[str, float]:
                 latencies.append((time.perf_counter() - began) * 1e3)
             assert reply["choices"][0]["message"]["content"] == "Hi.", reply
             out["first request ms"] = latencies[0]
-            out["request p50 ms"] = statistics.median(latencies)
-            out["request p95 ms"] = statistics.quantiles(latencies, n=20)[18]
+            out["request p50 ms"] = percentile(latencies, 50)
+            out["request p95 ms"] = percentile(latencies, 95)
             streams = [stream_once(client) for _ in range(STREAMS)]
-            out["stream first event ms"] = statistics.median(first for first, _ in streams) * 1e3
-            out[f"stream {EVENTS} events ms"] = statistics.median(total for _, total in streams) * 1e3
+            out["stream first event ms"] = median(first for first, _ in streams) * 1e3
+            out[f"stream {EVENTS} events ms"] = median(total for _, total in streams) * 1e3
         finally:
             client.close()
         out["RSS after requests MB"] = rss_mb(server.pid)
@@ -356,13 +360,13 @@ def install_facts() -> dict[str, Any]:
 
 
 def summarize(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return {"median": median(values), "min": min(values), "max": max(values)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("rounds", nargs="?", type=int, default=15)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "server_frameworks.json")
+    parser.add_argument("--out", default=None, help="where to write the JSON (bench/results/server_frameworks.json)")
     parser.add_argument("--serve", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -388,11 +392,11 @@ def main() -> None:
 
     print(f"{args.rounds} rounds, A/B interleaved, {wall:.0f} s; python {facts['python']}, client {client_name()}")
     print(", ".join(f"{name} {version}" for name, version in facts["versions"].items() if version))
-    print(f"\n| measure | A: {VARIANTS['A']} | B: {VARIANTS['B']} | B/A |\n|---|---|---|---|")
+    body = []
     for key in summary["A"]:
-        a, b = summary["A"][key], summary["B"][key]
-        cells = [f"{s['median']:.2f} ({s['min']:.2f}-{s['max']:.2f})" for s in (a, b)]
-        print(f"| {key} | {cells[0]} | {cells[1]} | {b['median'] / a['median']:.2f} |")
+        a, b = ([run[key] for run in runs[v]] for v in ("A", "B"))
+        body.append([key, spread(a, "{:.2f}"), spread(b, "{:.2f}"), f"{median(b) / median(a):.2f}"])
+    print("\n" + markdown_table(["measure", f"A: {VARIANTS['A']}", f"B: {VARIANTS['B']}", "B/A"], body))
     adds = facts["fastapi adds"]
     total = sum(row["bytes"] for row in adds.values())
     print(f"\nFastAPI requires (no extras): {', '.join(facts['fastapi requires'])}")
@@ -403,9 +407,7 @@ def main() -> None:
     print(f"(starlette + sse-starlette + uvicorn and their requirements: {base / 2**20:.1f} MiB)")
 
     record = {"rounds": args.rounds, "client": client_name(), "wall s": wall, **facts, "summary": summary, "runs": runs}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1))
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {save('server_frameworks', record, args.out)}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Each candidate runs in the environment that has it: ``pip install 'markitdown[pdf,docx]' fpdf2 python-docx``
 in a scratch venv for ``markitdown``; Brisk's own venv plus ``pip install fpdf2`` for ``light`` (what
-``engine.documents.convert`` uses).  Then ``python bench/document_converters.py markitdown`` (or
-``light``; ``encodings`` checks convert's non-UTF-8 rule against charset-normalizer's first choice).
+``engine.documents.convert`` uses).  Then, from the repository root, ``python -m
+engine.bench.document_converters markitdown`` (or ``light``; ``encodings`` checks convert's non-UTF-8 rule
+against charset-normalizer's first choice).  A one-off whose result the docs quote.
 It writes the same files each time (a 3-page and a 200-page text PDF by fpdf2, a DOCX with headings,
 lists and a table by python-docx, an HTML page with a script, a style, a list and a table), prints the
 import time in a fresh process, each conversion's time (median of 3; 1 for markitdown's 200-page PDF),
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 import importlib.metadata as metadata
 import re
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from engine.bench.common import markdown_table, median, run_python
 
 NATO = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa"
 WORDS = NATO.split()
@@ -125,7 +126,6 @@ def converters(which: str) -> Callable[[Path], str]:
 
         engine = MarkItDown(enable_plugins=False)
         return lambda path: engine.convert(str(path)).text_content
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from engine.documents.convert import convert
 
     return lambda path: convert(path).text
@@ -133,8 +133,7 @@ def converters(which: str) -> Callable[[Path], str]:
 
 def import_ms(statement: str) -> float:
     code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
-    runs = [float(subprocess.check_output([sys.executable, "-c", code], text=True)) for _ in range(3)]
-    return statistics.median(runs) * 1000
+    return median(float(run_python(code)) for _ in range(3)) * 1000
 
 
 def installed_mb(requirements: list[str]) -> tuple[float, list[str]]:
@@ -164,11 +163,11 @@ def encodings() -> None:
     """charset-normalizer's first choice against ``engine.documents.convert``'s rule, on short and long samples."""
     from charset_normalizer import from_bytes
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from engine.documents.convert import _guess
 
     right = {"first choice": 0, "Brisk": 0}
     total = 0
+    body: list[list[str]] = []
     for text, names in SAMPLES:
         for name in names:
             for repeat in (1, 50):
@@ -177,8 +176,8 @@ def encodings() -> None:
                 total += 1
                 right["first choice"] += first is not None and str(first) == text * repeat
                 right["Brisk"] += ours is not None and str(ours) == text * repeat
-                picked = f"first choice {first and first.encoding!s:14s} Brisk {ours and ours.encoding}"
-                print(f"{name:10s} x{repeat:<3d} {picked}")
+                body.append([name, f"x{repeat}", str(first and first.encoding), str(ours and ours.encoding)])
+    print(markdown_table(["encoding", "repeat", "first choice", "Brisk"], body))
     print(f"decoded right of {total}: {right}")
 
 
@@ -191,6 +190,8 @@ def main() -> None:
     files = make_files(Path(tempfile.mkdtemp()))
     convert = converters(which)
     print(f"{which}: import in a fresh process {import_ms(statement):.0f} ms")
+    body: list[list[str]] = []
+    shown: list[str] = []
     for label, path in files.items():
         times, text = [], ""
         for _ in range(1 if which == "markitdown" and "200" in label else 3):
@@ -200,12 +201,15 @@ def main() -> None:
             except Exception as exc:  # a failed conversion is a result of the comparison
                 text = f"FAILED: {type(exc).__name__}: {exc}"
             times.append(time.perf_counter() - start)
-        print(f"{label:14s} {statistics.median(times) * 1000:8.0f} ms  {len(text):7,} chars")
+        note = ""
         if "200" in label:
             where = [text.find(f"Marker{n:04d}") for n in range(1, 201)]
-            print(f"{'':14s} all 200 page markers, in order: {min(where) >= 0 and where == sorted(where)}")
+            note = f"all 200 page markers, in order: {min(where) >= 0 and where == sorted(where)}"
         elif label in ("DOCX", "HTML"):
-            print("\n".join(f"{'':14s} | {line}" for line in text.strip().splitlines()))
+            shown += [f"\n{label}:", *(f"| {line}" for line in text.strip().splitlines())]
+        body.append([label, f"{median(times) * 1000:.0f}", f"{len(text):,}", note])
+    print(markdown_table(["file", "ms (median)", "chars", ""], body))
+    print("\n".join(shown))
     total, names = installed_mb(requirements)
     print(f"installed: {total:.1f} MB ({', '.join(names)})")
 

@@ -1,6 +1,6 @@
 """Where a q8-cpu decode step's time goes, for two or more versions of the native step, interleaved.
 
-Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python bench/step_phases.py A.cpp B.cpp
+Run from the repository root: ``HF_HUB_OFFLINE=1 .venv/bin/python -m engine.bench.step_phases A.cpp B.cpp
 [--rounds 10] [--tokens 96]``, each file a version of ``engine/quant/native_step.cpp`` (``HEAD`` stands for
 the committed one; ``git show REV:engine/quant/native_step.cpp > old.cpp`` gives an older one).  Each is
 copied with a timer around every phase of ``Stepper::forward_batch`` (norms, q/k/v, rotary and KV writes,
@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import statistics
 import subprocess
 import sys
 import tempfile
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine.bench.common import markdown_table, median, save, spread
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PHASES = [
     "embed",
@@ -198,37 +197,24 @@ def main() -> int:
     client.close()
     summary = {}
     print(f"\n{args.rounds} rounds, {args.tokens} tokens, q8-cpu, speculation off; medians, ms a step\n")
-    print("| phase | " + " | ".join(modules) + " |")
-    print("|---|" + "---|" * len(modules))
-    for j, phase in enumerate(PHASES):
-        cells = [statistics.median(p[j] for p in results[label]["phases"]) for label in modules]
-        print(f"| {phase} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    body = [[phase, *(f"{median(p[j] for p in results[label]['phases']):.2f}" for label in modules)]
+            for j, phase in enumerate(PHASES)]  # fmt: skip
     for label in modules:
         totals = [sum(p) for p in results[label]["phases"]]
         tok = results[label]["tok_s"]
         summary[label] = {
-            "step_ms": statistics.median(totals),
-            "tok_s": statistics.median(tok),
+            "step_ms": median(totals),
+            "tok_s": median(tok),
             "tok_s_range": [min(tok), max(tok)],
             "tok_s_runs": tok,
             "phases_ms": results[label]["phases"],
         }
-    print("| whole step | " + " | ".join(f"{summary[k]['step_ms']:.2f}" for k in modules) + " |")
-    print(
-        "| tok/s | "
-        + " | ".join(
-            f"{summary[k]['tok_s']:.1f} ({summary[k]['tok_s_range'][0]:.1f}-{summary[k]['tok_s_range'][1]:.1f})"
-            for k in modules
-        )
-        + " |"
-    )
+    body.append(["whole step", *(f"{summary[k]['step_ms']:.2f}" for k in modules)])
+    body.append(["tok/s", *(spread(results[k]["tok_s"], "{:.1f}") for k in modules)])
+    print(markdown_table(["phase", *modules], body))
     print(f"\nthe same words from every version in every round: {same}")
-    out = ROOT / "bench" / "results" / "step_phases.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"rounds": args.rounds, "tokens": args.tokens, "same_words": same, "versions": summary}, indent=1)
-    )
-    print(f"wrote {out}")
+    data = {"rounds": args.rounds, "tokens": args.tokens, "same_words": same, "versions": summary}
+    print(f"wrote {save('step_phases', data)}")
     return 0 if same else 1
 
 

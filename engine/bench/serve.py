@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from engine.bench.common import median, percentile, spread, table
+from engine.bench.common import BRISK, median, percentile, spread, table
 from engine.bench.versus import GROUNDED, OPEN
 
 STAGGER_S = 0.25
@@ -52,7 +52,7 @@ def start_brisk(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str,
     import httpx2
 
     port = free_port()
-    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--quiet", "--no-answer-cache"]
+    command = [*BRISK, "serve", "--port", str(port), "--quiet", "--no-answer-cache"]
     command += ["--speculative", "off", "--quant", args.quant or "fp16-cpu"]
     if args.model:
         command += ["--model", args.model]

@@ -5,12 +5,26 @@ The tiny model writes gibberish, so these tests check the plumbing (events, resu
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from engine.api import AnswerCacheSettings, Done, Sampling, Started, Token, ToolCall
+from engine.api import (
+    AnswerCacheSettings,
+    Done,
+    Error,
+    Loaded,
+    ModelSpec,
+    Request,
+    Sampling,
+    Started,
+    Token,
+    ToolCall,
+    reply_format,
+)
 from engine.runtime import tool_turns
 from engine.tools import Call, Parsed, Tool
 from tests.support.engine_runner import EngineRunner, done
@@ -152,3 +166,58 @@ def test_a_failing_mcp_server_is_a_warning_not_a_failed_load(tiny_dir: Path, tmp
         assert isinstance(r.run([{"role": "user", "content": "still here"}], sampling=SHORT)[-1], Done)
     finally:
         r.close()
+
+
+def test_a_tool_round_stalls_no_other_stream(tiny_dir: Path) -> None:
+    """The tools run away from the batch (``batching.away``): a peer's tokens keep coming while they run.  The
+    tool waits until the peer has streamed five more tokens (or 30 s): before, the engine thread ran the tools
+    itself, so the peer could stream none until the tool gave up."""
+    from engine.runtime.engine import Engine, EngineOptions
+
+    received: dict[str, list[object]] = {}
+    ended: dict[str, threading.Event] = {}
+    loaded = threading.Event()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Loaded):
+            loaded.set()
+        request_id = getattr(event, "request_id", None)
+        if request_id in received:
+            received[request_id].append(event)
+            if isinstance(event, Done | Error):
+                ended[request_id].set()
+
+    def submit(text: str, sampling: Sampling, **fields: object) -> str:
+        request = Request(uuid.uuid4().hex, ({"role": "user", "content": text},), sampling, **fields)  # type: ignore[arg-type]
+        received[request.id], ended[request.id] = [], threading.Event()
+        engine.submit(request)
+        return request.id
+
+    def peer_tokens() -> int:
+        return sum(isinstance(e, Token) for e in received[peer])
+
+    def waits_for_the_peer(arguments: dict[str, object]) -> str:
+        start, deadline = peer_tokens(), time.monotonic() + 30
+        while peer_tokens() < start + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return f"the peer streamed {peer_tokens() - start} tokens meanwhile"
+
+    engine = Engine(on_event, EngineOptions(answer_cache=AnswerCacheSettings(enabled=False)))
+    try:
+        schema = {"type": "object", "properties": {}}
+        engine.tools.add(Tool("watch", "waits for the peer", schema, waits_for_the_peer, timeout_s=60.0, source="test"))
+        engine.load(ModelSpec(source=str(tiny_dir), dtype="float32", quant="none"))
+        assert loaded.wait(120)
+        # a reply held to 400 letters: the tiny model's own would end at its first end-of-text token
+        peer = submit("Go on.", Sampling(max_tokens=450, format=reply_format("regex", "[ab]{400}")))
+        deadline = time.monotonic() + 60
+        while peer_tokens() < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        tools = submit("/watch", SHORT, tools=("watch",))
+        assert ended[tools].wait(120) and ended[peer].wait(300)
+    finally:
+        engine.shutdown()
+    (call,) = [e for e in received[tools] if isinstance(e, ToolCall)]
+    assert call.ok and call.result.startswith("the peer streamed") and call.end - call.start < 30, call.result
+    assert int(call.result.split()[3]) >= 5, call.result
+    assert done(received[peer]).finish_reason == "stop" and len(done(received[peer]).text) == 400

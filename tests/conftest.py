@@ -7,7 +7,9 @@ helpers that tests import live in ``tests/support/``.
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,34 +26,65 @@ import pytest  # noqa: E402
 from tests.support.engine_runner import EngineRunner  # noqa: E402
 from tests.support.tiny import make_tiny_model  # noqa: E402
 
-# Tiers (``make test-fast`` runs what none of these marks): marks given here by rule, not by memory.
-CHILD_CLI = ("run_cli(", "brisk_cli", "\"app.cli\"", "BRISK = [")  # a module that starts the real CLI as a child
-_CHILD_MODULES: dict[str, bool] = {}
+# Tiers (``make test-fast`` runs what none of hostile, cli and bundled marks): marks given here by rule.
+# A test that starts the real CLI in a child process says so in its own code (tests/support/brisk_cli.py).
+CHILD_CLI = re.compile(r"child=True|\[\*BRISK\b|\"app\.cli\"")  # brisk(..., child=True), [*BRISK, ...]
+_STARTS_CHILD: dict[object, bool] = {}
+_CHILD_HELPERS: dict[str, re.Pattern[str] | None] = {}
 
 
-def _starts_cli(path: Path) -> bool:
-    if str(path) not in _CHILD_MODULES:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        _CHILD_MODULES[str(path)] = any(marker in text for marker in CHILD_CLI)
-    return _CHILD_MODULES[str(path)]
+def _helpers(module: object) -> re.Pattern[str] | None:
+    """A pattern for the calls of this module's own functions and classes that start the CLI as a child."""
+    name = getattr(module, "__name__", "")
+    if name not in _CHILD_HELPERS:
+        found = []
+        for helper, value in vars(module).items():
+            if (inspect.isfunction(value) or inspect.isclass(value)) and getattr(value, "__module__", "") == name:
+                try:
+                    if CHILD_CLI.search(inspect.getsource(value)):
+                        found.append(re.escape(helper))
+                except (OSError, TypeError):
+                    pass
+        _CHILD_HELPERS[name] = re.compile(rf"\b(?:{'|'.join(found)})\(") if found else None
+    return _CHILD_HELPERS[name]
+
+
+def _starts_child(item: pytest.Item) -> bool:
+    """The test's own code starts the CLI as a child, or calls a function of its module that does."""
+    function = getattr(item, "function", None)
+    if function is None:
+        return False
+    if function not in _STARTS_CHILD:
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            source = ""
+        helpers = _helpers(inspect.getmodule(function))
+        _STARTS_CHILD[function] = bool(CHILD_CLI.search(source) or (helpers and helpers.search(source)))
+    return _STARTS_CHILD[function]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``hostile``: tests/hostile/; ``cli``: a module that starts ``brisk`` in a child process; ``bundled``: a
-    test on the bundled SmolLM2 model (its engine, or marked so by hand)."""
+    """``hostile``: tests/hostile/; ``cli``: a test that starts ``brisk`` in a child process; ``bundled``: a
+    test on the bundled SmolLM2 model (its engine, or marked so by hand); ``build``: a test that needs the
+    native decode step built (it asks for ``native_step``)."""
     for item in items:
-        path = Path(str(item.fspath))
-        if "hostile" in path.parts:
+        names = getattr(item, "fixturenames", ())
+        if "hostile" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.hostile)
-        if _starts_cli(path):
+        if _starts_child(item):
             item.add_marker(pytest.mark.cli)
-        if "bundled_engine" in getattr(item, "fixturenames", ()):
+        if "bundled_engine" in names:
             item.add_marker(pytest.mark.bundled)
+        if "native_step" in names:
+            item.add_marker(pytest.mark.build)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def native_step() -> None:
-    """fp16-cpu decodes with the native step from the first test on (built by ``make``, or here once)."""
+    """The native decode step, loaded before the test starts (built by ``make``, or here once: about 30 s), so
+    fp16-cpu, q8-cpu and GGUF layers decode with it from their first step.  Only tests that need it ask for it
+    (they are marked ``build``); elsewhere a first call starts the build in the background."""
     from engine.quant import native
 
     native.module(wait=True)

@@ -25,7 +25,10 @@ from engine.model.loader import GGUF_AS_IS, load_model
 from engine.quant import native
 from tests.support.tiny import assert_rows_at_once_equal_alone, greedy_native_and_eager
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the block kernels are native")
+pytestmark = [
+    pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the block kernels are native"),
+    pytest.mark.usefixtures("native_step"),  # the build, before the first test (marks them build)
+]
 
 # every type the kernels read: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL
 TYPES = [0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20]

@@ -16,6 +16,8 @@ from engine.model.kv import KVState
 from engine.quant import Fp16Group, Fp16Linear, native
 from tests.support.tiny import load_fp16
 
+pytestmark = pytest.mark.usefixtures("native_step")  # the build, before the first test (marks them build)
+
 
 def test_a_group_computes_once_for_its_parts_and_matches_separate_layers() -> None:
     torch.manual_seed(0)

@@ -22,7 +22,10 @@ from tests.support.tiny import assert_rows_at_once_equal_alone, assert_same_rows
 
 # Where no C++ compiler exists the app decodes on the eager path;
 # everywhere else these must pass.
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
+pytestmark = [
+    pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs"),
+    pytest.mark.usefixtures("native_step"),  # the build, before the first test (marks them build)
+]
 
 
 def eager(model: Any, state: KVState, tokens: list[int]) -> torch.Tensor:

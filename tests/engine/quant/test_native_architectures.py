@@ -24,7 +24,10 @@ from engine.quant import native
 from tests.engine.model.test_architectures import COMMON, build
 from tests.support.tiny import assert_same_rows
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs")
+pytestmark = [
+    pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: the eager path runs"),
+    pytest.mark.usefixtures("native_step"),  # the build, before the first test (marks them build)
+]
 
 NAMES = ["qwen2-window-8", "mistral-window-8", "mistral-no-window", "qwen3", "phi3", "gemma2", "gemma3-text"]
 MODES = ["fp16-cpu", "q8-cpu"]

@@ -13,6 +13,8 @@ import torch
 
 from engine.quant import native
 
+pytestmark = pytest.mark.usefixtures("native_step")  # the build, before the first test (marks them build)
+
 AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c", "bmi2"}
 
 

@@ -27,7 +27,10 @@ from tests.support.tiny import (
     make_tiny_model,
 )
 
-pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: q8-cpu runs its torch reference")
+pytestmark = [
+    pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler: q8-cpu runs its torch reference"),
+    pytest.mark.usefixtures("native_step"),  # the build, before the first test (marks them build)
+]
 
 
 @pytest.fixture(scope="module", params=["8-bit", "4-bit"])

@@ -1,30 +1,24 @@
-"""The hostile suite's set-up: each case runs the real ``brisk`` command line in a child process on a
-data folder of its own, and checks a clear message, a bounded time, nothing lost and a next run that works.
+"""The hostile suite's set-up: each case runs the real ``brisk`` command line on a data folder of its own, and
+checks a clear message, a bounded time, nothing lost and a next run that works.
 
-``cli(...)`` runs ``python -m app.cli`` with ``BRISK_DATA_DIR`` set (and returns the completed process with
-``elapsed`` seconds added); ``integrity(path)`` is ``PRAGMA integrity_check`` on a database file.
-Cases and results are tabled in ``docs/RELIABILITY.md``.
+``cli(...)`` (``run_cli``) runs ``brisk ARGS`` with ``BRISK_DATA_DIR`` set, in this process unless
+``child=True`` (``tests/support/brisk_cli.py`` says when a run needs a child), and returns the completed run
+with ``elapsed`` seconds added; ``run_python`` runs ``python ARGV`` in a child; ``integrity(path)`` is
+``PRAGMA integrity_check`` on a database file.  Cases and results: ``tests/hostile/README.md``.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import brisk_cli
+from tests.support.brisk_cli import BRISK, Run, brisk
 
-BRISK = [sys.executable, "-m", "app.cli"]
-
-
-class Run(subprocess.CompletedProcess[str]):
-    elapsed: float
+__all__ = ["BRISK", "Run", "integrity", "run_cli", "run_python"]
 
 
 def run_python(
@@ -34,25 +28,9 @@ def run_python(
     stdin: str | None = None,
     env: dict[str, str] | None = None,
 ) -> Run:
-    """Run ``python ARGV`` on ``data_dir``; a run past ``timeout`` fails the test (it would have hung a user)."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "BRISK_DATA_DIR": str(data_dir), **(env or {})}  # env wins
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            [sys.executable, *argv],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=full_env,
-            cwd=ROOT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"python {' '.join(argv)} ran past {timeout} s: {exc.stderr!r}"[-2000:])
-    result = Run(done.args, done.returncode, done.stdout, done.stderr)
-    result.elapsed = time.perf_counter() - start
-    return result
+    """Run ``python ARGV`` in a child on ``data_dir``; a run past ``timeout`` fails the test."""
+    changes = {"HF_HUB_OFFLINE": "1", "BRISK_DATA_DIR": str(data_dir), **(env or {})}  # env wins
+    return brisk_cli.run_python(list(argv), changes, stdin.encode() if stdin is not None else None, timeout)
 
 
 def run_cli(
@@ -61,9 +39,10 @@ def run_cli(
     timeout: float = 180,
     stdin: str | None = None,
     env: dict[str, str] | None = None,
+    child: bool = False,
 ) -> Run:
-    """Run ``brisk ARGS`` on ``data_dir`` (``python -m app.cli``), bounded by ``timeout``."""
-    return run_python([*BRISK[1:], *args], data_dir, timeout, stdin, env)
+    """Run ``brisk ARGS`` on ``data_dir``, bounded by ``timeout`` (``child``: as ``python -m app.cli``)."""
+    return brisk(*args, data_dir=data_dir, timeout=timeout, stdin=stdin, env=env, child=child)
 
 
 def integrity(path: Path) -> str:

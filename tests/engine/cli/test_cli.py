@@ -8,9 +8,11 @@ from tests.support.brisk_cli import brisk, events
 
 
 def test_ask_json_contract(tiny_dir: Path) -> None:
+    # a child: the whole process, its start, its output flushed before its fast exit, its exit code
     run = brisk(
-        "ask", "hello there", "--model", str(tiny_dir), "--json", "--max-tokens", "12", "--speculative", "lookup"
-    )
+        "ask", "hello there", "--model", str(tiny_dir), "--json", "--max-tokens", "12", "--speculative", "lookup",
+        child=True,
+    )  # fmt: skip
     assert run.returncode == 0, run.stderr
     evs = events(run.stdout)
     assert all("type" in e and isinstance(e["t"], float) for e in evs)
@@ -90,7 +92,5 @@ def test_draft_source_without_draft_model_fails(tiny_dir: Path) -> None:
 
 
 def test_version_names_the_commit() -> None:
-    from tests.support.brisk_cli import brisk
-
-    done = brisk("--version")
+    done = brisk("--version", child=True)  # `python -m app.cli` starts
     assert done.returncode == 0 and done.stdout.startswith("Brisk ") and "commit" in done.stdout

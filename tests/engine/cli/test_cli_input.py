@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
-from tests.support.brisk_cli import BRISK, brisk, events
+from tests.support.brisk_cli import brisk, events
 
 EXIT_REQUEST = 3
-
-
-def brisk_bytes(*args: str | bytes, stdin: bytes = b"", data_dir: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
-    if data_dir:
-        env["BRISK_DATA_DIR"] = str(data_dir)
-    command = [*BRISK, *args]
-    return subprocess.run(command, input=stdin, capture_output=True, timeout=300, env=env, cwd=ROOT, check=False)
 
 
 @pytest.mark.parametrize(
@@ -57,22 +46,22 @@ def test_every_problem_is_listed_at_once() -> None:
 
 
 def test_chat_stdin_that_is_not_utf8_ends_with_a_message(tiny_dir: Path, tmp_path: Path) -> None:
-    run = brisk_bytes(
+    run = brisk(
         "chat", "--model", str(tiny_dir), "--json", "--max-tokens", "3",
         stdin=b"hello\nCaf\xe9 \xff\nnever read\n", data_dir=tmp_path,
     )  # fmt: skip
     assert run.returncode == EXIT_REQUEST
-    assert b"Traceback" not in run.stderr
-    evs = events(run.stdout.decode())
+    assert "Traceback" not in run.stderr
+    evs = events(run.stdout)
     assert [e["type"] for e in evs].count("done") == 1, "the line before the bad one is answered"
     assert evs[-1]["type"] == "error"
     assert "Line 2 of standard input" in evs[-1]["message"] and "UTF-8" in evs[-1]["message"]
 
 
 def test_ask_argument_that_is_not_utf8_is_refused() -> None:
-    run = brisk_bytes("ask", b"Caf\xe9 \xff")
+    run = brisk("ask", b"Caf\xe9 \xff", child=True)  # the bytes as a real process's argv carries them
     assert run.returncode == EXIT_REQUEST
-    assert b"prompt argument is not valid UTF-8" in run.stderr and b"Traceback" not in run.stderr
+    assert "prompt argument is not valid UTF-8" in run.stderr and "Traceback" not in run.stderr
 
 
 def test_system_file_from_dev_zero_or_a_huge_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:

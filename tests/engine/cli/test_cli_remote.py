@@ -1,6 +1,6 @@
 """``brisk ask|chat|compare --base-url`` through the real CLI against the replay server (support/streams/replay.py).
 
-The server runs in this process; the CLI runs as a subprocess and reaches it
+The server runs in this process; so does the CLI (``tests/support/brisk_cli.py``), which reaches it
 over HTTP on 127.0.0.1.  Every fault ends in a JSON error event with a clear
 message, the partial reply kept in ``partial_text``, a non-zero exit and no
 trace of the API key in anything printed.  (DNS failures are tested in
@@ -10,17 +10,15 @@ test_remote.py, where the resolver can be answered without reaching a real one.)
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import brisk_cli
+from tests.support.brisk_cli import Run
 from tests.support.streams.replay import Handler, ReplayServer, events, models_of
 
 KEY = "sk-brisk-cli-test-0123456789abcdef"
@@ -34,32 +32,16 @@ def server() -> Iterator[ReplayServer]:
     s.close()
 
 
-def brisk(
-    *args: str, stdin: str | None = None, key: str | None = KEY, data_dir: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "BRISK_API_KEY"}
-    env["HF_HUB_OFFLINE"] = "1"
-    if key:
-        env["BRISK_API_KEY"] = key
-    if data_dir:
-        env["BRISK_DATA_DIR"] = str(data_dir)
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-        check=False,
-    )
+def brisk(*args: str, stdin: str | None = None, key: str | None = KEY, data_dir: Path | None = None) -> Run:
+    """``brisk ARGS`` with the API key in BRISK_API_KEY (``key=None``: unset)."""
+    return brisk_cli.brisk(*args, stdin=stdin, data_dir=data_dir, env={"BRISK_API_KEY": key or None}, timeout=120)
 
 
 def parse(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def no_key(run: subprocess.CompletedProcess[str]) -> None:
+def no_key(run: Run) -> None:
     for text in (run.stdout, run.stderr):
         assert KEY not in text and KEY[:12] not in text
 

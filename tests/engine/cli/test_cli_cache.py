@@ -18,8 +18,9 @@ def done_of(run: object) -> dict:
 
 def test_a_repeated_greedy_question_is_answered_from_the_cache(tiny_dir: Path, tmp_path: Path) -> None:
     data = str(tmp_path / "data")
-    # quant pinned: "auto" measures again after a noisy probe (a busy machine) and may load another mode
-    ask = ("ask", QUESTION, "--model", str(tiny_dir), "--quant", "none", "--max-tokens", "6")
+    # quant and dtype pinned: "auto" measures again after a noisy probe (a busy machine) and may load another
+    # mode, and each of the seven starts would measure float32 against bfloat16 again while the CPU is shared
+    ask = ("ask", QUESTION, "--model", str(tiny_dir), "--quant", "none", "--dtype", "float32", "--max-tokens", "6")
     first = done_of(brisk(*ask, "--json", data_dir=data))
     assert first["metrics"]["answer_cache"] is None and first["metrics"]["prompt_tokens"] > 0
 

@@ -26,6 +26,7 @@ from engine.answer_cache.embed import NICE, bundled_model_dir
 from engine.api import AnswerCacheSettings, Done, Error, Loaded, ModelSpec, Request, Sampling
 from engine.runtime import batching
 from engine.runtime.answer_lookup import AnswerLookup
+from engine.tools import Tool
 from tests.support.engine_runner import EngineRunner, done
 
 SPEC = ModelSpec(source="tiny")
@@ -240,8 +241,10 @@ class Replies:
             if isinstance(event, Done | Error):
                 self.ended[request_id].set()
 
-    def submit(self, text: str, max_tokens: int) -> str:
-        request = Request(uuid.uuid4().hex, ({"role": "user", "content": text},), Sampling(max_tokens=max_tokens))
+    def submit(self, text: str, max_tokens: int, **fields: Any) -> str:
+        request = Request(
+            uuid.uuid4().hex, ({"role": "user", "content": text},), Sampling(max_tokens=max_tokens), **fields
+        )
         self.events[request.id], self.ended[request.id] = [], threading.Event()
         self.engine.submit(request)
         return request.id
@@ -263,13 +266,19 @@ def test_a_paraphrase_waiting_behind_another_reply_is_answered_by_the_cache_alon
         kept = done(replies.wait(replies.submit(QUESTION, 6)))
         assert kept.metrics.answer_cache is None
         assert replies.engine.answer_lookup.vectors_kept(60)
-        busy = replies.submit("Count to a thousand.", 400)  # holds the one place...
-        paraphrase = replies.wait(replies.submit(PARAPHRASE, 6))  # ...while the paraphrase waits its turn
+        held = threading.Event()  # the busy reply's tool round holds the one place until the paraphrase is answered
+        schema = {"type": "object", "properties": {}}
+        replies.engine.tools.add(Tool("hold", "waits", schema, lambda _args: str(held.wait(120)), 150.0, "test"))
+        busy = replies.submit("/hold", 6, tools=("hold",))
+        try:
+            paraphrase = replies.wait(replies.submit(PARAPHRASE, 6))  # it waits its turn
+            assert not replies.ended[busy].is_set(), "answered while the model was still busy"
+        finally:
+            held.set()
         kinds = [type(e).__name__ for e in paraphrase]
         assert kinds == ["Started", "Token", "Done"], "the cache's reply alone: the model never started it"
         hit = done(paraphrase)
         assert hit.metrics.answer_cache == "semantic" and hit.text == kept.text
-        assert not replies.ended[busy].is_set(), "answered while the model was still busy"
         assert done(replies.wait(busy)).finish_reason in ("length", "stop"), "the reply before it was undisturbed"
         after = done(replies.wait(replies.submit("Name a colour.", 6)))
         assert after.metrics.answer_cache is None and after.finish_reason in ("length", "stop")

@@ -12,7 +12,7 @@ safe beside the engine's own model load.  A folder of another pipeline is
 refused (:attr:`error`).
 
 Loading and encoding run on one daemon thread started by :meth:`Embedder.start`,
-with one torch thread (:func:`limit_threads`).  The answer gate starts it when a
+with one torch thread (:func:`limit_threads`).  The answer lookup starts it when a
 model load starts: it loads beside the model (about 0.1 s; the bundled model
 takes about 4 s) and is ready before the first question, and a reply cannot
 reach the model before its load ends.  Until it is ready :attr:`ready` is false
@@ -265,7 +265,7 @@ class Embedder:
 
         The embedder loads beside a model load, whose thread imports transformers (which imports torch and
         tokenizers); two threads importing one module at once can fail (CI saw ``KeyError: 'tokenizers'``
-        from ``importlib`` in the model's thread).  The answer gate calls this before it starts the
+        from ``importlib`` in the model's thread).  The answer lookup calls this before it starts the
         embedder and before it passes the load on, so every import runs one thread at a time.
         """
         import safetensors.torch  # noqa: F401

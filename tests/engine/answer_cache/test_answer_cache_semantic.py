@@ -182,7 +182,7 @@ def test_embeddings_are_unit_float32(embedder: Embedder) -> None:
 
 def test_warm_reads_the_stored_vectors_before_the_first_question(tmp_path: Path, embedder: Embedder) -> None:
     """A new process's first lookup must not read the model's stored vectors itself: the gate warms the
-    cache when the load ends (``AnswerGate.loaded``), before the first question can come."""
+    cache when the load ends (``AnswerLookup.loaded``), before the first question can come."""
     first = AnswerCache(tmp_path / "brisk.db", CacheConfig(), embedder=embedder)
     first.put(key("What is the capital of France?"), "Paris.", [5, 6], generation_s=2.0)
     first.close()

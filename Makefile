@@ -30,8 +30,9 @@ run: $(STAMP)
 	$(VENV)/bin/brisk $(ARGS)
 
 # Tiers: the marks are given by rule in tests/conftest.py.  `make test-fast` is the inner loop (in-process
-# tests: tiny models, fake engines, storage, the server, the window); `make test` runs it first, then the rest
-# (the hostile cases, the CLI in child processes, the bundled model), with the slowest 30 printed.
+# tests: tiny models, fake engines, storage, the server, the window, the CLI called in process; `build` tests
+# use the native step `native` built first); `make test` runs it first, then the rest (the hostile cases, the
+# CLI in child processes, the bundled model), with the slowest 30 printed.
 FAST_TIER := not hostile and not cli and not bundled
 PYTEST := QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
 

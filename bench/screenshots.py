@@ -182,7 +182,7 @@ def main(argv: list[str]) -> int:
 
     window.new_chat()  # a chat with documents: a small one whole in the prompt, a long one searched
     folder = Path(tempfile.mkdtemp(prefix="brisk-shot-docs-"))
-    from engine.bench.documents import handbook
+    from engine.bench.document_chat import handbook
 
     (folder / "site-handbook.md").write_text(handbook(0, 3_000), encoding="utf-8")
     (folder / "changelog.md").write_text(CHANGELOG, encoding="utf-8")

@@ -124,7 +124,7 @@ class ServerDialog(QDialog):
         self.example.setText(
             f"Model id: {model} (any API key). Try it: curl {url}/chat/completions "
             f"-H 'Content-Type: application/json' "
-            f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+            f'-d \'{{"messages": [{{"role": "user", "content": "Hello"}}]}}\''
             if url
             else "Programs reach it at http://127.0.0.1:PORT/v1 with any API key."
         )

@@ -1,7 +1,7 @@
 """The words the window uses for attached documents and a reply's sources (no Qt).
 
 A chat's attached documents are the history file's entries
-(``engine.storage.documents``: ``{id, name, path, chars, tokens}``).  Here:
+(``engine.storage.chat_documents``: ``{id, name, path, chars, tokens}``).  Here:
 
 * the chips above the composer: :func:`chip_text` ("report.pdf · 3,012 tokens",
   or "≈ 3,000 tokens" from the characters until the loaded model counted them),
@@ -32,14 +32,14 @@ CHARS_PER_TOKEN = 4  # the estimate a chip shows until a model counts the text
 MAX_PROBLEMS = 6  # files named one by one in the banner; the rest are counted
 GONE = "removed from the index"
 SEARCHED = "searched"
-# The engine (engine.runtime.documents) puts documents whole into the prompt, smallest first, while they fit this
+# The engine (engine.runtime.prompt_documents) puts documents whole into the prompt, smallest first, while they fit this
 # share of the prompt's budget (the context less the reply's room, at most half of it); the rest are searched for
 # the passages each question needs.  The window mirrors that rule to say so on the chips and in the meter.
 WHOLE_SHARE = 0.75
 
 
 def entry(doc_id: str, name: str, path: str, chars: int, tokens: int | None = None) -> dict[str, Any]:
-    """A chat's record of one attached document (``engine.storage.documents``)."""
+    """A chat's record of one attached document (``engine.storage.chat_documents``)."""
     return {"id": doc_id, "name": name, "path": path, "chars": chars, "tokens": tokens}
 
 

@@ -33,7 +33,7 @@ from app.state.reply import ReplyState
 from app.state.tools import enabled_tools
 from engine.api import Done, Error, ModelSpec, Request, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver, params
-from engine.storage import documents as storage_documents
+from engine.storage import chat_documents as storage_documents
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40
@@ -111,7 +111,7 @@ class ChatSession:
 
     # -- the open chat's attached documents --------------------------------------------
     def documents(self) -> list[dict[str, Any]]:
-        """The documents attached to the open chat (``engine.storage.documents`` entries), or to the next new one."""
+        """The documents attached to the open chat (``engine.storage.chat_documents`` entries), or the next one's."""
         if self.conversation_id is None:
             return [dict(d) for d in self.pending_documents]
         return self.store.get_conversation(self.conversation_id).documents

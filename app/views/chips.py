@@ -1,6 +1,6 @@
 """The attached documents above the composer: one chip each, and the indexing progress with its Cancel.
 
-:class:`DocumentChips` shows a chat's documents (``engine.storage.documents``
+:class:`DocumentChips` shows a chat's documents (``engine.storage.chat_documents``
 entries) as chips that wrap onto more lines as needed (:class:`FlowLayout`):
 "report.pdf · 3,012 tokens", the path and counts in the tooltip, a × that
 emits ``detach_requested(doc_id)``.  A document no longer in the index reads

@@ -34,8 +34,8 @@ class ConversationActions:
     show_banner: Any
     stop: Any
     parameters: Any  # app.window.parameters.ParametersController
-    typing: Any  # app.window.typing.TypingPrefill
-    documents: Any  # app.window.documents.DocumentsController
+    typing: Any  # app.window.draft_prefill.TypingPrefill
+    documents: Any  # app.window.document_controller.DocumentsController
     statusBar: Any  # noqa: N815 (QMainWindow's)
     setWindowTitle: Any  # noqa: N815
 

@@ -1,11 +1,11 @@
 """A reply's sources and the Documents view: the parts of the window's documents that read the index back.
 
 :class:`LibraryViews` is a mixin of
-:class:`~app.window.documents.DocumentsController` (it holds no state of its
+:class:`~app.window.document_controller.DocumentsController` (it holds no state of its
 own beyond the dialogs it opened): ``show_source`` opens the passage a reply
 cites (:class:`~app.dialogs.passage.PassageDialog`; its text read on a
 worker), ``open_view`` the Documents view (Tools > Documents…,
-:class:`~app.dialogs.documents.DocumentsDialog`) filled on a worker with every
+:class:`~app.dialogs.documents_view.DocumentsDialog`) filled on a worker with every
 document in the index, its KV on disk and the chats holding it; its Remove
 (index rows and KV files: chats holding it then say it is gone) and Re-index
 (a changed file replaces the document in every chat holding it) go through
@@ -19,7 +19,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QMessageBox
 
-from app.dialogs.documents import DocumentsDialog, document_rows
+from app.dialogs.documents_view import DocumentsDialog, document_rows
 from app.dialogs.passage import PassageDialog
 from app.state.attachments import entry
 from engine.storage import StoreError

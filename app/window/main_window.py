@@ -33,7 +33,7 @@ API key stops a streaming reply and rebuilds the bridge's backend.  The chat
 view's "Compare…" opens the latency panel's compare dialog, and a reply's
 tooltip is the configuration it ran with.  Documents attached to chats (File >
 Attach files…, the paperclip, drag and drop), their chips, a reply's sources
-and Tools > Documents… are :class:`~app.window.documents.DocumentsController`'s
+and Tools > Documents… are :class:`~app.window.document_controller.DocumentsController`'s
 (``document_library``: the index's factory, default the process's).
 """
 
@@ -77,12 +77,12 @@ from app.views.composer import Composer
 from app.views.sidebar import Sidebar
 from app.views.status_area import StatusArea
 from app.window.conversations import ConversationActions
-from app.window.documents import DocumentsController, Library
+from app.window.document_controller import DocumentsController, Library
+from app.window.draft_prefill import TypingPrefill
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
 from app.window.serving import ServerSwitch
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
-from app.window.typing import TypingPrefill
 from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ServedReply, Tuning, Warning
 from engine.storage import LOCAL, Settings, Store, StoreError
 from engine.storage.params import PresetFile

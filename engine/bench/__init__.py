@@ -59,7 +59,7 @@ SCENARIOS: dict[str, str] = {
     "structured": "engine.bench.structured",
     "typing": "engine.bench.typing_prefill",
     "serve": "engine.bench.serve",
-    "documents": "engine.bench.documents",
+    "documents": "engine.bench.document_chat",
     "models": "engine.bench.models",
     "gguf": "engine.bench.gguf",
     "defaults": "engine.bench.defaults",

@@ -34,7 +34,7 @@ import numpy as np
 
 from engine.documents.store import DocumentStore
 
-K = 6  # passages a prompt gets (engine.runtime.documents.PASSAGES)
+K = 6  # passages a prompt gets (engine.runtime.prompt_documents.PASSAGES)
 QUESTIONS = "questions.json"  # make_corpus saves its questions here, for measure
 
 

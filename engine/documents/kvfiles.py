@@ -1,6 +1,6 @@
 """Where the KV of attached documents is kept on disk, one file per prefix, and how a document's files go.
 
-The engine (``engine.runtime.documents``) computes the KV of a prompt prefix
+The engine (``engine.runtime.prompt_documents``) computes the KV of a prompt prefix
 that holds whole documents once and saves it to a file of its own, named by a
 hash of the prefix's tokens, with the documents' ids in the file's metadata.
 This module only names those files and reads that metadata (the safetensors

@@ -3,7 +3,7 @@
 A document small enough to fit goes whole into the system message, after the
 user's own system prompt, so that everything that stays the same across a
 chat's questions (and across chats that attach the same files) comes first and
-its KV is a prefix the engine keeps (``engine.runtime.documents``).  The order
+its KV is a prefix the engine keeps (``engine.runtime.prompt_documents``).  The order
 is the documents' names, then their content hashes, never the order they were
 attached in, so two chats that attach the same files in another order share the
 prefix; the text is the converted text as it is (no dates, no paths: a path

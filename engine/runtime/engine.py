@@ -50,13 +50,13 @@ from engine.model.loader import LoadedModel, ModelLoadError
 from engine.runtime.answer_lookup import AnswerLookup
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.batching import Batch
-from engine.runtime.documents import Documents
 from engine.runtime.hints import Hints
 from engine.runtime.loading import KV_RESERVE_BYTES, Built, build, kv_file
 from engine.runtime.measuring import Measuring, Outcome
 from engine.runtime.memory import tune_malloc
 from engine.runtime.options import EngineOptions, check_budget, request_problems
 from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.prompt_documents import Documents
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.rewarm import Rewarm, hot_prompts, same_vocabulary
 from engine.runtime.scheduler import Item, Scheduler

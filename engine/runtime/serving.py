@@ -38,7 +38,12 @@ from engine.runtime import batching, tool_turns
 from engine.runtime.answer_lookup import AnswerLookup, expected_failure
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.decode import Decoder, DecodeResult
-from engine.runtime.documents import (
+from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
+from engine.runtime.loading import kv_file
+from engine.runtime.options import EngineOptions, request_problems
+from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
+from engine.runtime.prompt import Prompt, build_prompt, has_system_role, prompt_budget, raw_prompt, render
+from engine.runtime.prompt_documents import (
     MARGIN,
     PROMPT_SHARE,
     WHOLE_SHARE,
@@ -47,11 +52,6 @@ from engine.runtime.documents import (
     document_key,
     document_kv_file,
 )
-from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
-from engine.runtime.loading import kv_file
-from engine.runtime.options import EngineOptions, request_problems
-from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
-from engine.runtime.prompt import Prompt, build_prompt, has_system_role, prompt_budget, raw_prompt, render
 from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, HistoryDrafts, HistoryIndex, PromptLookup
@@ -305,7 +305,7 @@ class Serving:
         schemas: list[dict[str, Any]] | None,
         passages: bool = True,
     ) -> Applied:
-        """``messages`` with the request's documents (engine.runtime.documents), fitted to what the prompt
+        """``messages`` with the request's documents (engine.runtime.prompt_documents), fitted to what the prompt
         leaves; a document that is gone is a warning (only for a reply: a draft being typed says nothing), an
         index that cannot be read a ``ValueError`` (the reply fails saying so)."""
         assert self.res.loaded is not None

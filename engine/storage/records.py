@@ -15,7 +15,7 @@ class Conversation:
     updated: float
     # the sampling values set for this chat alone, as saved (engine.storage.params reads them); {}: the defaults
     params: dict[str, Any] = field(default_factory=dict)
-    # the documents attached to this chat (engine.storage.documents: {id, name, path, chars, tokens}); [] none
+    # the documents attached to this chat (engine.storage.chat_documents: {id, name, path, chars, tokens}); [] none
     documents: list[dict[str, Any]] = field(default_factory=list)
 
 

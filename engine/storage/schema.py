@@ -51,7 +51,7 @@ def _add_chat_params(db: Database) -> None:
 
 
 def _add_documents(db: Database) -> None:
-    # the documents attached to a chat (engine.storage.documents): a JSON list of {id, name, path, chars, tokens}
+    # the documents attached to a chat (engine.storage.chat_documents): a JSON list of {id, name, path, chars, tokens}
     db.execute("ALTER TABLE conversations ADD COLUMN documents TEXT NOT NULL DEFAULT '[]'")
 
 

@@ -41,7 +41,7 @@ from typing import Any, cast
 
 from sqlite_utils import Database
 
-from engine.storage import documents
+from engine.storage import chat_documents
 from engine.storage.db import NotFoundError, StoreError, connect
 from engine.storage.export import to_markdown
 from engine.storage.records import Conversation, Message, SearchHit
@@ -84,7 +84,7 @@ def _conversation(row: tuple[Any, ...]) -> Conversation:
     except ValueError:
         params = {}
     own = params if isinstance(params, dict) else {}
-    return Conversation(conversation_id, title, system_prompt, created, updated, own, documents.checked(attached))
+    return Conversation(conversation_id, title, system_prompt, created, updated, own, chat_documents.checked(attached))
 
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
@@ -125,7 +125,7 @@ class Store:
                     title,
                     system_prompt,
                     _params_json(params or {}),
-                    documents.to_json(attached or []),
+                    chat_documents.to_json(attached or []),
                     now,
                     now,
                 ],
@@ -163,9 +163,9 @@ class Store:
             self._set(db, conversation_id, "params", _params_json(params), touch=False)
 
     def set_documents(self, conversation_id: str, attached: list[dict[str, Any]]) -> None:
-        """Keep the documents attached to this chat (``engine.storage.documents``), in order; ``[]``: none."""
+        """Keep the documents attached to this chat (``engine.storage.chat_documents``), in order; ``[]``: none."""
         with self._op("save the chat's documents", write=True) as db:
-            self._set(db, conversation_id, "documents", documents.to_json(attached), touch=False)
+            self._set(db, conversation_id, "documents", chat_documents.to_json(attached), touch=False)
 
     def delete_conversation(self, conversation_id: str) -> None:
         with self._op("delete the conversation", write=True) as db:

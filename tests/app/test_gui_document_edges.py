@@ -15,7 +15,7 @@ import numpy as np
 from PySide6.QtCore import Qt
 
 from app.window import MainWindow
-from app.window.documents import progress_line
+from app.window.document_controller import progress_line
 from engine.documents.chunking import chunk
 from engine.documents.library import DocumentLibrary, indexing_name
 from engine.documents.store import DocumentStore

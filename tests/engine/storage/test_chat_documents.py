@@ -1,4 +1,4 @@
-"""Tests for engine.storage.documents: the documents attached to a chat, kept in the history file."""
+"""Tests for engine.storage.chat_documents: the documents attached to a chat, kept in the history file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import sqlite_utils
 
-from engine.storage import Store, documents
+from engine.storage import Store, chat_documents
 from engine.storage import store as store_module
 
 DOC = {"id": "a" * 64, "name": "report.pdf", "path": "/tmp/report.pdf", "chars": 12_000, "tokens": 3012}
@@ -29,10 +29,10 @@ def test_a_chats_documents_are_kept_in_order_once_each(tmp_path: Path) -> None:
 
 
 def test_damaged_entries_read_as_nothing_attached() -> None:
-    assert documents.checked("{not json") == []
-    assert documents.checked('{"id": "x"}') == [], "an object, not a list"
-    assert documents.checked([{"name": "no id"}, 3, None, {"id": ""}]) == []
-    (doc,) = documents.checked([{"id": "c" * 64, "chars": -5, "tokens": True, "name": 7}])
+    assert chat_documents.checked("{not json") == []
+    assert chat_documents.checked('{"id": "x"}') == [], "an object, not a list"
+    assert chat_documents.checked([{"name": "no id"}, 3, None, {"id": ""}]) == []
+    (doc,) = chat_documents.checked([{"id": "c" * 64, "chars": -5, "tokens": True, "name": 7}])
     assert doc == {"id": "c" * 64, "name": "c" * 12, "path": "", "chars": 0, "tokens": None}
 
 

@@ -16,7 +16,7 @@ from engine.api import Sampling, Warning
 from engine.documents import render
 from engine.documents.kvfiles import document_kv_dir, forget_document, kv_files
 from engine.documents.retrieval import Hit
-from engine.runtime.documents import Documents
+from engine.runtime.prompt_documents import Documents
 from tests.support.engine_runner import EngineRunner, done, token_ids
 
 GREEDY = Sampling(max_tokens=12)

@@ -46,7 +46,7 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QFileDialog, QWidget
 
 from app.background import in_background
-from app.dialogs.documents import DocumentsDialog
+from app.dialogs.documents_view import DocumentsDialog
 from app.dialogs.passage import PassageDialog
 from app.engines import active_server
 from app.state.attachments import entry, merged, problems_text, progress_text, searched_ids

@@ -95,4 +95,5 @@ def test_an_mcp_server_that_fails_is_reported_and_the_reply_goes_on(tiny_dir: Pa
     warnings = [e for e in evs if e["type"] == "warning"]
     assert warnings and warnings[0]["kind"] == "tools" and "cannot open its database" in warnings[0]["message"]
     assert [(c["ok"], c["result"]) for c in tool_events(run.stdout)] == [(True, "2")]
-    assert evs[-1]["type"] == "done"
+    # the server's failure is said by its own thread, before or after the reply ends
+    assert [e for e in evs if e["type"] != "warning"][-1]["type"] == "done"

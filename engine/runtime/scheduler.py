@@ -186,8 +186,8 @@ class Scheduler:
             self.later.append(("load", (item, self.work.load_started(item))))
         elif kind == "call":
             self.later.append((kind, item))
-        elif kind == "hint":
-            if self.loading is not None or any(k == "load" for k, _ in self.later):
+        elif kind == "hint":  # after the loads and calls asked before it (a cleared cache must not clear it)
+            if self.loading is not None or self.later:
                 self.later.append((kind, item))
             else:
                 self.work.hint_now(item)

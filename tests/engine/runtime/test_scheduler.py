@@ -370,3 +370,18 @@ def test_cancel_ends_a_running_request_and_calls_wait_for_it(work: FakeWork, run
     assert [d.finish_reason for d in done] == ["cancelled"]
     assert work.first("Done", "long") < work.log.index(("call", None))
     assert not scheduler.is_cancelled("long"), "the cancel set forgets a request that ended"
+
+
+def test_calls_hints_and_requests_keep_the_order_they_were_asked_in(
+    work: FakeWork, run: Callable[..., Scheduler]
+) -> None:
+    """A draft prefilled after "clear the prefix cache" must not be cleared by it (``brisk compare --cold``)."""
+    scheduler = Scheduler(work, many=work.many)
+    scheduler.put(("call", lambda _work: work.log.append(("call", None))))
+    scheduler.put(("hint", request(rid="draft")))
+    scheduler.put(("submit", request(rid="sent")))
+    run(scheduler)
+    work.wait("sent")
+    order = [kind for kind, _ in work.log if kind in ("call", "hint")]
+    assert order == ["call", "hint"]
+    assert work.log.index(("hint", "draft")) < work.first("Started", "sent")

@@ -38,6 +38,7 @@ is a ``ToolCall`` event and the text of every round is streamed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 import traceback
@@ -126,8 +127,8 @@ class Engine:
         self.scheduler.put(("load", spec))
 
     def submit(self, request: Request) -> None:
-        if not request.submitted_at:
-            object.__setattr__(request, "submitted_at", time.perf_counter())
+        if not request.submitted_at:  # a copy that says when it arrived: the caller's stays as it was
+            request = dataclasses.replace(request, submitted_at=time.perf_counter())
         self.scheduler.put(("submit", request))
 
     def count_tokens(self, texts: list[str]) -> list[int] | None:

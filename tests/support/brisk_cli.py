@@ -5,7 +5,8 @@ standard input, output and error are its own for the call, the data folder and t
 set for the call only, a ``SystemExit`` (argparse's refusals) becomes the exit code, and an exception that
 escapes ``main`` is printed as a traceback with exit code 1, as the interpreter would.  ``child=True`` runs
 ``python -m app.cli`` in a child process instead: for what needs a whole process (start-up, its exit, signals,
-several at once); a variable in :data:`IMPORT_TIME` (read once per process) also makes the run a child.
+several at once); a variable in :data:`IMPORT_TIME` (read once per process) or a ``PYTHON*`` one (read by
+the interpreter as it starts: ``PYTHONPATH`` for a ``sitecustomize``) also makes the run a child.
 Either way the result is a ``Run`` (a ``CompletedProcess`` with ``elapsed`` seconds), and a run past
 ``timeout`` fails the test (it would have hung a user).
 """
@@ -66,7 +67,7 @@ def brisk(
         changes["BRISK_DATA_DIR"] = str(data_dir)
     changes.update(env or {})
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    if child or IMPORT_TIME & set(changes):
+    if child or any(name in IMPORT_TIME or name.startswith("PYTHON") for name in changes):  # PYTHONPATH: site
         return run_python([*BRISK[1:], *args], changes, data, timeout)
     offline = (changes["HF_HUB_OFFLINE"] or "").upper() in {"1", "ON", "YES", "TRUE"}  # as huggingface_hub reads it
     return _in_process([os.fsdecode(a) for a in args], changes, data or b"", offline, timeout)

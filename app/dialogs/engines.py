@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 
 from app import engines
 from app.background import in_background
+from app.views.controls import form_row
 from engine.storage import Settings
 from engine.storage.settings import LOCAL
 
@@ -86,34 +87,28 @@ class EngineSection(QGroupBox):
         self.url_edit.setPlaceholderText(NEW_URL)
         self.url_edit.setToolTip(URL_TIP)
         form.addRow("Base URL", self.url_edit)
-        model_row = QHBoxLayout()
         self.model_combo = QComboBox()
         self.model_combo.setEditable(True)
         self.model_combo.setToolTip(MODEL_TIP)
         line = self.model_combo.lineEdit()
         if line is not None:
             line.setPlaceholderText("The server's first model")
-        model_row.addWidget(self.model_combo, 1)
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.setToolTip("Ask the server which models it serves (/v1/models)")
         self.refresh_button.clicked.connect(self.refresh_models)
-        model_row.addWidget(self.refresh_button)
-        form.addRow("Model", model_row)
+        form_row(form, "Model", self.model_combo, self.refresh_button)
         self.models_label = QLabel()
         self.models_label.setObjectName("hint")
         self.models_label.setWordWrap(True)
         self.models_label.hide()
         form.addRow(self.models_label)
-        key_row = QHBoxLayout()
         self.key_edit = QLineEdit()
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.key_edit.setPlaceholderText("Unchanged")
         self.key_edit.setToolTip(KEY_TIP)
-        key_row.addWidget(self.key_edit, 1)
         self.forget_button = QPushButton("Forget key")
         self.forget_button.clicked.connect(self.forget_key)
-        key_row.addWidget(self.forget_button)
-        form.addRow("API key", key_row)
+        form_row(form, "API key", self.key_edit, self.forget_button)
         self.key_note = QLabel(CHECKING_KEYRING)
         self.key_note.setObjectName("hint")
         self.key_note.setWordWrap(True)

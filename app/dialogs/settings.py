@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QPlainTextEdit,
@@ -42,6 +41,7 @@ from PySide6.QtWidgets import (
 from app.dialogs.about import AboutDialog, Report
 from app.dialogs.engines import EngineSection
 from app.dialogs.speed import SpeedSection, browse_model
+from app.views.controls import form_row, guard_wheel
 from engine.api import DEVICES, DTYPES, Loaded
 from engine.client import model_note
 from engine.storage import Settings
@@ -108,15 +108,11 @@ class SettingsDialog(QDialog):
         self.model_edit = QLineEdit(settings.model)
         self.model_edit.setPlaceholderText("Bundled model")
         self.model_edit.setToolTip("A model folder, a .gguf file or a Hugging Face id; empty for the bundled model")
-        browse_row = QHBoxLayout()
-        browse_row.addWidget(self.model_edit, 1)
         folder = QPushButton("Folder\u2026")
         folder.clicked.connect(self._browse_folder)
-        browse_row.addWidget(folder)
         gguf = QPushButton("GGUF file\u2026")
         gguf.clicked.connect(self._browse_file)
-        browse_row.addWidget(gguf)
-        model_form.addRow("Model", browse_row)
+        form_row(model_form, "Model", self.model_edit, folder, gguf)
         self.model_note = QLabel(model_note(settings.model))
         self.model_note.setObjectName("modelNote")
         self.model_note.setWordWrap(True)
@@ -194,6 +190,7 @@ class SettingsDialog(QDialog):
         screen = self.screen()
         room = int(screen.availableGeometry().height() * 0.9) if screen is not None else wanted
         self.resize(max(self.minimumWidth(), page.sizeHint().width() + 48), min(wanted, room))
+        guard_wheel(self)  # the wheel scrolls the form; a value changes only once its box has focus
 
     def result_settings(self) -> Settings:
         seed_text = self.seed_edit.text().strip()

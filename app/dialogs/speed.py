@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMenu,
@@ -43,6 +42,7 @@ from PySide6.QtWidgets import (
 from app import quant_probe
 from app.background import in_background
 from app.quant_probe import QUANT_UNAVAILABLE
+from app.views.controls import form_row
 from engine.api import SOURCES
 from engine.storage import Settings
 
@@ -127,10 +127,7 @@ class SpeedSection(QGroupBox):
         menu.addAction("Folder\u2026", self._browse_draft_folder)
         menu.addAction("GGUF file\u2026", self._browse_draft_file)
         self.draft_browse.setMenu(menu)
-        row = QHBoxLayout()
-        row.addWidget(self.draft_edit, 1)
-        row.addWidget(self.draft_browse)
-        form.addRow("Draft model", row)
+        form_row(form, "Draft model", self.draft_edit, self.draft_browse)
         self.draft_quant = QComboBox()
         self.draft_quant.setToolTip(DRAFT_QUANT_TIP)
         form.addRow("Draft quantization", self.draft_quant)

@@ -36,6 +36,7 @@ from app.panels.numbers import NumbersView
 from app.panels.switches import SwitchesView
 from app.panels.trace import ReplyTrace
 from app.state.config import History, ReplyConfig
+from app.views.controls import guard_wheel
 
 REDRAW_MS = 50
 WIDTH = 240  # its least width: the charts and switches still fit (app.window.layout.PANEL_MIN)
@@ -138,6 +139,7 @@ class LatencyPanel(QScrollArea):
         column.addWidget(self.compare_button)
         column.addStretch(1)
         self.setWidget(body)
+        guard_wheel(body)  # the wheel scrolls the panel; a switch changes only once it has focus
 
         self.timer = QTimer(self)
         self.timer.setInterval(REDRAW_MS)

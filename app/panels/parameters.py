@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.views.controls import guard_wheel
 from engine.api import format_kind, reply_format
 from engine.storage.params import Preset
 
@@ -212,6 +213,7 @@ class ParametersPanel(QWidget):
         reset_row.addStretch(1)
         column.addLayout(reset_row)
         column.addStretch(1)
+        guard_wheel(self)  # the wheel scrolls the panel; a value changes only once its box has focus
 
     def _build_format(self, column: QVBoxLayout) -> None:
         """The reply format: free text, any JSON object, or JSON matching a schema pasted or read from a file."""

@@ -298,7 +298,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             if one.isFloating():
                 one.setFloating(False)
             self.removeDockWidget(one)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, dock)
+        for one in (dock, parameters):  # added back, not only tabified: Qt, not Python, owns each again
+            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, one)
         self.tabifyDockWidget(dock, parameters)  # one column on the right, two tabs
         sidebar, panel = default_widths(self.width())
         if panel is None:
@@ -482,8 +483,11 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.settings, self, loaded=self.loaded, report=self.bridge.machine_report)
-        if dialog.exec() == QDialog.DialogCode.Accepted:
-            self.apply_settings(dialog.result_settings())
+        try:
+            if dialog.exec() == QDialog.DialogCode.Accepted:
+                self.apply_settings(dialog.result_settings())
+        finally:
+            dialog.deleteLater()  # not kept hidden under the window, one more each time Settings opens
 
     def open_models(self) -> ModelsDialog:
         """Open (or raise) the Models view; Load, Use as draft and Add folder apply through :meth:`apply_settings`."""

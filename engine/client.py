@@ -403,10 +403,14 @@ def model_note(source: str) -> str:
 
 
 def finish_writes() -> None:
-    """Wait for files this process is still writing behind a load (a converted model's copy), so that a fast
-    exit keeps them; nothing to do (and nothing imported) when no model was loaded."""
+    """Wait for files this process is still writing behind a load (a converted model's copy) or a reply (the
+    answer cache's vectors, at most a few seconds), so that a fast exit keeps them; nothing to do (and nothing
+    imported) when no model was loaded."""
     import sys
 
     source = sys.modules.get("engine.model.source")
     if source is not None:
         source.wait_all_written()
+    answers = sys.modules.get("engine.runtime.answer_lookup")
+    if answers is not None:  # the last answer's question vector, being kept on the embedder's thread
+        answers.wait_all_kept()

@@ -44,7 +44,8 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -56,6 +57,7 @@ from engine.runtime.reply_events import ReplyEvents
 log = logging.getLogger("brisk.answers")
 
 IDENTITIES_FILE = "answer-cache-models.json"
+KEPT_WAIT_S = 5.0  # longest a fast exit waits for the last answer's vectors (wait_all_kept)
 PAUSE_AFTER_ERROR_S = 60.0  # after a failed read or write (a file locked by another program) the cache rests
 
 
@@ -78,6 +80,18 @@ def said(exc: BaseException) -> None:
     elif str(exc) not in _SAID:
         _SAID.add(str(exc))
         log.warning("The answer cache: %s", exc)
+
+
+_LIVE: weakref.WeakSet[AnswerLookup] = weakref.WeakSet()  # every lookup of this process (wait_all_kept)
+
+
+def wait_all_kept(timeout: float = KEPT_WAIT_S) -> None:
+    """Wait (at most ``timeout`` in all) until every lookup's batch of vectors is kept: a process that ends at
+    once after a reply (``brisk ask``) keeps the question's vector, or says that it could not."""
+    deadline = time.monotonic() + timeout
+    for lookup in list(_LIVE):
+        lookup._kept.wait(max(0.0, deadline - time.monotonic()))
+        lookup.vectors_kept(max(0.0, deadline - time.monotonic()))
 
 
 def cache_config(settings: AnswerCacheSettings) -> Any:
@@ -144,6 +158,19 @@ class AnswerLookup:
         self._vectors_idle = threading.Event()  # clear while a batch of missing vectors is on the embedder's thread
         self._vectors_idle.set()
         self.pending: dict[str, Pending] = {}  # requests whose question is being embedded
+        self._kept = threading.Event()  # clear while the engine sends a reply's Done and keeps the reply
+        self._kept.set()
+        _LIVE.add(self)
+
+    @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        """Around sending a reply's ``Done`` and keeping the reply (on the engine thread): a process that ends
+        on that ``Done`` (:func:`wait_all_kept`) waits until the answer is kept, or its failure said."""
+        self._kept.clear()
+        try:
+            yield
+        finally:
+            self._kept.set()
 
     def vectors_kept(self, timeout: float) -> bool:
         """Wait until no batch of missing vectors is being embedded (tests, benchmarks); true when none is."""
@@ -249,9 +276,12 @@ class AnswerLookup:
         if pending is None:
             return None
         if answered:
-            with self._lock:
-                if self.cache is not None:
-                    self.cache.store.record_lookup()  # the lookup counts once, as a miss
+            try:
+                with self._lock:
+                    if self.cache is not None:
+                        self.cache.store.record_lookup()  # the lookup counts once, as a miss
+            except Exception as exc:  # a counter that cannot be written (a full disk) costs nothing else
+                said(exc)
             return None
         try:
             hit = self._lookup(pending.key, "semantic")

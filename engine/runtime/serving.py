@@ -35,7 +35,7 @@ from engine.api import SOURCES, Done, Metrics, Request, Sampling, Started, Token
 from engine.model.kv import KVState, common_prefix
 from engine.model.loader import LoadedModel
 from engine.runtime import batching, tool_turns
-from engine.runtime.answer_lookup import AnswerLookup, expected_failure
+from engine.runtime.answer_lookup import AnswerLookup, said
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.decode import Decoder, DecodeResult
 from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
@@ -205,8 +205,9 @@ class Serving:
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
         if applied is not None:  # an index write: after the reply's tokens, not before its first
             self.res.documents.touch(applied.found_ids)
-        reply.emit(Done(request.id, reply.since(), text, finish, metrics))
-        self._keep_answer(request, result, finish, rounds, metrics)  # before the next request is taken in
+        with self.res.answer_lookup.keeping():  # a process that ends on this Done waits until it is kept
+            reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+            self._keep_answer(request, result, finish, rounds, metrics)  # before the next request is taken in
 
     def hint_tokens(self, request: Request) -> list[int]:
         """The tokens of ``request``'s prompt that no keystroke in its last message can change (``Engine.hint``):
@@ -526,8 +527,7 @@ class Serving:
         try:
             kept = self.res.answer_lookup.put(self.res.identity, request, result.text, result.ids, generation_s)
         except Exception as exc:  # the answer cache only saves time
-            if not expected_failure(exc):  # the store's own errors say it all in one line
-                traceback.print_exc()
+            said(exc)  # on stderr too: a command that ends on this reply's Done reads no more events
             self.on_event(Warning("cache", f"The answer could not be kept in the answer cache ({exc})."))
             kept = False
         if not kept:

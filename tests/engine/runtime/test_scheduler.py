@@ -136,6 +136,14 @@ class FakeWork:
         assert self.ended.setdefault(request_id, threading.Event()).wait(30), self.log
 
 
+def until(condition: Callable[[], object], timeout: float = 30.0) -> None:
+    """Wait until ``condition()`` holds (it must, within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the scheduler never got there"
+        time.sleep(0.01)
+
+
 def request(origin: str = "", rid: str = "") -> Request:
     r = Request(rid or uuid.uuid4().hex, ({"role": "user", "content": "hi"},), Sampling(max_tokens=8), origin=origin)
     object.__setattr__(r, "submitted_at", time.perf_counter())
@@ -206,9 +214,7 @@ def test_a_load_waits_for_the_requests_in_flight_and_hits_are_served_while_it_bu
     scheduler.put(("load", ModelSpec(source="next")))
     scheduler.put(("submit", after))
     run(scheduler)
-    deadline = time.monotonic() + 30
-    while not any(kind == "build" for kind, _ in work.log) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: any(kind == "build" for kind, _ in work.log))
     build_at = next(i for i, (kind, _) in enumerate(work.log) if kind == "build")
     assert work.first("Done", "running") < build_at, "the load waited for the reply in flight"
     assert work.log[build_at][1] == "brisk-load", "built on a thread of its own"
@@ -232,9 +238,7 @@ def test_idle_work_runs_only_when_nothing_else_waits(work: FakeWork, run: Callab
     run(scheduler)
     work.wait("first")
     work.wait("second")
-    deadline = time.monotonic() + 10
-    while work.idle_jobs and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: not work.idle_jobs)
     idle = [i for i, (kind, _) in enumerate(work.log) if kind == "idle"]
     assert len(idle) == 3, "the idle work ran once the requests were done"
     assert min(idle) > max(work.first("Done", "first"), work.first("Done", "second"))
@@ -247,12 +251,9 @@ def test_a_hit_after_the_models_first_token_is_dropped(work: FakeWork, run: Call
     work.away_at["late"] = (1, lambda: release.wait(30))  # the model's first token is out; then it waits
     scheduler = run()
     scheduler.put(("submit", request(rid="late")))
-    deadline = time.monotonic() + 30
-    while scheduler.state("late") != TOOLS and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: scheduler.state("late") == TOOLS)
     scheduler.put(("semantic", "late"))
-    while not any(kind == "semantic" for kind, _ in work.log) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: any(kind == "semantic" for kind, _ in work.log))
     release.set()
     work.wait("late")
     assert ("semantic", ("late", True)) in work.log, "the scheduler said the model had answered"
@@ -269,14 +270,11 @@ def test_a_hit_before_the_models_first_token_answers_and_stops_the_model(
     work.away_at["early"] = (0, lambda: release.wait(30))  # Started sent, no token yet (a long prefill)
     scheduler = run()
     scheduler.put(("submit", request(rid="early")))
-    deadline = time.monotonic() + 30
-    while scheduler.state("early") != TOOLS and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: scheduler.state("early") == TOOLS)
     scheduler.put(("semantic", "early"))
     work.wait("early")
     release.set()
-    while ("back", ("early", True)) not in work.log and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: ("back", ("early", True)) in work.log)
     time.sleep(0.05)  # the model's side ends (cancelled) and sends nothing more
     events = work.events("early")
     assert [type(e).__name__ for e in events] == ["Started", "Token", "Done"], events
@@ -358,9 +356,7 @@ def test_cancel_ends_a_running_request_and_calls_wait_for_it(work: FakeWork, run
     scheduler.put(("submit", request(rid="long")))
     called = threading.Event()
     scheduler.put(("call", lambda _work: (work.log.append(("call", None)), called.set())))
-    deadline = time.monotonic() + 30
-    while scheduler.state("long") != TOOLS and time.monotonic() < deadline:
-        time.sleep(0.01)
+    until(lambda: scheduler.state("long") == TOOLS)
     assert not called.is_set(), "a call waits for the request in flight"
     scheduler.cancel("long")
     release.set()

@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from greenlet import greenlet
 
-from engine.api import Request
 from engine.model.kv import KVState, forward, forward_many
 
 MAX_ACTIVE = 8  # requests decoding together; more wait their turn
@@ -113,9 +112,9 @@ class Batch:
         self.widest = 0  # the most requests one step advanced
         self.last_width = 0  # the requests the last step advanced
 
-    def start(self, serve: Callable[[Request], None], request: Request) -> None:
-        """Begin serving ``request``: it runs now, up to its first step (or to its end)."""
-        runner = Served(lambda: _run(serve, request))
+    def start(self, serve: Callable[[], None]) -> None:
+        """Begin serving a request (``serve()``): it runs now, up to its first step (or to its end)."""
+        runner = Served(lambda: _run(serve))
         runner.batch = self
         self.active.append(runner)
         self._resume(runner, _START)
@@ -193,8 +192,8 @@ class Batch:
             self.gone.discard(runner)
 
 
-def _run(serve: Callable[[Request], None], request: Request) -> None:
+def _run(serve: Callable[[], None]) -> None:
     try:
-        serve(request)
+        serve()
     except Exception:  # serve ends every request with Done or Error itself; this is a last guard
         traceback.print_exc()

@@ -242,9 +242,9 @@ class Scheduler:
         while self.waiting and len(self.batch.active) < batching.MAX_ACTIVE:
             tracked = self.waiting.pop(0)
             tracked.state = RUNNING
-            _guarded(functools.partial(self.batch.start, functools.partial(self._serve, tracked), tracked.request))
+            _guarded(functools.partial(self.batch.start, functools.partial(self._serve, tracked)))
 
-    def _serve(self, tracked: Tracked, _request: Request) -> None:
+    def _serve(self, tracked: Tracked) -> None:
         """In the request's greenlet: the work's request path, then its end."""
         current = getcurrent()
         tracked.runner = current if isinstance(current, Served) else None

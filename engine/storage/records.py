@@ -29,6 +29,8 @@ class Message:
     metrics: dict[str, Any]
     created: float
     damaged: bool = False  # the row could not be read as written; the fields hold what could be
+    version: int = 1  # which of the message's versions this is (a reply asked for again has several), from 1
+    versions: int = 1  # how many versions the message has; the message row holds the one shown
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,22 @@ def _add_documents(db: Database) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN documents TEXT NOT NULL DEFAULT '[]'")
 
 
-MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params, _add_documents]
+def _add_versions(db: Database) -> None:
+    # a reply asked for again keeps each answer: the message row holds the version shown (the one later turns
+    # continue from; ``version`` is its number, from 1), ``message_versions`` every other one of that message
+    db.execute("ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 1")
+    db.execute(
+        """CREATE TABLE message_versions (
+            message_id INTEGER NOT NULL REFERENCES messages (id) ON DELETE CASCADE,
+            number INTEGER NOT NULL,
+            content TEXT NOT NULL,
+            status TEXT NOT NULL,
+            metrics TEXT NOT NULL DEFAULT '{}',
+            created REAL NOT NULL,
+            PRIMARY KEY (message_id, number))"""
+    )
+
+
+MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params, _add_documents, _add_versions]
 HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
 SCHEMA_VERSION = HISTORY_SCHEMA.version

@@ -18,6 +18,13 @@ object, an unknown role or status, text that is not text) is returned with
 ``damaged=True`` and what could be read; it never stops the other rows, or
 the window, from loading.
 
+A reply asked for again keeps every answer as a version of the same message
+(:meth:`Store.new_version`): the message row holds the version shown, the one
+later turns continue from (``Message.version`` of ``Message.versions``), the
+others wait in ``message_versions`` until :meth:`Store.show_version` swaps one
+in; :meth:`Store.versions` lists them all.  Search and export see the version
+shown.
+
 :class:`StreamSaver` saves a streaming reply at most once per ``interval``
 seconds, so a crash loses at most that much text; :meth:`Store.recover_streaming`
 marks replies left ``"streaming"`` by a crash as ``"cancelled"``.
@@ -67,6 +74,12 @@ __all__ = [
 
 
 _CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params, documents"
+# a message row as :func:`_message` reads it: the version shown, and how many versions it has
+_MESSAGE_SELECT = (
+    "SELECT m.id, m.conversation_id, m.role, m.content, m.status, m.metrics, m.created, m.version, "
+    "1 + (SELECT count(*) FROM message_versions v WHERE v.message_id = m.id) FROM messages m"
+)
+_VERSION_ROW = "SELECT conversation_id, content, status, metrics, created, version FROM messages WHERE id = ?"
 
 
 def _params_json(params: dict[str, Any]) -> str:
@@ -169,6 +182,10 @@ class Store:
 
     def delete_conversation(self, conversation_id: str) -> None:
         with self._op("delete the conversation", write=True) as db:
+            db.execute(
+                "DELETE FROM message_versions WHERE message_id IN (SELECT id FROM messages WHERE conversation_id = ?)",
+                [conversation_id],
+            )
             db.execute("DELETE FROM messages WHERE conversation_id = ?", [conversation_id])
             deleted = db.execute("DELETE FROM conversations WHERE id = ?", [conversation_id])
         if not deleted.rowcount:
@@ -237,15 +254,92 @@ class Store:
     def messages(self, conversation_id: str) -> list[Message]:
         with self._op("read the conversation's messages") as db:
             self._require_conversation(db, conversation_id)
+            rows = db.execute(f"{_MESSAGE_SELECT} WHERE m.conversation_id = ? ORDER BY m.id", [conversation_id])
+            return [_message(*row) for row in rows.fetchall()]
+
+    def message(self, message_id: int) -> Message:
+        """One message, as :meth:`messages` reads it (the version shown)."""
+        with self._op("read the message") as db:
+            row = db.execute(f"{_MESSAGE_SELECT} WHERE m.id = ?", [message_id]).fetchone()
+        if row is None:
+            raise NotFoundError(f"No message with id {message_id}; was it deleted?")
+        return _message(*row)
+
+    # -- versions of a reply ----------------------------------------------------------
+
+    def new_version(self, message_id: int) -> int:
+        """Keep the message's text as one of its versions and empty the row for a new one (``"streaming"``),
+        shown from now on; returns the new version's number, the highest (regenerate)."""
+        with self._op("keep the reply's earlier version", write=True) as db:
+            conversation_id, *shown = self._version_row(db, message_id)
+            numbers = db.execute("SELECT max(number) FROM message_versions WHERE message_id = ?", [message_id])
+            number = 1 + max(_number(shown[-1]), _number(numbers.fetchone()[0]))
+            self._keep_version(db, message_id, shown)
+            db.execute(
+                "UPDATE messages SET content = '', status = 'streaming', metrics = '{}', created = ?, version = ? "
+                "WHERE id = ?",
+                [time.time(), number, message_id],
+            )
+            self._touch(db, conversation_id)
+        return number
+
+    def show_version(self, message_id: int, number: int) -> Message:
+        """Make version ``number`` of the message the one shown (and the one later turns continue from);
+        returns the message as it reads now.  A reply still streaming cannot be switched."""
+        with self._op("show another version of the reply", write=True) as db:
+            _conversation_id, *shown = self._version_row(db, message_id)
+            if shown[1] == "streaming":
+                raise StoreError("This reply is still being written; wait for it to end, then pick a version.")
+            if number != _number(shown[-1]):
+                wanted = db.execute(
+                    "SELECT content, status, metrics, created FROM message_versions "
+                    "WHERE message_id = ? AND number = ?",
+                    [message_id, number],
+                ).fetchone()
+                if wanted is None:
+                    raise NotFoundError(f"Message {message_id} has no version {number}.")
+                self._keep_version(db, message_id, shown)
+                db.execute("DELETE FROM message_versions WHERE message_id = ? AND number = ?", [message_id, number])
+                db.execute(
+                    "UPDATE messages SET content = ?, status = ?, metrics = ?, created = ?, version = ? WHERE id = ?",
+                    [*wanted, number, message_id],
+                )
+        return self.message(message_id)
+
+    def versions(self, message_id: int) -> list[Message]:
+        """Every version of the message, by number (the one shown among them, read from its row)."""
+        shown = self.message(message_id)
+        with self._op("read the reply's versions") as db:
             rows = db.execute(
-                "SELECT id, conversation_id, role, content, status, metrics, created "
-                "FROM messages WHERE conversation_id = ? ORDER BY id",
-                [conversation_id],
+                "SELECT number, content, status, metrics, created FROM message_versions WHERE message_id = ?",
+                [message_id],
             ).fetchall()
-        return [_message(*row) for row in rows]
+        conversation_id, role, count = shown.conversation_id, shown.role, shown.versions
+        kept = [
+            _message(message_id, conversation_id, role, text, status, metrics, created, number, count)
+            for number, text, status, metrics, created in rows
+        ]
+        return sorted([*kept, shown], key=lambda m: m.version)
+
+    def _version_row(self, db: Database, message_id: int) -> tuple[Any, ...]:
+        row = db.execute(_VERSION_ROW, [message_id]).fetchone()
+        if row is None:
+            raise NotFoundError(f"No message with id {message_id}; was it deleted?")
+        return tuple(row)
+
+    def _keep_version(self, db: Database, message_id: int, shown: list[Any]) -> None:
+        """Move the row's version (content, status, metrics, created, number) into ``message_versions``; one
+        left ``"streaming"`` (a crash) is kept as ``"cancelled"``."""
+        content, status, metrics, created, number = shown
+        db.execute(
+            "INSERT INTO message_versions (message_id, number, content, status, metrics, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [message_id, _number(number), content, "cancelled" if status == "streaming" else status, metrics, created],
+        )
 
     def delete_messages_from(self, conversation_id: str, message_id: int) -> None:
-        """Delete that message and every later one in its conversation (regenerate / edit)."""
+        """Delete that message and every later one in its conversation, with their versions (edit, and what
+        followed a reply asked for again)."""
         with self._op("delete the messages", write=True) as db:
             found = db.execute(
                 "SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?",
@@ -253,6 +347,11 @@ class Store:
             ).fetchone()
             if found is None:
                 raise NotFoundError(f"No message {message_id} in conversation {conversation_id!r}; was it deleted?")
+            db.execute(
+                "DELETE FROM message_versions WHERE message_id IN "
+                "(SELECT id FROM messages WHERE conversation_id = ? AND id >= ?)",
+                [conversation_id, message_id],
+            )
             db.execute(
                 "DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
                 [conversation_id, message_id],
@@ -369,11 +468,24 @@ def _to_json(metrics: dict[str, Any] | None) -> str:
         raise ValueError(f"metrics must be plain JSON (numbers, text, lists, dicts): {e}") from e
 
 
+def _number(value: object) -> int:
+    """A version number as stored (1 when it is not a whole number of 1 or more: a damaged row)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
+
+
 def _message(
-    m_id: int, conv: str, role: object, text: object, status: object, metrics: object, created: object
+    m_id: int,
+    conv: str,
+    role: object,
+    text: object,
+    status: object,
+    metrics: object,
+    created: object,
+    version: object = 1,
+    versions: object = 1,
 ) -> Message:
     """A Message from a row; what cannot be read as written is replaced and the message marked damaged."""
-    damaged = False
+    damaged = _number(version) != version
     try:
         parsed = json.loads(metrics) if isinstance(metrics, str | bytes) else None
     except ValueError:
@@ -389,4 +501,6 @@ def _message(
         status, damaged = "error", True
     if not isinstance(created, int | float) or isinstance(created, bool) or not math.isfinite(created):
         created, damaged = 0.0, True
-    return Message(m_id, conv, cast(str, role), text, cast(str, status), parsed, float(created), damaged)
+    number = _number(version)
+    count = max(_number(versions), number)
+    return Message(m_id, conv, cast(str, role), text, cast(str, status), parsed, float(created), damaged, number, count)

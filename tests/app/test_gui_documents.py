@@ -417,7 +417,7 @@ def test_an_older_history_file_opens_and_its_chats_have_no_documents(harness, qt
     chat(qtbot, window, "Still works")
     assert fake(window).requests[-1].documents == ()
     raw = sqlite3.connect(brisk_data_dir / "brisk.db")
-    assert raw.execute("PRAGMA user_version").fetchone() == (4,)
+    assert raw.execute("PRAGMA user_version").fetchone() == (store_module.SCHEMA_VERSION,)
     assert raw.execute("SELECT documents FROM conversations WHERE id = 'old'").fetchone() == ("[]",)
     raw.execute("UPDATE conversations SET documents = '{not json' WHERE id = 'old'")  # damaged: none attached
     raw.commit()

@@ -25,8 +25,11 @@ $(STAMP): pyproject.toml Makefile
 native: $(STAMP)
 	$(PY) -m engine.quant.native
 
+# app.qt_libs: the window's Qt platform plugin finds its system libraries, else the one apt-get/dnf line
+# that installs them (Qt's own message names only libxcb-cursor0); skipped for a headless command in ARGS.
 run: $(STAMP)
 	-$(PY) -m engine.quant.native
+	@$(PY) -m app.qt_libs $(ARGS)
 	$(VENV)/bin/brisk $(ARGS)
 
 # Tiers: the marks are given by rule in tests/conftest.py.  `make test-fast` is the inner loop (in-process

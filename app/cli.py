@@ -22,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         print(describe())
         return 0
     if getattr(args, "func", None) is not None:
+        if args.command == "doctor":  # the engine's facts, and whether the window can open here
+            from app.qt_libs import doctor_line
+
+            args.window_facts = {"qt libraries": doctor_line()}
         code = int(args.func(args))
         if argv is None:  # the `brisk` process itself: leave now, with the work done and flushed
             # Background threads may still be inside native code (the answer cache's embedding model

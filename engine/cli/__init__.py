@@ -38,6 +38,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from engine.doctor import report
 
     data = report()
+    data.update(getattr(args, "window_facts", {}))  # the window's own checks (Qt's libraries), given by app.cli
     if args.json:
         emit_json(data)
     else:

@@ -5,17 +5,37 @@ penalty, temperature, top-k and top-p, and returns probabilities (or ``None``
 for greedy).  ``pick(logits, ...)`` returns one token id.  The speculative
 decoder uses ``distribution`` too, so plain and speculative sampling see the
 very same distribution.
+
+The repetition penalty counts ``recent(reply, penalty)``: the reply's own last
+``PENALTY_WINDOW`` tokens (llama.cpp's ``repeat_last_n`` is 64 too), never the
+prompt.  Counting the prompt made a grounded reply avoid the very words of the
+document, system prompt or pasted text it should quote, and made prompt lookup's
+drafts (which are those words) fail.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from engine.api import Sampling
 
+PENALTY_WINDOW = 64  # the reply's last tokens the repetition penalty counts
+
+
+def recent(reply: Sequence[int], penalty: float) -> torch.Tensor | None:
+    """The ids the repetition penalty counts after ``reply`` (the reply's tokens so far, no prompt):
+    its last ``PENALTY_WINDOW`` tokens, or None when the penalty is off or nothing was said yet."""
+    if penalty == 1.0 or not reply:
+        return None
+    return torch.tensor(list(reply[-PENALTY_WINDOW:]), dtype=torch.long)
+
 
 def penalise(logits: torch.Tensor, history: torch.Tensor | None, penalty: float) -> torch.Tensor:
-    """CTRL-style repetition penalty over ids in ``history`` (1-D long tensor)."""
+    """CTRL-style repetition penalty over the ids in ``history`` (1-D long tensor, from :func:`recent`):
+    each such id's logit is divided by ``penalty`` when positive, multiplied when not, once however often
+    it occurs."""
     if penalty == 1.0 or history is None or history.numel() == 0:
         return logits
     logits = logits.clone()

@@ -115,7 +115,7 @@ def generate_steps(
     generated: list[int] = []  # every token yielded so far; the consumer reads them in order
 
     t = time.perf_counter()
-    token = sampling.pick(_row(logits[-1], grammar), params, _history(prompt, generated, params), generator)
+    token = sampling.pick(_row(logits[-1], grammar), params, None, generator)  # no reply yet: nothing penalised
     if grammar is not None:
         grammar.accept([token])
     generated.append(token)
@@ -133,7 +133,7 @@ def generate_steps(
             assert source is not None
             if grammar is not None:
                 logits = grammar.masks_along(logits, drafts)
-            accepted, token = verify(logits, drafts, probs, params, prompt + generated, generator)
+            accepted, token = verify(logits, drafts, probs, params, generated, generator)
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
             seconds = time.perf_counter() - t_draft
             if source != FORCED and batching.stepped_alone():  # forced tokens are the format's; a batched
@@ -145,7 +145,7 @@ def generate_steps(
             yield Step(ids, source, len(drafts), seconds)
         else:
             row = _row(logits[-1], grammar)
-            token = sampling.pick(row, params, _history(prompt, generated, params), generator)
+            token = sampling.pick(row, params, sampling.recent(generated, params.repetition_penalty), generator)
             now = time.perf_counter()
             seconds = now - t
             if batching.stepped_alone():  # a batched step's time is the batch's, not this model step's
@@ -196,7 +196,3 @@ def _draft(
                 return drafts[:k], probs, drafter.name
             controller.record_empty(drafter.name, time.perf_counter() - t)
     return [], None, None
-
-
-def _history(prompt: list[int], generated: list[int], params: Sampling) -> torch.Tensor | None:
-    return torch.tensor(prompt + generated) if params.repetition_penalty != 1.0 else None

@@ -1,6 +1,6 @@
 """The acceptance rule of speculative decoding, as one pure function.
 
-``verify(logits, drafts, draft_probs, params, history, generator)`` takes the
+``verify(logits, drafts, draft_probs, params, reply, generator)`` takes the
 target model's logits for the positions of ``k`` drafted tokens plus one, and
 returns ``(accepted, next_token)``: the first ``accepted`` drafts stand and
 ``next_token`` is the target's own token after them.  It reads nothing but its
@@ -21,22 +21,23 @@ def verify(
     drafts: list[int],
     draft_probs: torch.Tensor | None,
     params: Sampling,
-    history: list[int],
+    reply: list[int],
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """Check ``drafts`` against target ``logits`` (``[len(drafts) + 1, vocab]``).
 
     ``draft_probs`` (``[len(drafts), vocab]``) is the drafter's distribution q
     for each draft, or None for a deterministic drafter (prompt lookup, earlier
-    answers), whose q is one-hot.  ``history`` is the prompt and reply before
-    the drafts (for the repetition penalty).
+    answers), whose q is one-hot.  ``reply`` is the reply's tokens before the
+    drafts: the repetition penalty counts its window of them (``sampling.recent``),
+    exactly as a plain step would.
     """
     k = len(drafts)
     penalty = params.repetition_penalty != 1.0
 
     def hist(i: int) -> torch.Tensor | None:
-        # row i of the logits follows history + drafts[:i]; the penalty must see exactly that
-        return torch.tensor(history + drafts[:i]) if penalty else None
+        # row i of the logits follows reply + drafts[:i]: a plain step there would penalise that window
+        return sampling.recent(reply + drafts[:i], params.repetition_penalty) if penalty else None
 
     if params.temperature <= 0:
         # Greedy: the target's token at row i is t_i = argmax(logits[i]).  Draft i stands iff

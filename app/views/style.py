@@ -9,10 +9,13 @@ paints reads :func:`current` when it paints, so a change shows at the next
 repaint.  :func:`theme_for` picks the theme for the ``theme`` setting
 ("system", "light", "dark") and whether the system's colour scheme is dark.
 
-Spin boxes get their own buttons and arrow images (``icons/``): a styled
-frame makes Qt draw the buttons from the stylesheet too, and without an
-``image`` their arrows would be empty boxes.  The sidebar's rename editor has
-a slim padding so the title fits in the row's height.
+Spin boxes get their own buttons and arrow images (``icons/``; the dark
+theme's have light strokes, ``Theme.arrows``): a styled frame makes Qt draw
+the buttons from the stylesheet too, and without an ``image`` their arrows
+would be empty boxes.  A drop-down's list gets the theme's colours and the
+accent for its current item, which a styled QComboBox otherwise draws as an
+empty box.  The sidebar's rename editor has a slim padding so the title fits
+in the row's height.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Theme:
     chart_bg: str
     chart_axis: str
     pygments: str  # the Pygments style of code blocks
+    arrows: str = ""  # the arrow images' suffix in icons/ ("-dark": light strokes that show on dark buttons)
 
     @property
     def dark(self) -> bool:
@@ -146,6 +150,7 @@ DARK = Theme(
     chart_bg="#1e1f22",
     chart_axis="#b4b8bf",
     pygments="monokai",
+    arrows="-dark",
 )
 
 _SHEET = """
@@ -165,6 +170,11 @@ QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
     border: 1px solid {t.border}; border-radius: 8px; padding: 5px 8px; background: {t.window};
 }}
 QLineEdit:focus, QPlainTextEdit:focus {{ border-color: {t.accent}; }}
+QComboBox {{ selection-background-color: {t.accent}; selection-color: #ffffff; }}
+QComboBox QAbstractItemView {{
+    background: {t.window}; color: {t.text}; border: 1px solid {t.border}; outline: none;
+    selection-background-color: {t.accent}; selection-color: #ffffff;
+}}
 QSpinBox, QDoubleSpinBox {{ padding-right: 24px; }}
 QSpinBox::up-button, QDoubleSpinBox::up-button, QSpinBox::down-button, QDoubleSpinBox::down-button {{
     subcontrol-origin: border; width: 20px; border-left: 1px solid {t.border}; background: {t.button_bg};
@@ -175,8 +185,10 @@ QSpinBox::down-button, QDoubleSpinBox::down-button {{
 }}
 QSpinBox::up-button:hover, QDoubleSpinBox::up-button:hover,
 QSpinBox::down-button:hover, QDoubleSpinBox::down-button:hover {{ background: {t.hover}; }}
-QSpinBox::up-arrow, QDoubleSpinBox::up-arrow {{ image: url({ICONS}/arrow-up.svg); width: 9px; height: 9px; }}
-QSpinBox::down-arrow, QDoubleSpinBox::down-arrow {{ image: url({ICONS}/arrow-down.svg); width: 9px; height: 9px; }}
+QSpinBox::up-arrow, QDoubleSpinBox::up-arrow {{ image: url({ICONS}/arrow-up{t.arrows}.svg); width: 9px; height: 9px; }}
+QSpinBox::down-arrow, QDoubleSpinBox::down-arrow {{
+    image: url({ICONS}/arrow-down{t.arrows}.svg); width: 9px; height: 9px;
+}}
 QSpinBox::up-arrow:disabled, QSpinBox::up-arrow:off, QDoubleSpinBox::up-arrow:disabled,
 QDoubleSpinBox::up-arrow:off, QSpinBox::down-arrow:disabled, QSpinBox::down-arrow:off,
 QDoubleSpinBox::down-arrow:disabled, QDoubleSpinBox::down-arrow:off {{ image: none; }}
@@ -219,7 +231,7 @@ QToolButton#docChipMore {{ padding: 3px 8px; }}
 QToolButton#attachButton {{ padding: 5px 18px 5px 5px; border-radius: 8px; }}
 QToolButton#attachButton::menu-button {{ border: none; width: 16px; border-radius: 8px; }}
 QToolButton#attachButton::menu-button:hover {{ background: {t.border_soft}; }}
-QToolButton#attachButton::menu-arrow {{ image: url({ICONS}/arrow-down.svg); width: 9px; height: 9px; }}
+QToolButton#attachButton::menu-arrow {{ image: url({ICONS}/arrow-down{t.arrows}.svg); width: 9px; height: 9px; }}
 QStatusBar {{ background: {t.side}; color: {t.muted}; }}
 QProgressBar {{ border: 1px solid {t.border}; border-radius: 4px; background: {t.window}; max-height: 8px; }}
 QProgressBar::chunk {{ background: {t.accent}; border-radius: 3px; }}

@@ -2,7 +2,9 @@
 
 Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``POST /v1/chat/completions`` (streamed or not), ``POST /v1/completions``,
-``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships).
+``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships);
+each of OpenAI's paths also without the ``/v1`` (a client given the base URL
+``http://host:port`` posts to ``/chat/completions``, as llama-server answers).
 Every error is OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` with its status: 400 for a body Brisk cannot honour (named field),
 401 without the right key, 404 for an unknown model or path, 405, 413 for a
@@ -53,6 +55,8 @@ EMBED_MAX_INPUTS = 2048  # texts in one /v1/embeddings request (OpenAI's limit)
 EMBED_MAX_CHARS = 1 << 20  # characters of them all, each counted once cut (about 250,000 tokens: OpenAI takes 300,000)
 EMBED_BATCH = 16  # texts the embedder encodes at once: its memory, and how soon a client that left stops it
 TOOL_OPEN = "<tool_call>"
+# what a 404 lists: OpenAI's paths answer with and without the /v1 in front
+ENDPOINTS = "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health"
 
 
 @dataclass
@@ -472,8 +476,7 @@ def build_app(service: Service) -> Starlette:
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         message = {
-            404: f"No endpoint {request.url.path} (this server has /v1/chat/completions, /v1/completions, "
-            "/v1/embeddings, /v1/models, /health).",
+            404: f"No endpoint {request.url.path} (this server has {ENDPOINTS}).",
             405: f"{request.method} is not allowed on {request.url.path}.",
         }.get(exc.status_code, str(exc.detail))
         return error_response(ApiError(exc.status_code, message, code=code))
@@ -484,14 +487,15 @@ def build_app(service: Service) -> Starlette:
         traceback.print_exception(exc)
         return error_response(ApiError(500, f"The server failed ({type(exc).__name__}: {exc}).", code="server_error"))
 
-    routes = [
-        Route("/health", handlers.health, methods=["GET"]),
-        Route("/v1/models", handlers.models, methods=["GET"]),
-        Route("/v1/models/{name:path}", handlers.model, methods=["GET"]),
-        Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
-        Route("/v1/completions", handlers.completions, methods=["POST"]),
-        Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
-    ]
+    routes = [Route("/health", handlers.health, methods=["GET"]), Route("/v1/health", handlers.health, methods=["GET"])]
+    for path, handler, method in (
+        ("/models", handlers.models, "GET"),
+        ("/models/{name:path}", handlers.model, "GET"),
+        ("/chat/completions", handlers.chat, "POST"),
+        ("/completions", handlers.completions, "POST"),
+        ("/embeddings", handlers.embeddings, "POST"),
+    ):  # each under /v1 and without it: clients given a base URL without /v1 post to /chat/completions
+        routes += [Route("/v1" + path, handler, methods=[method]), Route(path, handler, methods=[method])]
     middleware: list[Middleware] = []
     return Starlette(
         routes=routes,

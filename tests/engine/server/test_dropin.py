@@ -52,3 +52,35 @@ def test_a_wrong_path_lists_both_forms(served: Served) -> None:
     missing = httpx.post(served.root + "/chat/completion", json={"messages": HELLO})
     assert missing.status_code == 404
     assert "[/v1]/chat/completions" in missing.json()["error"]["message"]
+
+
+def test_another_model_name_is_answered_by_the_loaded_model(served: Served) -> None:
+    api = served.openai()
+    expected = api.chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=8)
+    for name in ("gpt-4o-mini", "claude-3-5-sonnet-latest"):
+        reply = api.chat.completions.create(model=name, messages=HELLO, max_tokens=8)
+        assert reply.model == served.service.model  # the reply names the model that answered
+        assert reply.choices[0].message.content == expected.choices[0].message.content
+    chunks = list(api.chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=4, stream=True))
+    assert {c.model for c in chunks} == {served.service.model}
+    text = api.completions.create(model="gpt-3.5-turbo-instruct", prompt="The cat", max_tokens=4)
+    assert text.model == served.service.model
+
+
+def test_strict_model_keeps_the_404(served: Served) -> None:
+    served.service.strict_model = True
+    try:
+        with pytest.raises(openai.NotFoundError, match="gpt-4o-mini"):
+            served.openai().chat.completions.create(model="gpt-4o-mini", messages=HELLO, max_tokens=4)
+        refused = httpx.post(served.url + "/completions", json={"model": "gpt-4o", "prompt": "The cat"})
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "model"
+        assert served.openai().chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=2)
+    finally:
+        served.service.strict_model = False
+
+
+def test_brisk_serve_takes_strict_model() -> None:
+    from engine.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--strict-model"]).strict_model is True
+    assert build_parser().parse_args(["serve"]).strict_model is False

@@ -68,7 +68,7 @@ class Settings:
     speculative: str = "auto"  # one of engine.api.SOURCES
     draft_model: str = ""
     draft_quant: str = "none"  # one of engine.api.QUANT_MODES
-    colour_draft_tokens: bool = True
+    colour_draft_tokens: bool = False  # a tint on drafted tokens (Speed dialog): off, so a reply reads as text
     answer_cache: bool = True
     prefill_while_typing: bool = True  # the composer's draft is prefilled before Send (engine.runtime.hints)
     answer_cache_threshold: float = 0.86  # cosine similarity a paraphrase needs (0.5 to 1)

@@ -58,7 +58,13 @@ def test_an_earlier_answer_is_served_from_the_cache_or_drafted_and_coloured(
     # quant pinned: "auto" measures again after a noisy probe (a busy CI machine) and may pick another mode,
     # whose answers are not the first one's
     settings = Settings(
-        model=str(tiny_dir), device="cpu", dtype="float32", quant="none", max_tokens=48, prefix_cache=False
+        model=str(tiny_dir),
+        device="cpu",
+        dtype="float32",
+        quant="none",
+        max_tokens=48,
+        prefix_cache=False,
+        colour_draft_tokens=True,  # off by default; this test checks the colour
     )
     first = open_window(qtbot, db, Settings(**{**settings.__dict__, "speculative": "off"}))
     ask(qtbot, first, QUESTION)

@@ -78,20 +78,24 @@ def test_a_reply_cut_off_inside_a_code_block_keeps_its_formatting() -> None:
     assert DRAFT_COLOUR not in drafted and "x_1" in re.sub(r"<[^>]+>", "", drafted), "code keeps its own colours"
 
 
-def test_drafted_tokens_are_coloured_when_enabled(qtbot: QtBot, harness: Harness) -> None:
+def test_drafted_tokens_are_coloured_only_when_enabled(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
     fake(window).draft_every = 2
     chat(qtbot, window, "Hi")
+    assert DRAFT_COLOUR not in last_bubble(window).content.text(), "off by default: a reply reads as plain text"
+    window.apply_settings(replace(window.settings, colour_draft_tokens=True))  # Speed > Colour drafted tokens
+    chat(qtbot, window, "Again")
     assert DRAFT_COLOUR in last_bubble(window).content.text()
     window.apply_settings(replace(window.settings, colour_draft_tokens=False))
-    chat(qtbot, window, "Again")
+    chat(qtbot, window, "Once more")
     assert DRAFT_COLOUR not in last_bubble(window).content.text()
 
 
 def test_forced_tokens_have_their_own_colour(qtbot: QtBot, harness: Harness) -> None:
     from app.views import markdown_render
+    from engine.storage import Settings
 
-    window = harness.open()
+    window = harness.open(settings=Settings(colour_draft_tokens=True))
     fake(window).draft_every, fake(window).forced_every = 2, 3  # "Hello", " there"=draft, ","=forced, ...
     chat(qtbot, window, "Hi")
     shown = last_bubble(window).content.text()

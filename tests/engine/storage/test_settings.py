@@ -37,7 +37,7 @@ BAD_VALUES = [
     ("seed", "7", None),
     ("prefix_cache", "yes", True),
     ("answer_cache", 1, True),
-    ("colour_draft_tokens", None, True),
+    ("colour_draft_tokens", None, False),
     ("model", 12, ""),
     ("system_prompt", ["a"], "You are a helpful assistant."),
     ("answer_cache_threshold", 1.5, 0.86),

@@ -4,9 +4,12 @@
 prompt, the values set for it alone and the defaults the others follow) and
 emits ``changed(system_prompt, own)`` when the user edits one: ``own`` holds
 only the values that differ from the defaults, so a chat nobody tuned follows
-Settings.  Labels of values set for this chat are bold, and the line under the
-form says how many there are; "Use defaults" clears them.  The system prompt is
-sent 600 ms after typing stops, or when the box loses focus.
+Settings.  Labels of values set for this chat are bold (the system prompt's too
+when it is not the default one the window passes as ``default_system``), and
+the line under the form says how many there are; "Use defaults" puts back the
+default system prompt and clears the values: the whole panel as Settings has
+it, as a preset sets both.  The system prompt is sent 600 ms after typing
+stops, or when the box loses focus.
 
 The reply format (free text, any JSON object, or JSON matching a schema pasted
 or read from a file) is one more value of the chat: a schema that is not JSON,
@@ -102,6 +105,7 @@ class ParametersPanel(QWidget):
         self.check_format: Callable[[str], list[str]] = lambda _format: []
         self._presets: list[Preset] = []
         self._system = ""
+        self._default_system: str | None = None  # Settings' system prompt (None: not given, Use defaults keeps it)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         scroll = QScrollArea()
@@ -139,7 +143,8 @@ class ParametersPanel(QWidget):
         buttons.addStretch(1)
         column.addLayout(buttons)
 
-        column.addWidget(QLabel("System prompt"))
+        self.system_label = QLabel("System prompt")
+        column.addWidget(self.system_label)
         self.system_edit = _PromptEdit()
         self.system_edit.setAccessibleName("System prompt")
         self.system_edit.setPlaceholderText("How the assistant should behave in this chat")
@@ -206,7 +211,9 @@ class ParametersPanel(QWidget):
         self.summary.setWordWrap(True)
         column.addWidget(self.summary)
         self.reset_button = QPushButton("Use defaults")
-        self.reset_button.setToolTip("Drop this chat's own values; it follows the defaults in Settings")
+        self.reset_button.setToolTip(
+            "Back to the defaults in Settings: the default system prompt, and no values of this chat's own"
+        )
         self.reset_button.clicked.connect(self.reset)
         reset_row = QHBoxLayout()
         reset_row.addWidget(self.reset_button)
@@ -307,10 +314,18 @@ class ParametersPanel(QWidget):
 
     # -- showing -----------------------------------------------------------------------
     def show_chat(
-        self, system_prompt: str, own: dict[str, Any], defaults: dict[str, Any], presets: list[Preset], new: bool
+        self,
+        system_prompt: str,
+        own: dict[str, Any],
+        defaults: dict[str, Any],
+        presets: list[Preset],
+        new: bool,
+        default_system: str | None = None,
     ) -> None:
-        """Show a chat's values without emitting ``changed``; ``new``: the chat is not yet created."""
+        """Show a chat's values without emitting ``changed``; ``new``: the chat is not yet created;
+        ``default_system``: Settings' system prompt, which "Use defaults" puts back (None: it keeps the chat's)."""
         self._save_timer.stop()
+        self._default_system = default_system
         self.defaults, self.own, self._presets, self._system = dict(defaults), dict(own), list(presets), system_prompt
         self.heading.setText("Next new chat" if new else "This chat")
         values = defaults | own
@@ -340,13 +355,21 @@ class ParametersPanel(QWidget):
             font = widget.font()
             font.setBold(name in self.own)
             widget.setFont(font)
+        own_system = self._own_system()
+        font = self.system_label.font()
+        font.setBold(own_system)
+        self.system_label.setFont(font)
         count = len(self.own)
-        self.summary.setText(
-            "Follows the defaults in Settings."
-            if not count
-            else f"{count} value{'s' if count != 1 else ''} set for this chat (bold); the rest follow Settings."
-        )
-        self.reset_button.setEnabled(bool(count))
+        values = f"{count} value{'s' if count != 1 else ''}"
+        if own_system:
+            also = f" and {values}" if count else ""
+            summary = f"This chat has its own system prompt{also} (bold); the rest follow Settings."
+        elif count:
+            summary = f"{values} set for this chat (bold); the rest follow Settings."
+        else:
+            summary = "Follows the defaults in Settings."
+        self.summary.setText(summary)
+        self.reset_button.setEnabled(bool(count) or own_system)
         match = self._matching_preset()
         with QSignalBlocker(self.preset_box):
             self.preset_box.clear()
@@ -354,6 +377,9 @@ class ParametersPanel(QWidget):
             self.preset_box.addItems(names if match else [CUSTOM, *names])
             self.preset_box.setCurrentText(match.name if match else CUSTOM)
         self.delete_button.setEnabled(match is not None and not match.builtin)
+
+    def _own_system(self) -> bool:
+        return self._default_system is not None and self._system != self._default_system
 
     def _matching_preset(self) -> Preset | None:
         values = self.defaults | self.own
@@ -401,9 +427,11 @@ class ParametersPanel(QWidget):
             self.changed.emit(text, dict(self.own))
 
     def reset(self) -> None:
-        """Drop the chat's own values (the system prompt stays)."""
-        self.show_chat(self._system, {}, self.defaults, self._presets, self.heading.text() != "This chat")
-        self.changed.emit(self._system, {})
+        """Back to Settings: the default system prompt (when the window gave one) and none of the chat's own values."""
+        system = self._system if self._default_system is None else self._default_system
+        new = self.heading.text() != "This chat"
+        self.show_chat(system, {}, self.defaults, self._presets, new, self._default_system)
+        self.changed.emit(system, {})
 
     def _preset_activated(self, index: int) -> None:
         name = self.preset_box.itemText(index)

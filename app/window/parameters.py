@@ -47,7 +47,8 @@ class ParametersController(QObject):
             self.window.show_banner("store-error", "error", str(exc))
             return
         defaults = params.defaults(self.window.settings)
-        self.panel.show_chat(system, own, defaults, self.presets.presets(), session.conversation_id is None)
+        new, default_system = session.conversation_id is None, self.window.settings.system_prompt
+        self.panel.show_chat(system, own, defaults, self.presets.presets(), new, default_system)
 
     def _changed(self, system_prompt: str, own: dict[str, Any]) -> None:
         try:

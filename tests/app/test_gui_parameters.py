@@ -91,6 +91,32 @@ def test_the_system_prompt_is_the_chats_own(harness, qtbot) -> None:  # noqa: AN
     assert fake(window).requests[-1].messages[0]["content"] == Settings().system_prompt
 
 
+def test_use_defaults_puts_back_the_default_system_prompt_too(harness, qtbot) -> None:  # noqa: ANN001
+    """The button sets the whole panel as Settings has it: a preset's system prompt goes with its values."""
+    window = harness.open()
+    panel = window.parameters.panel
+    assert not panel.reset_button.isEnabled()
+    panel.preset_box.setCurrentText("Creative writing")
+    panel.preset_box.activated.emit(panel.preset_box.currentIndex())
+    tuned = chat(qtbot, window, "A story, please")
+    assert window.store.get_conversation(tuned).system_prompt.startswith("You are an imaginative writer")
+    panel.reset_button.click()
+    kept = window.store.get_conversation(tuned)
+    assert (kept.system_prompt, kept.params) == (Settings().system_prompt, {})
+    assert panel.system_edit.toPlainText() == Settings().system_prompt and not panel.reset_button.isEnabled()
+    assert not panel.system_label.font().bold()
+    assert panel.preset_box.currentText() == "Brisk default" and "Follows the defaults" in panel.summary.text()
+    chat(qtbot, window, "Another, please")
+    assert fake(window).requests[-1].messages[0]["content"] == Settings().system_prompt
+
+    panel.system_edit.setPlainText("Answer like a pirate.")  # a prompt of its own alone: the button is there too
+    panel.system_edit.left.emit()
+    assert panel.reset_button.isEnabled() and panel.summary.text().startswith("This chat has its own system prompt")
+    assert panel.system_label.font().bold()
+    panel.reset_button.click()
+    assert window.store.get_conversation(tuned).system_prompt == Settings().system_prompt
+
+
 def test_presets_apply_save_and_delete(harness, qtbot, brisk_data_dir: Path) -> None:  # noqa: ANN001
     window = harness.open()
     panel = window.parameters.panel

@@ -5,6 +5,9 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships);
 each of OpenAI's paths also without the ``/v1`` (a client given the base URL
 ``http://host:port`` posts to ``/chat/completions``, as llama-server answers).
+A field an endpoint does not know is a 400 that names it, except those clients
+send by habit (``shapes.HABITS``: ``user``, ``metadata``, ``store`` ...), which
+are taken and named in the answer's ``X-Brisk-Ignored`` header.
 Every error is OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` with its status: 400 for a body Brisk cannot honour (named field),
 401 without the right key, 404 for an unknown path (and, with ``strict_model``,
@@ -58,6 +61,7 @@ EMBED_MAX_INPUTS = 2048  # texts in one /v1/embeddings request (OpenAI's limit)
 EMBED_MAX_CHARS = 1 << 20  # characters of them all, each counted once cut (about 250,000 tokens: OpenAI takes 300,000)
 EMBED_BATCH = 16  # texts the embedder encodes at once: its memory, and how soon a client that left stops it
 TOOL_OPEN = "<tool_call>"
+IGNORED_HEADER = "X-Brisk-Ignored"
 # what a 404 lists: OpenAI's paths answer with and without the /v1 in front
 ENDPOINTS = "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health"
 
@@ -157,6 +161,11 @@ def client_name(request: HttpRequest) -> str:
     return f"{agent} ({host})" if agent else host
 
 
+def ignored_header(ignored: tuple[str, ...]) -> dict[str, str]:
+    """``X-Brisk-Ignored``: the fields of ``shapes.HABITS`` a request sent, which the answer did not use."""
+    return {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}
+
+
 def engine_error(message: str) -> ApiError:
     """An engine ``Error`` that came before the reply started, as an HTTP error."""
     if message.startswith("No model"):
@@ -237,6 +246,7 @@ class Handlers:
     async def embeddings(self, request: HttpRequest) -> Response:
         self.check_key(request)
         body = await read_json(request, self.s.max_body)
+        ignored = shapes.checked_fields(body, shapes.EMBEDDING_FIELDS, "/v1/embeddings")
         if self.s.embedder is None:
             raise ApiError(404, "This server has no embedding model.", "model", "model_not_found")
         if body.get("model") not in (None, "", EMBED_MODEL) and (
@@ -297,7 +307,8 @@ class Handlers:
                 "data": data,
                 "model": EMBED_MODEL,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            }
+            },
+            headers=ignored_header(ignored),
         )
 
     # -- replies --------------------------------------------------------------------------
@@ -318,7 +329,10 @@ class Handlers:
                 streaming = True
                 stream = self._chat_stream if chat else self._completion_stream
                 return EventSourceResponse(
-                    self._guarded(req.id, stream(req, reply, events)), ping=15, send_timeout=None
+                    self._guarded(req.id, stream(req, reply, events)),
+                    ping=15,
+                    send_timeout=None,
+                    headers=ignored_header(reply.ignored),
                 )
             done = await self._until(watch, events, Done | Error)
         finally:
@@ -333,9 +347,11 @@ class Handlers:
         if not chat:
             text = (req.messages[0]["content"] if reply.echo else "") + done.text
             finish = shapes.finish_reason(done.finish_reason)
-            return JSONResponse(shapes.completion_response(reply_id, reply, text, finish, done.metrics))
+            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics)
+            return JSONResponse(body, headers=ignored_header(reply.ignored))
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
-        return JSONResponse(shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics))
+        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics)
+        return JSONResponse(body, headers=ignored_header(reply.ignored))
 
     @staticmethod
     async def _until(watch: Watch, events: asyncio.Queue[Any], kinds: Any) -> Any:

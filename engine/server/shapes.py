@@ -4,7 +4,12 @@
 :class:`~engine.api.Request` and the :class:`Reply` options the server needs to
 answer (stream, usage in the stream, n); anything Brisk cannot honour is an
 :class:`ApiError` (a 400 with the field named in ``param``), never silently
-ignored.  A field left out takes the window's value (``Settings``: greedy,
+ignored: a field outside the endpoint's list (``CHAT_FIELDS``,
+``COMPLETION_FIELDS``, ``EMBEDDING_FIELDS``) is a 400 that names it
+(:func:`checked_fields`), except the few in :data:`HABITS`, which clients send
+by habit and which change nothing in a reply Brisk can give: those are taken
+and named back in the answer's ``X-Brisk-Ignored`` header (``Reply.ignored``).
+A field sent as ``null`` counts as left out.  A field left out takes the window's value (``Settings``: greedy,
 repetition penalty 1.1, stop on a repeated block), so a client and the window
 get the same replies.  :func:`chat_response`, :func:`chat_chunk`,
 :func:`completion_response` and :func:`usage` build the answers from a ``Done``'s
@@ -32,6 +37,55 @@ FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": 
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
 MAX_N = 1  # choices per request: one (several would be the same greedy reply, or a batch the client can send)
 CHARS_PER_TOKEN = 32  # more than any tokenizer's tokens average: a prompt over context x this cannot fit
+
+# Fields that the openai SDK, LangChain, litellm and agents send by habit and that change nothing in a reply
+# Brisk can give (who the end user is, tags and storage at OpenAI, a latency tier, a cache key, the effort of
+# a reasoning model, whether several tool calls may come at once): taken, and named in X-Brisk-Ignored.
+HABITS = frozenset(
+    {
+        "user",
+        "safety_identifier",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "parallel_tool_calls",
+        "reasoning_effort",
+    }
+)
+# what sampling_from reads: honoured, or (penalties, n, logprobs, logit_bias) refused by value with a reason
+SAMPLING_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "repeat_penalty",  # llama.cpp's name for it (Brisk's own remote backend sends both)
+        "seed",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "response_format",
+        "n",
+        "frequency_penalty",
+        "presence_penalty",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+    }
+)
+CHAT_FIELDS = SAMPLING_FIELDS | {"model", "messages", "stream", "stream_options", "tools", "tool_choice"}
+COMPLETION_FIELDS = (SAMPLING_FIELDS - {"response_format", "max_completion_tokens", "top_logprobs"}) | {
+    "model",
+    "prompt",
+    "stream",
+    "stream_options",
+    "echo",
+    "suffix",
+    "best_of",
+}
+EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions"})
 
 
 class ApiError(Exception):
@@ -72,6 +126,7 @@ class Reply:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage and no choices
     tools: bool = False  # the client sent tools: tool calls come back as ``tool_calls``
     echo: bool = False  # /v1/completions: the prompt before the completion
+    ignored: tuple[str, ...] = ()  # fields of HABITS the request sent: the answer's X-Brisk-Ignored header
 
 
 def new_id(prefix: str) -> str:
@@ -79,6 +134,23 @@ def new_id(prefix: str) -> str:
 
 
 # -- reading requests --------------------------------------------------------------------------------------
+
+
+def checked_fields(body: Mapping[str, Any], known: frozenset[str], endpoint: str) -> tuple[str, ...]:
+    """The fields of :data:`HABITS` that ``body`` sends (to say in ``X-Brisk-Ignored``); a 400 naming every
+    field that is neither ``known`` nor a habit, since taking it would silently ignore what it asks."""
+    sent = [name for name, value in body.items() if value is not None]
+    unknown = [name for name in sent if name not in known and name not in HABITS]
+    if unknown:
+        names = ", ".join(f"'{name}'" for name in unknown)
+        raise bad(
+            f"{names} {'is' if len(unknown) == 1 else 'are'} not supported by {endpoint} on this server (Brisk "
+            "would ignore it, and the reply would not do what it asks); leave it out. Supported: "
+            f"{', '.join(sorted(known))}.",
+            unknown[0],
+            "unsupported_parameter",
+        )
+    return tuple(sorted(name for name in sent if name in HABITS))
 
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:
@@ -146,12 +218,17 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> 
         temperature=_number(body, "temperature", 0.0, 2.0, defaults.temperature),
         top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p) or defaults.top_p,
         top_k=int(_whole(body, "top_k", 0, 1 << 20) or defaults.top_k),
-        repetition_penalty=_number(body, "repetition_penalty", 0.01, 10.0, defaults.repetition_penalty),
+        repetition_penalty=_number(body, _penalty_name(body), 0.01, 10.0, defaults.repetition_penalty),
         seed=None if seed is None else seed % 2**63,
         max_tokens=limit if limit is not None else defaults.max_tokens,
         stop=_stop(body),
         format=_format(body.get("response_format")),
     )
+
+
+def _penalty_name(body: Mapping[str, Any]) -> str:
+    """Which name the request gives Brisk's repetition penalty: OpenAI servers' or llama.cpp's."""
+    return "repetition_penalty" if body.get("repetition_penalty") is not None else "repeat_penalty"
 
 
 def _usable(format_json: str, param: str) -> None:
@@ -327,6 +404,7 @@ def chat_request(
     body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str
 ) -> tuple[Request, Reply]:
     """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
+    ignored = checked_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     messages = messages_from(body.get("messages"))
     _within_context(len(messages), sum(len(m["content"]) for m in messages), context, "messages")
     tools, forced = tools_from(body)
@@ -345,13 +423,14 @@ def chat_request(
         client_tools=tools,
         origin="server",
     )
-    return request, Reply(model, stream, include_usage, bool(tools))
+    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored)
 
 
 def completion_request(
     body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str
 ) -> tuple[Request, Reply]:
     """A ``/v1/completions`` body: the prompt as it is, no chat template."""
+    ignored = checked_fields(body, COMPLETION_FIELDS, "/v1/completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -364,7 +443,7 @@ def completion_request(
         raise bad("'suffix' is not supported by this server.", "suffix", "unsupported_value")
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' must be 1 here.", "best_of")
-    sampling = sampling_from({k: v for k, v in body.items() if k != "response_format"}, defaults, context)
+    sampling = sampling_from(body, defaults, context)
     stream, include_usage = _streaming(body)
     request = Request(
         new_id("srv"),
@@ -374,7 +453,7 @@ def completion_request(
         raw=True,
         origin="server",
     )
-    return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"))
+    return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored)
 
 
 def _within_context(count: int, chars: int, context: int, param: str) -> None:

@@ -84,3 +84,50 @@ def test_brisk_serve_takes_strict_model() -> None:
 
     assert build_parser().parse_args(["serve", "--strict-model"]).strict_model is True
     assert build_parser().parse_args(["serve"]).strict_model is False
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/chat/completions", {"messages": HELLO, "grammar": 'root ::= "yes"'}, "grammar"),
+        ("/chat/completions", {"messages": HELLO, "functions": [{"name": "f"}]}, "functions"),
+        ("/chat/completions", {"messages": HELLO, "min_p": 0.1, "user": "u1"}, "min_p"),
+        ("/completions", {"prompt": "The cat", "response_format": {"type": "json_object"}}, "response_format"),
+        ("/completions", {"prompt": "The cat", "grammar": 'root ::= "yes"'}, "grammar"),
+        ("/embeddings", {"input": "a cat", "truncate": True}, "truncate"),
+    ],
+)
+def test_a_field_brisk_does_not_honour_is_refused_by_name(served: Served, path: str, body: dict, param: str) -> None:
+    refused = httpx.post(served.url + path, json=body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == param and f"'{param}'" in error["message"]
+    assert error["code"] == "unsupported_parameter"
+
+
+def test_fields_sent_by_habit_are_taken_and_said(served: Served) -> None:
+    habits = {"user": "u-1", "metadata": {"app": "x"}, "store": False, "parallel_tool_calls": True}
+    plain = served.openai().chat.completions.create(model=served.service.model, messages=HELLO, max_tokens=6)
+    response = served.openai().chat.completions.with_raw_response.create(
+        model=served.service.model, messages=HELLO, max_tokens=6, service_tier="auto", **habits
+    )
+    assert response.headers["x-brisk-ignored"] == "metadata, parallel_tool_calls, service_tier, store, user"
+    assert response.parse().choices[0].message.content == plain.choices[0].message.content
+    body = {"messages": HELLO, "max_tokens": 4, "stream": True, "user": "u-1", "logit_bias": None}
+    with httpx.stream("POST", served.url + "/chat/completions", json=body) as streamed:
+        assert streamed.status_code == 200 and streamed.headers["x-brisk-ignored"] == "user"
+        streamed.read()
+    text = httpx.post(served.url + "/completions", json={"prompt": "The cat", "max_tokens": 2, "user": "u"})
+    assert text.status_code == 200 and text.headers["x-brisk-ignored"] == "user"
+    bare = served.openai().chat.completions.with_raw_response.create(
+        model=served.service.model, messages=HELLO, max_tokens=2
+    )
+    assert "x-brisk-ignored" not in bare.headers
+
+
+def test_llama_cpps_name_for_the_repetition_penalty_is_honoured(served: Served) -> None:
+    def reply(extra: dict) -> str:
+        body = {"messages": HELLO, "max_tokens": 24, **extra}
+        return httpx.post(served.url + "/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+
+    assert reply({"repeat_penalty": 1.8}) == reply({"repetition_penalty": 1.8}) != reply({})

@@ -81,6 +81,37 @@ def test_the_server_starts_again_with_the_window(harness) -> None:  # noqa: ANN0
     assert health["status"] == "ok"
 
 
+def test_a_server_started_with_the_window_says_why(harness) -> None:  # noqa: ANN001
+    port = free_port()
+    window = harness.open(settings=Settings(serve=True, serve_port=port))
+    label = window.status_area.server_label
+    assert label.isVisible() and label.text() == f"Serving at http://127.0.0.1:{port}/v1"
+    assert "on when Brisk last closed" in label.toolTip() and "Tools > Server" in label.toolTip()
+
+
+def test_a_second_window_leaves_the_first_ones_server_alone(harness) -> None:  # noqa: ANN001
+    """Launched again on the same settings while the first Brisk serves: no second server, no failure, said."""
+    port = free_port()
+    first = harness.open(settings=Settings(serve=True, serve_port=port))
+    url = f"http://127.0.0.1:{port}/v1"
+    assert first.server_switch.url == url
+    second = harness.open(settings=Settings(serve=True, serve_port=port))
+    assert second.server_switch.url == "" and second.banner("server") is None, "not a failure"
+    assert second.status_area.server_label.text() == f"Another Brisk serves at {url}"
+    assert "Another Brisk already serves" in second.server_switch.open().status.text()
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["status"] == "ok"
+    assert first.bridge.server.running and second.settings.serve  # the choice is kept for the next start
+
+
+def test_serving_again_on_the_same_port_keeps_the_server_running(harness) -> None:  # noqa: ANN001
+    port = free_port()
+    window = harness.open(settings=Settings(serve=True, serve_port=port))
+    listening = window.bridge.server.thread
+    window.server_switch.set(True, port)
+    assert window.bridge.server.thread is listening, "not stopped and started again"
+    assert window.server_switch.url == f"http://127.0.0.1:{port}/v1" and window.bridge.server.running
+
+
 def test_no_model_loaded_is_a_503(harness) -> None:  # noqa: ANN001
     port = free_port()
     window = harness.open(settings=Settings(serve=True, serve_port=port), load=False)

@@ -114,7 +114,7 @@ class Router:
         if self.server is None:
             from engine.server.control import LocalServer
 
-            self.server = LocalServer(self.submit, self.cancel, on_served)
+            self.server = LocalServer(self.submit, self.cancel, on_served, backend=lambda: self.backend)
         return self.server
 
     def submit(self, request: Request) -> None:

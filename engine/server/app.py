@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import re
 import secrets
@@ -49,10 +50,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
-from engine.api import Done, Error, Request, Sampling, Started, Token
+from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token
 from engine.server import shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
+from engine.server.vocab import Vocab
 
 MAX_BODY = 8 << 20  # bytes of one request body
 MAX_DEPTH = 100  # levels of nesting in one body (a schema's own depth is checked where it is compiled)
@@ -83,6 +85,7 @@ class Service:
     embedder: Callable[[], Any] | None = None  # the process's embedder (engine.answer_cache.shared_embedder)
     # a request naming a model this server does not have: a 404 (True), or answered by the loaded model (False)
     strict_model: bool = False
+    vocab: Vocab | None = None  # the loaded model's tokenizer (None: the server has no backend to read it from)
 
     def model_ids(self) -> list[str]:
         ids = [self.model] if self.model else []
@@ -343,6 +346,7 @@ class Handlers:
             return Response(status_code=499)
         if isinstance(done, Error):
             raise ApiError(500, done.message, code="engine_error")
+        done = dataclasses.replace(done, metrics=await self.counted(req, done.metrics))
         reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
         if not chat:
             text = (req.messages[0]["content"] if reply.echo else "") + done.text
@@ -352,6 +356,17 @@ class Handlers:
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
         body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics)
         return JSONResponse(body, headers=ignored_header(reply.ignored))
+
+    async def counted(self, req: Request, metrics: Metrics) -> Metrics:
+        """A reply's metrics with an answer-cache hit's prompt counted: the engine ran no prefill for it, so
+        its ``Done`` says 0; the prompt the model would have read is counted here and, since none of it was
+        computed, all of it is cached (clients' cost tracking reads ``usage``)."""
+        if not metrics.answer_cache or metrics.prompt_tokens or self.s.vocab is None:
+            return metrics
+        ids = await asyncio.to_thread(self.s.vocab.prompt_ids, req)
+        if not ids:
+            return metrics
+        return dataclasses.replace(metrics, prompt_tokens=len(ids), cached_tokens=len(ids))
 
     @staticmethod
     async def _until(watch: Watch, events: asyncio.Queue[Any], kinds: Any) -> Any:
@@ -387,6 +402,7 @@ class Handlers:
                 if send:
                     yield shapes.chat_chunk(reply_id, reply, {"content": send})
             elif isinstance(event, Done):
+                event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 calls: list[dict[str, Any]] = []
                 if reply.tools and held:
                     prose, calls = split_calls(held)
@@ -414,6 +430,7 @@ class Handlers:
             if isinstance(event, Token) and event.text:
                 yield shapes.completion_response(reply_id, reply, event.text, None, None, chunk=True)
             elif isinstance(event, Done):
+                event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 finish = shapes.finish_reason(event.finish_reason)
                 yield shapes.completion_response(reply_id, reply, "", finish, event.metrics, chunk=True)
                 if reply.include_usage:

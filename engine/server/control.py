@@ -6,7 +6,9 @@ server's own, which the window or the CLI then never sees).  Both are wired by
 ``engine.client.Router``, the one place a backend meets its server (the window's
 bridge and ``brisk serve`` alike).  :meth:`start` and :meth:`stop` follow the
 Server switch; :meth:`set_model` follows loads (a request while no model is
-loaded gets a 503 that says so).  Each finished
+loaded gets a 503 that says so).  ``backend`` gives the backend requests go to
+now: the server reads the loaded model's tokenizer through it
+(``engine.server.vocab``).  Each finished
 request is given to ``on_served`` (from the engine's thread) as an
 :class:`engine.api.ServedReply`, for the latency panel's history.
 """
@@ -20,6 +22,7 @@ from engine.api import Metrics, Request, Sampling, ServedReply
 from engine.server.app import Service, model_id
 from engine.server.hub import Entry, Hub
 from engine.server.run import ServerThread
+from engine.server.vocab import Vocab
 
 
 class LocalServer:
@@ -29,9 +32,11 @@ class LocalServer:
         cancel: Callable[[str], None],
         on_served: Callable[[ServedReply], None] | None = None,
         embedder: Callable[[], Any] | None = None,
+        backend: Callable[[], Any] | None = None,
     ) -> None:
         self.hub = Hub(submit, cancel)
-        self.service = Service(hub=self.hub, embedder=embedder or _embedder)
+        vocab = Vocab(backend) if backend is not None else None
+        self.service = Service(hub=self.hub, embedder=embedder or _embedder, vocab=vocab)
         self.thread: ServerThread | None = None  # listening while set
         self._on_served = on_served
         self.hub.log.listeners.append(self._served)

@@ -5,6 +5,8 @@ and said in ``X-Brisk-Ignored``, and honest ``usage`` on an answer-cache hit."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2 as httpx
@@ -131,3 +133,37 @@ def test_llama_cpps_name_for_the_repetition_penalty_is_honoured(served: Served) 
         return httpx.post(served.url + "/chat/completions", json=body).json()["choices"][0]["message"]["content"]
 
     assert reply({"repeat_penalty": 1.8}) == reply({"repetition_penalty": 1.8}) != reply({})
+
+
+@pytest.fixture(scope="module")
+def cached(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server whose engine keeps an answer cache, in a data folder of its own."""
+    before = os.environ["BRISK_DATA_DIR"]
+    os.environ["BRISK_DATA_DIR"] = str(tmp_path_factory.mktemp("answer-cache-server"))
+    server = Served(str(tiny_dir), answer_cache=True)
+    yield server
+    server.close()
+    os.environ["BRISK_DATA_DIR"] = before
+
+
+def test_an_answer_cache_hit_reports_its_prompt_all_cached(cached: Served) -> None:
+    api = cached.openai()
+    question = [{"role": "user", "content": "What does a lighthouse keeper do all day?"}]
+    first = api.chat.completions.create(model=cached.service.model, messages=question, max_tokens=8)
+    hit = api.chat.completions.create(model=cached.service.model, messages=question, max_tokens=8)
+    assert first.model_extra["brisk"]["answer_cache"] is None and hit.model_extra["brisk"]["answer_cache"] == "exact"
+    assert hit.choices[0].message.content == first.choices[0].message.content
+    assert hit.usage.prompt_tokens == first.usage.prompt_tokens > 0
+    assert hit.usage.prompt_tokens_details.cached_tokens == hit.usage.prompt_tokens
+    assert hit.usage.total_tokens == hit.usage.prompt_tokens + hit.usage.completion_tokens
+    chunks = list(
+        api.chat.completions.create(
+            model=cached.service.model,
+            messages=question,
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage.prompt_tokens == first.usage.prompt_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens

@@ -1,16 +1,28 @@
 """The flow of one chat window over the store, in plain Python (no Qt).
 
-:class:`ChatSession` knows which conversation is open and which reply is
-streaming.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
+:class:`ChatSession` knows which conversation is open and which replies are
+streaming: one per chat at most, any number of chats at once (the engine
+batches them).  ``active`` is the open chat's streaming reply, ``streaming(id)``
+any chat's.  ``send``/``regenerate``/``edit`` write the user's turn and an empty
 ``"streaming"`` assistant message to the store and return the engine
 :class:`~engine.api.Request` (system prompt + history) together with the
 :class:`~app.state.reply.ReplyState` that will collect the reply; the caller submits
 the request, which carries the enabled tools (``Settings.tools_enabled``) and
-the parallel-tools choice; ``regenerate(message_id, fresh=True)`` asks with
-``Request.fresh`` (never from the answer cache).  ``apply(event)`` folds engine events into that state and saves
-the text through a :class:`~engine.storage.StreamSaver`; the final status is
-``done``, ``cancelled`` or ``error``.  ``stop()`` ends the reply at once with
-the text so far; the engine's late ``Done(cancelled)`` only adds its metrics.
+the parallel-tools choice.  ``apply(event)`` folds engine events into the
+reply they belong to and saves the text through a :class:`~engine.storage.StreamSaver`;
+the final status is ``done``, ``cancelled`` or ``error``.  ``stop(id)`` ends a
+chat's reply at once with the text so far; the engine's late ``Done(cancelled)``
+only adds its metrics.
+
+``regenerate(message_id)`` asks for a new reply in that message's place: the
+replies after it go, the old text stays as one of the message's versions
+(``Store.new_version``) and the new one streams into the same message.  It is
+a new reply, never the same one again: past the answer cache (``fresh``, and
+``answer_cache`` off, so the sampled reply is not kept as that question's
+answer either) and sampled (:func:`regenerate_sampling`: the chat's
+temperature, or ``REGENERATE_TEMPERATURE`` for a greedy chat, and a new seed
+each time).  ``show_version(message_id, number)`` picks the version shown, the
+one later turns continue from.
 
 A chat's attached documents (``documents``/``set_documents``, kept in the
 history file; before a new chat's first message, kept here and written when
@@ -19,11 +31,13 @@ less the ids in ``skip_documents`` (no longer in the document index).
 
 Store failures while setting up a turn raise :class:`~engine.storage.StoreError`
 before anything is submitted; failures while streaming go to ``on_store_error``
-and the reply carries on on screen.  One reply streams at a time.
+and the reply carries on on screen.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,12 +45,21 @@ from typing import Any
 
 from app.state.reply import ReplyState
 from app.state.tools import enabled_tools
-from engine.api import Done, Error, ModelSpec, Request, Token
+from engine.api import Done, Error, ModelSpec, Request, Sampling, Token
 from engine.storage import Message, Settings, Store, StoreError, StreamSaver, params
 from engine.storage import chat_documents as storage_documents
 
 DEFAULT_TITLE = "New chat"
 TITLE_CHARS = 40
+REGENERATE_TEMPERATURE = 0.8  # a greedy chat's Regenerate samples at this temperature: a new reply, not the same
+SEED_LIMIT = 2**63  # Sampling.seed takes 0 to 2**63-1
+
+
+def regenerate_sampling(sampling: Sampling) -> Sampling:
+    """How a Regenerate samples: the chat's values, at its temperature (``REGENERATE_TEMPERATURE`` when the
+    chat is greedy), with a seed of its own, so each Regenerate is a new reply."""
+    temperature = sampling.temperature if sampling.temperature > 0 else REGENERATE_TEMPERATURE
+    return dataclasses.replace(sampling, temperature=temperature, seed=secrets.randbelow(SEED_LIMIT))
 
 
 def make_title(text: str, limit: int = TITLE_CHARS) -> str:
@@ -70,6 +93,7 @@ class Turn:
     reply: ReplyState
     user_message_id: int | None
     new_conversation: bool
+    version: tuple[int, int] | None = None  # a regenerated reply's (number, of how many versions)
 
 
 def chat_messages(system_prompt: str, history: Sequence[Message]) -> list[dict[str, str]]:
@@ -85,9 +109,9 @@ class ChatSession:
         self.store = store
         self.settings = settings
         self.conversation_id: str | None = None
-        self.active: ReplyState | None = None
         self.on_store_error: Callable[[StoreError], None] | None = None
-        self._saver: StreamSaver | None = None
+        self._streaming: dict[str, ReplyState] = {}  # conversation id -> its reply still streaming
+        self._savers: dict[str, StreamSaver] = {}  # request id -> the saver of that streaming reply
         self._stopped: dict[str, ReplyState] = {}  # stopped locally, engine's Done still due
         # what the parameters panel set before the chat exists (a new chat): written when it is created
         self.pending_system: str | None = None
@@ -103,6 +127,19 @@ class ChatSession:
         self.conversation_id = conversation_id
         self.pending_system, self.pending_params = None, {}
         return self.messages()
+
+    @property
+    def active(self) -> ReplyState | None:
+        """The open chat's reply while it streams (None: the open chat may start a turn)."""
+        return self._streaming.get(self.conversation_id) if self.conversation_id is not None else None
+
+    def streaming(self, conversation_id: str) -> ReplyState | None:
+        """That chat's reply while it streams."""
+        return self._streaming.get(conversation_id)
+
+    def all_streaming(self) -> list[ReplyState]:
+        """Every reply still streaming, in any chat."""
+        return list(self._streaming.values())
 
     @property
     def draft_id(self) -> str:
@@ -177,15 +214,31 @@ class ChatSession:
         turn.user_message_id, turn.new_conversation = user_id, new
         return turn
 
-    def regenerate(self, message_id: int, fresh: bool = False) -> Turn:
-        """Ask again for the assistant reply ``message_id`` (it and all after it go); ``fresh``: not from the cache."""
+    def regenerate(self, message_id: int) -> Turn:
+        """Ask for a new reply in place of the assistant reply ``message_id`` (the messages after it go; its
+        text stays one of its versions): sampled, never from the answer cache, streamed into the same message."""
         self._require_idle()
         conversation_id = self._current()
-        target = self._find(message_id)
+        messages = self.store.messages(conversation_id)
+        target = next((m for m in messages if m.id == message_id), None)
+        if target is None:
+            raise ValueError(f"Message {message_id} is not in this conversation.")
         if target.role != "assistant":
             raise ValueError("Only an assistant reply can be regenerated.")
-        self.store.delete_messages_from(conversation_id, message_id)
-        return self._begin(conversation_id, fresh=fresh)
+        later = next((m for m in messages if m.id > message_id), None)
+        if later is not None:
+            self.store.delete_messages_from(conversation_id, later.id)
+        number = self.store.new_version(message_id)
+        turn = self._begin(conversation_id, reply_id=message_id)
+        turn.version = (number, number)
+        return turn
+
+    def show_version(self, message_id: int, number: int) -> Message:
+        """Show version ``number`` of a reply of the open chat (later turns continue from it); the message now."""
+        self._require_idle()
+        if self._find(message_id).role != "assistant":
+            raise ValueError("Only an assistant reply has versions.")
+        return self.store.show_version(message_id, number)
 
     def edit(self, message_id: int, text: str) -> Turn:
         """Replace user message ``message_id`` with ``text``, drop what followed, ask again."""
@@ -218,19 +271,20 @@ class ChatSession:
         own: dict[str, Any],
         conversation_id: str,
         docs: Sequence[dict[str, Any]] = (),
-        fresh: bool = False,
+        regenerated: bool = False,
     ) -> Request:
+        sampling = params.sampling(self.settings, own)
         return Request(
             id=uuid.uuid4().hex,
             messages=messages,
-            sampling=params.sampling(self.settings, own),
+            sampling=regenerate_sampling(sampling) if regenerated else sampling,
             conversation_id=conversation_id,
             prefix_cache=self.settings.prefix_cache,
             speculative=self.settings.speculative,
             tools=enabled_tools(self.settings),
             parallel_tools=self.settings.parallel_tools,
-            answer_cache=self.settings.answer_cache,
-            fresh=fresh,
+            answer_cache=self.settings.answer_cache and not regenerated,
+            fresh=regenerated,
             documents=self.sent_ids(docs),
         )
 
@@ -240,14 +294,20 @@ class ChatSession:
         entries = self.documents() if docs is None else docs
         return tuple(d["id"] for d in entries if d["id"] not in self.skip_documents)
 
-    def _begin(self, conversation_id: str, fresh: bool = False) -> Turn:
+    def _begin(self, conversation_id: str, reply_id: int | None = None) -> Turn:
+        """Start the reply of a turn: a new assistant message, or (``reply_id``, regenerate) that message's
+        new version, emptied already, so the history sent stops before it."""
         conversation = self.store.get_conversation(conversation_id)
         messages = chat_messages(conversation.system_prompt, self.store.messages(conversation_id))
-        reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
-        request = self._request(tuple(messages), conversation.params, conversation_id, conversation.documents, fresh)
-        self.active = ReplyState(request.id, reply_id, conversation_id)
-        self._saver = StreamSaver(self.store, reply_id)
-        return Turn(request, self.active, None, False)
+        regenerated = reply_id is not None
+        if reply_id is None:
+            reply_id = self.store.add_message(conversation_id, "assistant", "", status="streaming")
+        docs = conversation.documents
+        request = self._request(tuple(messages), conversation.params, conversation_id, docs, regenerated)
+        reply = ReplyState(request.id, reply_id, conversation_id)
+        self._streaming[conversation_id] = reply
+        self._savers[request.id] = StreamSaver(self.store, reply_id)
+        return Turn(request, reply, None, False)
 
     # -- events -------------------------------------------------------------------
     def apply(self, event: object) -> ReplyState | None:
@@ -264,18 +324,21 @@ class ChatSession:
                     )
                 return late
             return None
-        reply = self.active
+        saver = self._savers.get(request_id) if isinstance(request_id, str) else None
+        reply = next((r for r in self._streaming.values() if r.request_id == request_id), None)
         if reply is None or not reply.apply(event):
             return None
-        if isinstance(event, Token) and self._saver is not None:
-            self._save(lambda: self._saver.append(event.text) if self._saver else None)
+        if isinstance(event, Token) and saver is not None:
+            self._save(lambda: saver.append(event.text))
         if not reply.streaming:
             self._finish(reply)
         return reply
 
-    def stop(self) -> ReplyState | None:
-        """End the streaming reply now, keeping its text; the caller cancels the request."""
-        reply = self.active
+    def stop(self, conversation_id: str | None = None) -> ReplyState | None:
+        """End the reply streaming in that chat (default: the open one) now, keeping its text; the caller
+        cancels the request."""
+        target = conversation_id or self.conversation_id
+        reply = self._streaming.get(target) if target is not None else None
         if reply is None:
             return None
         reply.stop()
@@ -284,13 +347,16 @@ class ChatSession:
         return reply
 
     def forget(self, conversation_id: str) -> None:
-        """The conversation is being deleted: late events for its stopped replies are dropped."""
+        """The conversation is being deleted (its reply stopped first): late events for its stopped replies are
+        dropped."""
         for request_id, reply in list(self._stopped.items()):
             if reply.conversation_id == conversation_id:
                 del self._stopped[request_id]
 
     def _finish(self, reply: ReplyState) -> None:
-        saver, self._saver, self.active = self._saver, None, None
+        saver = self._savers.pop(reply.request_id, None)
+        if self._streaming.get(reply.conversation_id) is reply:
+            del self._streaming[reply.conversation_id]
         metrics = reply.stored_metrics()
 
         def write() -> None:
@@ -322,5 +388,6 @@ class ChatSession:
         raise ValueError(f"Message {message_id} is not in this conversation.")
 
     def _require_idle(self) -> None:
+        """The open chat has no reply streaming (other chats may)."""
         if self.active is not None:
-            raise RuntimeError("A reply is still streaming; stop it first.")
+            raise RuntimeError("A reply is still streaming in this chat; stop it first.")

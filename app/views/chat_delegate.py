@@ -16,8 +16,10 @@ laid out for the view's width less a scroll bar (:meth:`layout_width`), so the
 bar appearing does not change every row's height.
 
 Clicks on an action emit ``action_triggered(name, message_id)`` (``copy``,
-``regenerate``, ``fresh``, ``edit``, ``compare``, and ``tools`` for the tool
-section's header; none of ``BUSY_BLOCKED`` while ``busy``); a click on a web
+``regenerate``, ``edit``, ``compare``, the version arrows ``older`` and
+``newer``, and ``tools`` for the tool section's header; only those
+:func:`~app.views.message_geometry.action_enabled` allows: none of
+``BUSY_BLOCKED`` while ``busy``, never the version label); a click on a web
 link opens it (only ``http(s)``, see :func:`~app.views.markdown_render.safe_url`).
 The editor is a read-only ``QTextBrowser`` over the content, opened on demand
 (double-click or "Select text"), so any message's text can be selected and
@@ -51,7 +53,7 @@ from PySide6.QtWidgets import (
 
 from app.views.chat_model import ITEM_ROLE, ChatItem, ChatModel
 from app.views.markdown_render import COPY_LINK, safe_url
-from app.views.message_geometry import BUSY_BLOCKED, MARGIN_PX, MessageGeometry, RowLayout
+from app.views.message_geometry import MARGIN_PX, MessageGeometry, RowLayout, action_enabled
 from app.views.message_paint import paint_row
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -178,7 +180,7 @@ class MessageDelegate(QStyledItemDelegate):
         action = box.action_at(pos.x(), pos.y())
         if action is not None:
             released = kind == QEvent.Type.MouseButtonRelease and event.button() == Qt.MouseButton.LeftButton
-            if released and not (self.busy and action in BUSY_BLOCKED):
+            if released and action_enabled(item, action, self.busy):
                 self.action_triggered.emit(action, item.message_id)
             return True  # a click on an action never opens the text editor
         anchor = self.anchor_at(item, box, pos.x(), pos.y())

@@ -8,14 +8,16 @@ the reply's tool calls (saved as ``metrics["tool_calls"]``; shown as a section
 that opens and closes, ``tools_open``), the documents and passages it drew on
 (``metrics["sources"]``, :func:`~app.state.attachments.sources_of`), and for a
 reply of this session its :class:`~app.state.reply.ReplyState` (so drafted
-text keeps its colour).  The rendered HTML is made on demand, the first time
-a row is painted or measured, and kept until the row changes; a revision
-counter tells the delegate when its cached layout is stale.
+text keeps its colour), and which of the reply's versions it shows
+(``version`` of ``versions``: a reply asked for again keeps each answer).
+The rendered HTML is made on demand, the first time a row is painted or
+measured, and kept until the row changes; a revision counter tells the delegate when its cached layout is stale.
 
 :class:`ChatModel` changes only through ``beginResetModel``/``endResetModel``
 (:meth:`ChatModel.reset`), ``beginInsertRows``/``endInsertRows``
 (:meth:`ChatModel.append`), ``beginRemoveRows``/``endRemoveRows``
-(:meth:`ChatModel.remove_from`) and ``dataChanged`` (:meth:`ChatModel.touch`).
+(:meth:`ChatModel.remove_from`) and ``dataChanged`` (:meth:`ChatModel.touch`,
+and :meth:`ChatModel.replace` for another version of a row's message).
 It holds strings only: opening 10,000 stored messages costs a list of 10,000
 small objects, no widgets and no Markdown.
 
@@ -63,6 +65,8 @@ class ChatItem:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record dicts
     tools_open: bool = False  # the tool section shows each result, not only the calls
     sources: list[dict[str, Any]] = field(default_factory=list)  # Metrics.sources: what the reply drew on
+    version: int = 1  # the version of the message shown (a reply asked for again has several), from 1
+    versions: int = 1  # how many versions the message has
     reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
     revision: int = 0
@@ -144,7 +148,7 @@ class ChatItem:
 def item_from_message(message: Message) -> ChatItem:
     """A stored message as a row; a damaged row shows what could be read and says so."""
     role = message.role if message.role in SHOWN_ROLES else "assistant"
-    item = ChatItem(message.id, role, message.content)
+    item = ChatItem(message.id, role, message.content, version=message.version, versions=message.versions)
     item.damaged = message.damaged
     notices = [DAMAGED_NOTICE] if message.damaged else []
     if role == "assistant":
@@ -227,6 +231,14 @@ class ChatModel(QAbstractListModel):
             self.dataChanged.emit(index, index, [ITEM_ROLE])
 
     def restyle_all(self) -> None:
+    def replace(self, item: ChatItem) -> None:
+        """Show ``item`` in place of the row of the same message (another version of it)."""
+        row = self._rows.get(item.message_id)
+        if row is not None:
+            self.rows[row] = item
+            index = self.index(row)
+            self.dataChanged.emit(index, index, [ITEM_ROLE])
+
         """The colours changed (another theme): every row renders and lays out again."""
         for item in self.rows:
             item.revision += 1

@@ -4,13 +4,15 @@
 (``ChatView.viewportEvent``).  A mouse move finds the row and the part of it
 under the pointer (with the delegate's exact :class:`RowLayout`): over an
 action button or the tool section's header that action is the delegate's
-``hover`` (painted highlighted) and the pointer is a hand; over a link in the
+``hover`` (painted highlighted) and the pointer is a hand (not over the
+version label, which is text); over a link in the
 content the pointer is a hand too.  Leaving the view clears the hover.  A
 tooltip event shows the action's tip over an action, else the message's own
 tooltip (the view's ``tooltip_for``), else none.
 
 :meth:`ChatPointer.context_menu` builds a message's right-click menu: its
-actions (greyed out as the buttons are while a reply streams), which trigger
+actions (greyed out as the buttons are; the version arrows as "Previous
+version" and "Next version"), which trigger
 exactly as a click on the button does (the delegate's ``action_triggered``),
 then the reply's sources (each opens its passage), then "Select text".  Apart
 from that menu this changes only the hover, the cursor and the tooltip; clicks
@@ -27,7 +29,15 @@ from PySide6.QtWidgets import QListView, QMenu, QToolTip
 
 from app.views.chat_delegate import MessageDelegate
 from app.views.chat_model import ChatItem, ChatModel
-from app.views.message_geometry import ACTION_TEXT, BUSY_BLOCKED, SOURCE, RowLayout, action_tip
+from app.views.message_geometry import (
+    LABELS,
+    MENU_TEXT,
+    SOURCE,
+    RowLayout,
+    action_enabled,
+    action_text,
+    action_tip,
+)
 
 
 class ChatPointer:
@@ -72,7 +82,7 @@ class ChatPointer:
         if hit is not None:
             item, box = hit
             action = box.action_at(pos.x(), pos.y())
-            if action is not None:
+            if action is not None and action not in LABELS:
                 hover, pointing = (item.message_id, action), True
             else:
                 pointing = bool(self._delegate.anchor_at(item, box, pos.x(), pos.y()))
@@ -107,9 +117,11 @@ class ChatPointer:
             return menu
         delegate = self._delegate
         for name in delegate.geometry.actions(item):
-            action = menu.addAction(ACTION_TEXT[name])
+            if name in LABELS:
+                continue
+            action = menu.addAction(MENU_TEXT.get(name) or action_text(item, name))
             action.setToolTip(action_tip(item, name))
-            action.setEnabled(not (delegate.busy and name in BUSY_BLOCKED))
+            action.setEnabled(action_enabled(item, name, delegate.busy))
             action.triggered.connect(lambda _=False, n=name: delegate.action_triggered.emit(n, message_id))
         for n, label in enumerate(item.source_labels):  # the sources, for the keyboard too
             source = menu.addAction(f"Source: {label}")

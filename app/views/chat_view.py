@@ -17,8 +17,10 @@ message: there is never blank space under it.
 Actions on a message (drawn in its header, also in its context menu): Copy
 puts its text on the clipboard; Regenerate, Edit and Compare\u2026 are emitted as
 ``regenerate_requested(message_id)``, ``edit_requested(message_id)`` and
-``compare_requested(message_id)``; a reply from the answer cache offers
-"Regenerate fresh" instead of Regenerate, emitted as ``fresh_requested(message_id)``
+``compare_requested(message_id)``; a reply with several versions shows
+"\u2039 2/3 \u203a", whose arrows emit ``version_requested(message_id, number)``
+(the caller shows that version with :meth:`ChatView.replace_message`;
+:meth:`ChatView.start_reply` takes a regenerated reply's ``version``)
 (Compare\u2026 shows on user messages once
 :meth:`ChatView.set_compare_available` turned it on).  Double-click or
 "Select text" opens a read-only text browser over one message to select and
@@ -74,7 +76,7 @@ class ChatView(QListView):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)
     compare_requested = Signal(int)
-    fresh_requested = Signal(int)
+    version_requested = Signal(int, int)  # message id, the version to show
     copied = Signal(int, int)  # message id, characters put on the clipboard
     source_requested = Signal(int, int)  # message id, the source's place in the reply's list
 
@@ -123,7 +125,7 @@ class ChatView(QListView):
             self.chat_model.touch_all()
 
     def set_busy(self, busy: bool) -> None:
-        """While a reply streams, Regenerate, Edit and Compare are greyed out."""
+        """While the chat's reply streams, Regenerate, Edit, Compare and the version arrows are greyed out."""
         self.delegate.busy = busy
         self.viewport().update()
 
@@ -159,7 +161,9 @@ class ChatView(QListView):
         items: list[ChatItem] = []
         for message in messages:
             if active is not None and message.id == active.message_id:
-                items.append(self._reply_item(active))
+                item = self._reply_item(active)
+                item.version, item.versions = message.version, message.versions
+                items.append(item)
                 self._reply = active
             elif message.role in ("user", "assistant") or message.damaged:
                 items.append(item_from_message(message))
@@ -173,11 +177,18 @@ class ChatView(QListView):
         self.chat_model.append(item)
         return MessageHandle(self, item)
 
-    def start_reply(self, reply: ReplyState) -> MessageHandle:
+    def start_reply(self, reply: ReplyState, version: tuple[int, int] | None = None) -> MessageHandle:
+        """Show a reply that starts streaming: a new row, or (a regenerated reply, ``version`` its number and
+        how many versions there are now) its message's row, emptied."""
         item = self.chat_model.item(reply.message_id)
         if item is None:
             item = self._reply_item(reply)
             self.chat_model.append(item)
+        elif version is not None:  # the same message, a new version: nothing of the old one stays
+            item = self._reply_item(reply)
+            self.chat_model.replace(item)
+        if version is not None:
+            item.version, item.versions = version
         item.reply = reply
         self._reply = reply
         self._pinned = True
@@ -205,6 +216,17 @@ class ChatView(QListView):
             item.reply = reply
             item.refresh_from_reply()
             self.chat_model.touch(reply.message_id)
+
+    def replace_message(self, message: Message) -> MessageHandle | None:
+        """Show ``message`` as stored now in place of its row (another version of a reply)."""
+        if self.chat_model.item(message.id) is None:
+            return None
+        if self._reply is not None and self._reply.message_id == message.id:
+            self._timer.stop()
+            self._reply = None
+        item = item_from_message(message)
+        self.chat_model.replace(item)
+        return MessageHandle(self, item)
 
     def remove_from(self, message_id: int) -> None:
         """Drop the rows of ``message_id`` and every later message."""
@@ -308,8 +330,10 @@ class ChatView(QListView):
             self.edit_requested.emit(message_id)
         elif action == "compare":
             self.compare_requested.emit(message_id)
-        elif action == "fresh":
-            self.fresh_requested.emit(message_id)
+        elif action in ("older", "newer"):
+            item = self.chat_model.item(message_id)
+            if item is not None:
+                self.version_requested.emit(message_id, item.version + (1 if action == "newer" else -1))
         elif action == "tools":
             self.toggle_tools(message_id)
         elif (n := source_index(action)) is not None:

@@ -23,7 +23,10 @@ own (``RowLayout.sources``; :meth:`RowLayout.action_at` answers
 The actions a row offers (``ACTION_TEXT``, :meth:`~MessageGeometry.actions`)
 live here because their buttons take room in the header: a user message has
 Copy, Edit (and Compare\u2026 once ``compare_available``); a reply has Copy and
-Regenerate, or "Regenerate fresh" when it came from the answer cache.
+Regenerate, and once it has several versions "\u2039 2/3 \u203a" before them: the
+arrows (``older``, ``newer``) browse the versions, the count between them
+(``version``, :func:`action_text`) is a label, never a button.
+:func:`action_enabled` says which actions take a click now.
 """
 
 from __future__ import annotations
@@ -48,21 +51,44 @@ SOURCE_GAP = "\u00b7"  # between two sources' labels
 ACTION_TEXT = {
     "copy": "Copy",
     "regenerate": "Regenerate",
-    "fresh": "Regenerate fresh",
     "edit": "Edit",
     "compare": "Compare\u2026",
+    "older": "\u2039",
+    "version": "",  # "2/3": action_text
+    "newer": "\u203a",
 }
+MENU_TEXT = {"older": "Previous version", "newer": "Next version"}  # the context menu's words for the arrows
 ACTION_TIPS = {
     "copy": "Copy this message to the clipboard",
-    "regenerate": "Ask again for this reply with the same history",
-    "fresh": "This reply came from the answer cache: generate a new one with the model (it replaces the cached one)",
+    "regenerate": "A new reply from the model, sampled, never from the answer cache; this one is kept as a version",
     "tools": "Show or hide the tool results",
     "edit": "Edit this message; the replies after it are replaced",
     "compare": "Run this message again under other settings and compare",
+    "older": "The previous version of this reply",
+    "newer": "The next version of this reply",
+    "version": "The versions of this reply, each with its own timings; the next message goes on from the one shown",
 }
-BUSY_BLOCKED = ("regenerate", "fresh", "edit", "compare")  # not while a reply streams
+BUSY_BLOCKED = ("regenerate", "edit", "compare", "older", "newer")  # not while the chat's reply streams
+LABELS = ("version",)  # drawn among the actions, but text, not a button
 SOURCE = "source:"  # the action of a source's label: "source:N"
 SOURCE_PAD = 4  # either side of a source's label: its hover box
+
+
+def action_text(item: ChatItem, action: str) -> str:
+    """The words of an action's button (the version label: "2/3")."""
+    return f"{item.version}/{item.versions}" if action == "version" else ACTION_TEXT[action]
+
+
+def action_enabled(item: ChatItem, action: str, busy: bool) -> bool:
+    """Whether a click on ``action`` of ``item`` does something now: not a label, not one of ``BUSY_BLOCKED``
+    while the chat's reply streams, not an arrow past the first or last version."""
+    if action in LABELS or (busy and action in BUSY_BLOCKED):
+        return False
+    if action == "older":
+        return item.version > 1
+    if action == "newer":
+        return item.version < item.versions
+    return True
 
 
 def source_index(action: str) -> int | None:
@@ -154,7 +180,8 @@ class MessageGeometry:
     def actions(self, item: ChatItem) -> list[str]:
         if item.role == "user":
             return ["copy", "edit", "compare"] if self.compare_available else ["copy", "edit"]
-        return ["copy", "fresh"] if item.cached else ["copy", "regenerate"]
+        pager = ["older", "version", "newer"] if item.versions > 1 else []
+        return [*pager, "copy", "regenerate"]
 
     def _wrapped(self, fm: QFontMetrics, text: str, width: int, exact: bool) -> int:
         if not text:
@@ -175,7 +202,7 @@ class MessageGeometry:
         if exact:  # the estimate only needs heights
             right = inner_x + inner_w + 6  # the buttons' own padding lines their text up with the content
             for name in reversed(self.actions(item)):
-                w = self.fm.horizontalAdvance(ACTION_TEXT[name]) + 12
+                w = self.fm.horizontalAdvance(action_text(item, name)) + 12
                 if right - w < left + 2:
                     break  # narrower than the buttons: the rest stay in the context menu
                 right -= w

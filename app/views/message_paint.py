@@ -2,11 +2,13 @@
 
 :func:`paint_row` draws, in order: the bubble (tinted for the user, outlined
 for a reply), the role name (elided, never an action), the action buttons
-(the one under the mouse highlighted; those in ``BUSY_BLOCKED`` greyed out
-while a reply streams), the notice (warning colour), the answer-cache badge
-(accent colour), the tool section (header line, highlighted under the mouse,
-and one line per call), the content (its laid-out ``QTextDocument``, clipped
-to its rectangle), the sources (each label a link, highlighted under the
+(the one under the mouse highlighted; those :func:`~app.views.message_geometry.action_enabled`
+refuses greyed out: ``BUSY_BLOCKED`` while the chat's reply streams, an arrow
+past the first or last version; the version label "2/3" in the muted colour),
+the notice (warning colour), the answer-cache badge (accent colour), the
+tool section (header line, highlighted under the mouse, and one line per
+call), the content (its laid-out ``QTextDocument``, clipped to its
+rectangle), the sources (each label a link, highlighted under the
 mouse), the error and the stats line.  It reads the fonts and the
 documents from a :class:`~app.views.message_geometry.MessageGeometry` and
 changes nothing but the painter, whose state it restores.
@@ -19,12 +21,13 @@ from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QPainter, QPalett
 
 from app.views.chat_model import ChatItem
 from app.views.message_geometry import (
-    ACTION_TEXT,
-    BUSY_BLOCKED,
+    LABELS,
     SOURCE,
     SOURCE_GAP,
     SOURCES_PREFIX,
     MessageGeometry,
+    action_enabled,
+    action_text,
     RowLayout,
 )
 from app.views.style import current
@@ -95,14 +98,14 @@ def _paint_actions(
     theme = current()
     painter.setFont(geometry.font)
     for name, rect in box.actions:
-        enabled = not (busy and name in BUSY_BLOCKED)
-        hovered = enabled and hover == (item.message_id, name)
+        enabled = name in LABELS or action_enabled(item, name, busy)
+        hovered = enabled and name not in LABELS and hover == (item.message_id, name)
         if hovered:
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(QColor(theme.hover))
             painter.drawRoundedRect(rect, 6, 6)
         painter.setPen(QColor(theme.text if hovered else theme.muted if enabled else theme.disabled))
-        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, ACTION_TEXT[name])
+        painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, action_text(item, name))
 
 
 def _paint_tools(

@@ -33,6 +33,7 @@ class ConversationActions:
     _store_error: Any
     show_banner: Any
     stop: Any
+    show_busy: Any  # app.window.turns: Send/Stop as the open chat is
     parameters: Any  # app.window.parameters.ParametersController
     typing: Any  # app.window.draft_prefill.TypingPrefill
     documents: Any  # app.window.document_controller.DocumentsController
@@ -59,6 +60,7 @@ class ConversationActions:
     def new_chat(self) -> None:
         self.session.open(None)
         self.chat_view.clear()
+        self.show_busy()
         self.sidebar.select(None)
         self._show_title()
         self.parameters.show_chat()
@@ -89,9 +91,8 @@ class ConversationActions:
         except StoreError as exc:
             self._store_error(exc)
             return
-        active = self.session.active
-        shown_active = active if active is not None and active.conversation_id == conversation_id else None
-        self.chat_view.set_messages(messages, shown_active)
+        self.chat_view.set_messages(messages, self.session.active)  # the chat's own reply, if it streams
+        self.show_busy()
         self.sidebar.select(conversation_id)
         self._show_title()
         self.parameters.show_chat()
@@ -118,9 +119,7 @@ class ConversationActions:
     def delete_conversation(self, conversation_id: str, confirm: bool = True) -> bool:
         if confirm and not self._confirm_delete(conversation_id):
             return False
-        active = self.session.active
-        if active is not None and active.conversation_id == conversation_id:
-            self.stop()
+        self.stop(conversation_id)  # its reply, if one streams (the open chat's or another's)
         self.session.forget(conversation_id)
         try:
             self.store.delete_conversation(conversation_id)

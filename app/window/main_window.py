@@ -5,8 +5,9 @@ the store (through :class:`~app.state.session.ChatSession`) and to the engine
 ``MainWindow(store, bridge, settings, store_warning=None, model_override=None)``
 never blocks on the engine: it submits requests and reacts to the bridge's
 ``event`` signal.  Public methods are what the widgets call and what tests
-drive: turns (``send``, ``stop``, ``regenerate``, ``edit_message``: in
-:mod:`app.window.turns`), conversations (``new_chat``, ``open_conversation``,
+drive: turns (``send``, ``stop``, ``regenerate``, ``show_version``,
+``edit_message``: in :mod:`app.window.turns`; replies stream in several chats
+at once, busy per chat), conversations (``new_chat``, ``open_conversation``,
 ``rename_conversation``, ``delete_conversation``, ``export_markdown``,
 ``search``: in :mod:`app.window.conversations`), and here the model and the
 settings (``load_model``, ``apply_settings``, ``open_settings``,
@@ -211,11 +212,11 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
             lambda _id, chars: self.composer.show_hint(f"Copied {chars:,} characters to the clipboard.")
         )
         self.chat_view.edit_requested.connect(self.edit_message)
-        self.chat_view.fresh_requested.connect(lambda message_id: self.regenerate(message_id, fresh=True))
+        self.chat_view.version_requested.connect(self.show_version)
         self.composer.send_requested.connect(self.send)
-        self.composer.stop_requested.connect(self.stop)
+        self.composer.stop_requested.connect(lambda: self.stop())  # the open chat's reply
 
-        self.stop_action = self._action("Stop", QKeySequence(Qt.Key.Key_Escape), self.stop)
+        self.stop_action = self._action("Stop", QKeySequence(Qt.Key.Key_Escape), lambda: self.stop())
         self.stop_action.setEnabled(False)
         self._action("New chat", QKeySequence.StandardKey.New, self.new_chat)
         self._action("Search", QKeySequence.StandardKey.Find, self.sidebar.search_box.setFocus)
@@ -566,7 +567,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.documents.settings_changed()  # a remote engine reads no documents: the paperclip says so
         engine_changed = engine_choice(new).key != self.bridge.engine_key  # another engine, server or key
         if engine_changed:
-            self.stop()  # the old engine goes: a reply streaming there keeps its text
+            self.stop_all()  # the old engine goes: the replies streaming there keep their text
         if needs_reload(old, new) or engine_changed:
             if new.model != old.model:
                 self._model_override = None
@@ -583,7 +584,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         return config_tooltip(metrics if isinstance(metrics, Mapping) else None)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt override)
-        self.stop()  # keeps a streaming reply's text, saved as "cancelled"
+        self.stop_all()  # replies still streaming, in any chat, keep their text, saved as "cancelled"
         self.documents.shutdown()  # files still being read stop (nothing half-indexed is kept)
         self.save_layout()
         super().closeEvent(event)

@@ -1,18 +1,29 @@
-"""The window's turns: send, stop, regenerate, edit, and the reply events that follow.
+"""The window's turns: send, stop, regenerate, edit, a reply's versions, and the reply events that follow.
 
 :class:`TurnActions` is a mixin of :class:`~app.window.main_window.MainWindow`
 (it holds no state of its own).  A turn is set up by the
 :class:`~app.state.session.ChatSession` (store first, so nothing is lost),
 shown in the chat view, and its request goes out through the bridge; the
-reply's events come back through ``_on_reply_event``.  A reply that is still
-streaming blocks a new turn with a hint; so does a model that is not loaded.
-``regenerate(message_id, fresh=True)`` asks with ``Request.fresh`` (a cached
-reply's "Regenerate fresh").  Each finished reply is counted in the window's
-answer-cache tally, shown on the latency panel.
+reply's events come back through ``_on_reply_event``.
+
+Busy is per chat: several chats may stream at once (the engine batches their
+requests).  A reply still streaming blocks a new turn in its own chat only,
+with a hint; so does a model that is not loaded.  The composer's Send/Stop,
+the Stop action (Esc) and the greyed message actions follow the open chat
+(:meth:`TurnActions.show_busy`, called again whenever another chat opens);
+``stop()`` stops the open chat's reply, ``stop(conversation_id)`` another's,
+``stop_all()`` every one (closing the window, another engine).
+
+``regenerate(message_id)`` streams a new, sampled reply into the same message,
+past the answer cache; the old text stays one of its versions, browsed with
+the "‹ 2/3 ›" in its header (``show_version``; each version keeps its own
+timings).  Each finished reply is counted in the window's answer-cache tally,
+shown on the latency panel.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from PySide6.QtGui import QAction
@@ -66,9 +77,9 @@ class TurnActions:
         if reply.status == "done":
             self.cache_tally.add(reply.metrics)
             self.latency.panel.numbers.show_session(self.cache_tally.text())
-        self._set_busy(self.session.active is not None)
+        self.show_busy()
         self._refresh_entry(reply.conversation_id)
-        if self.session.active is None:
+        if shown and self.session.active is None:
             self.typing.reply_ended()  # what was typed meanwhile is prefilled now
 
     # -- turns ---------------------------------------------------------------------------------
@@ -101,17 +112,24 @@ class TurnActions:
         self._start(turn)
         return True
 
-    def stop(self) -> None:
-        reply = self.session.stop()
+    def stop(self, conversation_id: str | None = None) -> None:
+        """Stop the reply streaming in that chat (default: the open one), keeping its text."""
+        reply = self.session.stop(conversation_id)
         if reply is None:
             return
         self.bridge.cancel(reply.request_id)
         if reply.conversation_id == self.session.conversation_id:
             self.chat_view.reply_finished(reply)
-        self._set_busy(False)
+        self.show_busy()
         self._refresh_entry(reply.conversation_id)
 
-    def regenerate(self, message_id: int | None = None, fresh: bool = False) -> bool:
+    def stop_all(self) -> None:
+        """Stop every reply still streaming, in any chat (each keeps its text)."""
+        for reply in self.session.all_streaming():
+            self.stop(reply.conversation_id)
+
+    def regenerate(self, message_id: int | None = None) -> bool:
+        """A new reply in place of ``message_id`` (None: the open chat's last reply); the old one stays a version."""
         if not self._can_start():
             return False
         if message_id is None:
@@ -120,12 +138,28 @@ class TurnActions:
                 return False
             message_id = replies[-1]
         try:
-            turn = self.session.regenerate(message_id, fresh=fresh)
+            turn = self.session.regenerate(message_id)
         except (StoreError, ValueError) as exc:
             self.show_banner("store-error", "error", str(exc))
             return False
-        self.chat_view.remove_from(message_id)
+        self.chat_view.remove_from(message_id + 1)  # what followed goes; the reply's own row streams anew
         self._start(turn)
+        return True
+
+    def show_version(self, message_id: int, number: int) -> bool:
+        """Show version ``number`` of a reply of the open chat: its text and timings, and later turns go on
+        from it."""
+        if self.session.active is not None:
+            self.composer.show_hint("A reply is still streaming. Press Esc to stop it.")
+            return False
+        try:
+            message = self.session.show_version(message_id, number)
+        except (StoreError, ValueError) as exc:
+            self.show_banner("store-error", "error", str(exc))
+            return False
+        self.chat_view.replace_message(message)
+        self.show_context()
+        self.typing.chat_changed()  # the history a draft continues from changed
         return True
 
     def edit_message(self, message_id: int, text: str | None = None) -> bool:
@@ -162,11 +196,16 @@ class TurnActions:
         return True
 
     def _start(self, turn: Turn) -> None:
-        self.chat_view.start_reply(turn.reply)
-        self._set_busy(True)
-        self.bridge.submit(self.latency.begin(turn))  # the panel's switches, recorded on the reply
+        self.chat_view.start_reply(turn.reply, version=turn.version)
+        self.show_busy()
+        request = self.latency.begin(turn)  # the panel's switches, recorded on the reply
+        if turn.version is not None:  # a Regenerate: past the answer cache whatever the panel's switch says
+            request = dataclasses.replace(request, answer_cache=False)
+        self.bridge.submit(request)
 
-    def _set_busy(self, busy: bool) -> None:
+    def show_busy(self) -> None:
+        """Send or Stop, Esc and the message actions as the open chat is: busy while its own reply streams."""
+        busy = self.session.active is not None
         self.composer.set_busy(busy)
         self.chat_view.set_busy(busy)
         self.stop_action.setEnabled(busy)

@@ -48,6 +48,7 @@ from typing import Any
 from engine.answer_cache import ModelIdentity
 from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ModelSpec, Request, Tuning, Warning
 from engine.model.loader import LoadedModel, ModelLoadError
+from engine.runtime import activity
 from engine.runtime.answer_lookup import AnswerLookup
 from engine.runtime.answers import AnswerMemory
 from engine.runtime.batching import Batch
@@ -157,6 +158,8 @@ class Engine:
     def shutdown(self, timeout: float = 5.0) -> None:
         self.scheduler.put(("stop", None))
         self._thread.join(timeout)
+        if self.measuring is not None:
+            self.measuring.stop()
         self.tools.close()
 
     def call(self, fn: Callable[[Engine], Any]) -> None:
@@ -204,6 +207,7 @@ class Engine:
         claim_threads()  # this thread's torch thread count, whatever another thread set before it started
         self.answer_lookup.open()
         self.scheduler.run()
+        activity.serving(False)  # a background build paused for this engine's requests goes on (or is stopped)
 
     def answer(self, request: Request, post: Callable[[Item], None]) -> bool:
         return self.answer_lookup.answer(request, post)
@@ -253,6 +257,8 @@ class Engine:
         def progress(fraction: float, message: str) -> None:
             self.on_event(LoadProgress(fraction, message))
 
+        if self.measuring is not None:  # its builds beside the engine end first: two transformers builds collide
+            self.measuring.stop()
         return build(spec, self.res.options, progress)
 
     def switch(self, spec: ModelSpec, number: int, built: Built) -> None:

@@ -49,7 +49,7 @@ from greenlet import getcurrent
 
 from engine.api import ModelSpec, Request
 from engine.model.kv import forward_many
-from engine.runtime import batching
+from engine.runtime import activity, batching
 from engine.runtime.batching import Batch, Served
 from engine.runtime.reply_events import ReplyEvents
 
@@ -154,6 +154,7 @@ class Scheduler:
                     _guarded(functools.partial(self._take, kind, item))
             except queue.Empty:
                 pass
+            activity.serving(bool(self.batch.active or self.waiting))  # background work yields to a request
             self._admit()  # 2.
             if self.batch.ready:  # 3.
                 _guarded(self.batch.step)

@@ -1,4 +1,4 @@
-"""Answer-cache hits in the window: the badge, Regenerate fresh, the session's hit rate, the switch."""
+"""Answer-cache hits in the window: the badge, Regenerate past the cache, the session's hit rate, the switch."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_tally_counts_hits_and_time_saved() -> None:
     assert tally.text() == "2 of 3 replies (67 %) \u00b7 saved 3.13 s"
 
 
-def test_a_cached_reply_is_badged_and_regenerate_fresh_asks_again(qtbot: QtBot, harness: Harness) -> None:
+def test_a_cached_reply_is_badged_and_regenerate_asks_the_model(qtbot: QtBot, harness: Harness) -> None:
     window = harness.open()
     engine = fake(window)
     chat(qtbot, window, "What is the capital of France?")
@@ -50,7 +50,6 @@ def test_a_cached_reply_is_badged_and_regenerate_fresh_asks_again(qtbot: QtBot, 
     bubble = last_bubble(window)
     assert bubble.badge.text() == "From cache, exact \u00b7 12 ms \u00b7 saved 1.93 s"
     assert engine.requests[-1].answer_cache is True and engine.requests[-1].fresh is False
-    assert window.chat_view.action_rect(bubble.message_id, "regenerate").isEmpty()
     panel = window.latency.panel
     assert panel.numbers.text("cache_session") == "1 of 2 replies (50 %) \u00b7 saved 1.93 s"
     panel.flush()
@@ -60,11 +59,12 @@ def test_a_cached_reply_is_badged_and_regenerate_fresh_asks_again(qtbot: QtBot, 
     from engine.api import Done
 
     with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=5000):
-        click_action(qtbot, window, bubble.message_id, "fresh")
+        click_action(qtbot, window, bubble.message_id, "regenerate")  # one Regenerate, cached reply or not
     qtbot.waitUntil(lambda: window.session.active is None)
-    assert engine.requests[-1].fresh is True
+    assert engine.requests[-1].fresh is True and engine.requests[-1].answer_cache is False
     assert len(engine.requests) == 3
     fresh = last_bubble(window)
+    assert fresh.message_id == bubble.message_id, "the new reply is a version of the same message"
     assert fresh.badge.text() == "", "the fresh reply came from the model"
     assert not window.chat_view.action_rect(fresh.message_id, "regenerate").isEmpty()
     assert panel.numbers.text("cache_session") == "1 of 3 replies (33 %) \u00b7 saved 1.93 s"

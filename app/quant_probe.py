@@ -10,7 +10,9 @@ The check runs in a child Python process, not in the GUI's: it imports torch
 and probes back-ends such as bitsandbytes (whose import pulls in torch.compile
 and dynamo), seconds of Python work that would hold the GIL and make the
 window stutter if done on a thread here, and it keeps torch out of the GUI
-process until the engine needs it.  Callers run it in the background; answers
+process until the engine needs it.  The child runs at the lowest CPU priority
+(nice 19): opened while a reply decodes, it takes only the CPU the reply leaves.
+Callers run it in the background; answers
 are cached per device for the session, and checks run one at a time.  When
 the child fails (no ``engine.quant``, no torch, a probe that breaks) only
 ``none`` is offered, with the reason.  :func:`quant_descriptions` gives, from the same
@@ -35,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 Choices = list[tuple[str, str | None]]
 
 _PROBE = """
-import importlib, json, sys
+import importlib, json, os, sys
+if hasattr(os, "nice"):
+    os.nice(19)  # seconds of imports and probes: a reply being decoded meanwhile keeps the CPU
 import torch
 quant = importlib.import_module(sys.argv[1])
 name = sys.argv[2]

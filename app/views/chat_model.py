@@ -65,9 +65,9 @@ class ChatItem:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record dicts
     tools_open: bool = False  # the tool section shows each result, not only the calls
     sources: list[dict[str, Any]] = field(default_factory=list)  # Metrics.sources: what the reply drew on
+    reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     version: int = 1  # the version of the message shown (a reply asked for again has several), from 1
     versions: int = 1  # how many versions the message has
-    reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
     revision: int = 0
     html_cache: tuple[int, bool, str] | None = field(default=None, repr=False)  # (revision, colour, html)
@@ -223,14 +223,6 @@ class ChatModel(QAbstractListModel):
         del self.rows[first:]
         self.endRemoveRows()
 
-    def touch(self, message_id: int) -> None:
-        """Tell the view that a row's content changed (its revision was bumped by the caller)."""
-        row = self._rows.get(message_id)
-        if row is not None:
-            index = self.index(row)
-            self.dataChanged.emit(index, index, [ITEM_ROLE])
-
-    def restyle_all(self) -> None:
     def replace(self, item: ChatItem) -> None:
         """Show ``item`` in place of the row of the same message (another version of it)."""
         row = self._rows.get(item.message_id)
@@ -239,6 +231,14 @@ class ChatModel(QAbstractListModel):
             index = self.index(row)
             self.dataChanged.emit(index, index, [ITEM_ROLE])
 
+    def touch(self, message_id: int) -> None:
+        """Tell the view that a row's content changed (its revision was bumped by the caller)."""
+        row = self._rows.get(message_id)
+        if row is not None:
+            index = self.index(row)
+            self.dataChanged.emit(index, index, [ITEM_ROLE])
+
+    def restyle_all(self) -> None:
         """The colours changed (another theme): every row renders and lays out again."""
         for item in self.rows:
             item.revision += 1

@@ -26,9 +26,9 @@ from app.views.message_geometry import (
     SOURCE_GAP,
     SOURCES_PREFIX,
     MessageGeometry,
+    RowLayout,
     action_enabled,
     action_text,
-    RowLayout,
 )
 from app.views.style import current
 

@@ -12,8 +12,9 @@ at once, busy per chat), conversations (``new_chat``, ``open_conversation``,
 ``search``: in :mod:`app.window.conversations`), and here the model and the
 settings (``load_model``, ``apply_settings``, ``open_settings``,
 ``show_about``), banners and :meth:`MainWindow.add_panel` (a dock beside the
-chat).  Store failures become an error banner (never a crash); a failed model
-load becomes a banner with an "Open Settings" button, and the window stays
+chat).  File > Quit (Ctrl+Q) closes the window as its close button does.
+Store failures become an error banner (never a crash); a failed model load
+becomes a banner with an "Open Settings" button, and the window stays
 usable.  A ``Warning(kind="draft")`` (only the draft model failed) is a
 warning banner: the model stays loaded and Send stays enabled.  After each
 ``Loaded`` the engine's answer memory is seeded from the saved history
@@ -218,6 +219,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
 
         self.stop_action = self._action("Stop", QKeySequence(Qt.Key.Key_Escape), lambda: self.stop())
         self.stop_action.setEnabled(False)
+        self.quit_action = self._action("Quit", QKeySequence("Ctrl+Q"), self.close)  # as the close button does
+        self.quit_action.setToolTip("Close Brisk (replies still streaming keep their text)")
         self._action("New chat", QKeySequence.StandardKey.New, self.new_chat)
         self._action("Search", QKeySequence.StandardKey.Find, self.sidebar.search_box.setFocus)
         self._action("Settings", QKeySequence("Ctrl+,"), self.open_settings)
@@ -239,6 +242,8 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         files = bar.addMenu("&File")
         for name in ("Attach files\u2026", "Attach a folder\u2026"):
             files.addAction(named[name])
+        files.addSeparator()
+        files.addAction(self.quit_action)
         chat = bar.addMenu("&Chat")
         for name in ("New chat", "Search", "Stop"):
             chat.addAction(named[name])

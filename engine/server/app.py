@@ -4,7 +4,9 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``POST /v1/chat/completions`` (streamed or not), ``POST /v1/completions``,
 ``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships);
 each of OpenAI's paths also without the ``/v1`` (a client given the base URL
-``http://host:port`` posts to ``/chat/completions``, as llama-server answers).
+``http://host:port`` posts to ``/chat/completions``, as llama-server answers);
+and llama.cpp's own ``/completion``, ``/tokenize``, ``/detokenize``,
+``/apply-template`` and ``/props`` (``engine.server.llama_api``).
 A field an endpoint does not know is a 400 that names it, except those clients
 send by habit (``shapes.HABITS``: ``user``, ``metadata``, ``store`` ...), which
 are taken and named in the answer's ``X-Brisk-Ignored`` header.
@@ -51,7 +53,7 @@ from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
 from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token
-from engine.server import shapes
+from engine.server import llama_api, shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
 from engine.server.vocab import Vocab
@@ -65,7 +67,10 @@ EMBED_BATCH = 16  # texts the embedder encodes at once: its memory, and how soon
 TOOL_OPEN = "<tool_call>"
 IGNORED_HEADER = "X-Brisk-Ignored"
 # what a 404 lists: OpenAI's paths answer with and without the /v1 in front
-ENDPOINTS = "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health"
+ENDPOINTS = (
+    "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health; llama.cpp's "
+    "/completion, /tokenize, /detokenize, /apply-template, /props"
+)
 
 
 @dataclass
@@ -316,10 +321,41 @@ class Handlers:
 
     # -- replies --------------------------------------------------------------------------
     async def answer(self, http: HttpRequest, req: Request, reply: Reply, endpoint: str, chat: bool) -> Response:
+        stream = self._chat_stream if chat else self._completion_stream
+        headers = ignored_header(reply.ignored)
+        out = await self.run(
+            http, req, endpoint, (lambda _, events: stream(req, reply, events)) if reply.stream else None, headers
+        )
+        if isinstance(out, Response):
+            return out
+        done = out.done
+        reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        if not chat:
+            text = (req.messages[0]["content"] if reply.echo else "") + done.text
+            finish = shapes.finish_reason(done.finish_reason)
+            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics)
+            return JSONResponse(body, headers=headers)
+        text, calls = split_calls(done.text) if reply.tools else (done.text, [])
+        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics)
+        return JSONResponse(body, headers=headers)
+
+    async def run(
+        self,
+        http: HttpRequest,
+        req: Request,
+        endpoint: str,
+        stream: Callable[[Started | None, asyncio.Queue[Any]], AsyncIterator[dict[str, Any]]] | None,
+        headers: Mapping[str, str] | None = None,
+        marker: bool = True,
+    ) -> Response | Outcome:
+        """Submit ``req`` and wait for it to start: a refusal is a plain 4xx/5xx.  With ``stream``, its
+        chunks (made from the ``Started`` and the request's events) are the SSE response, ``[DONE]`` last
+        when ``marker``; without, the request's :class:`Outcome` once it ends (its usage counted)."""
         entry = Entry(req.id, client_name(http), endpoint, time.time())
         events = self.s.hub.open(req, entry)
         watch = Watch(http)
         streaming = False
+        tokens: list[Token] = []
         try:
             first = await self._until(watch, events, Started | Error | Done)
             if first is None:  # the client left before the reply started
@@ -328,16 +364,16 @@ class Handlers:
                 raise engine_error(first.message)
             if isinstance(first, Done):  # an answer-cache hit still sends Started first; kept for safety
                 events.put_nowait(first)
-            if reply.stream:  # from here sse-starlette watches the connection and the stream closes the request
+            started = first if isinstance(first, Started) else None
+            if stream is not None:  # from here sse-starlette watches the connection and the stream closes it
                 streaming = True
-                stream = self._chat_stream if chat else self._completion_stream
                 return EventSourceResponse(
-                    self._guarded(req.id, stream(req, reply, events)),
+                    self._guarded(req.id, stream(started, events), marker),
                     ping=15,
                     send_timeout=None,
-                    headers=ignored_header(reply.ignored),
+                    headers=headers,
                 )
-            done = await self._until(watch, events, Done | Error)
+            done = await self._until(watch, events, Done | Error, tokens)
         finally:
             watch.stop()
             if not streaming:
@@ -347,15 +383,7 @@ class Handlers:
         if isinstance(done, Error):
             raise ApiError(500, done.message, code="engine_error")
         done = dataclasses.replace(done, metrics=await self.counted(req, done.metrics))
-        reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
-        if not chat:
-            text = (req.messages[0]["content"] if reply.echo else "") + done.text
-            finish = shapes.finish_reason(done.finish_reason)
-            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics)
-            return JSONResponse(body, headers=ignored_header(reply.ignored))
-        text, calls = split_calls(done.text) if reply.tools else (done.text, [])
-        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics)
-        return JSONResponse(body, headers=ignored_header(reply.ignored))
+        return Outcome(started, tokens, done)
 
     async def counted(self, req: Request, metrics: Metrics) -> Metrics:
         """A reply's metrics with an answer-cache hit's prompt counted: the engine ran no prefill for it, so
@@ -369,19 +397,26 @@ class Handlers:
         return dataclasses.replace(metrics, prompt_tokens=len(ids), cached_tokens=len(ids))
 
     @staticmethod
-    async def _until(watch: Watch, events: asyncio.Queue[Any], kinds: Any) -> Any:
-        """The request's next event of ``kinds`` (those before it are skipped); None when the client left first."""
+    async def _until(watch: Watch, events: asyncio.Queue[Any], kinds: Any, tokens: list[Token] | None = None) -> Any:
+        """The request's next event of ``kinds`` (those before it are skipped, its ``Token`` events kept in
+        ``tokens`` when given); None when the client left first."""
         while True:
             event = await watch.next(events)
             if event is None or isinstance(event, kinds):
                 return event
+            if tokens is not None and isinstance(event, Token):
+                tokens.append(event)
 
-    async def _guarded(self, request_id: str, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
-        """The stream's events, then ``[DONE]``; the request is cancelled when the client stops reading."""
+    async def _guarded(
+        self, request_id: str, chunks: AsyncIterator[dict[str, Any]], marker: bool = True
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The stream's events, then ``[DONE]`` (``marker``); the request is cancelled when the client stops
+        reading."""
         try:
             async for chunk in chunks:
                 yield {"data": json.dumps(chunk, ensure_ascii=False)}
-            yield {"data": "[DONE]"}
+            if marker:
+                yield {"data": "[DONE]"}
         finally:
             self.s.hub.close(request_id)
 
@@ -446,6 +481,15 @@ class Handlers:
             elif isinstance(event, Error):
                 yield ApiError(500, event.message, code="engine_error").body()
                 return
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A request that ended well: its ``Started`` (None if the engine sent none), its tokens, its ``Done``."""
+
+    started: Started | None
+    tokens: list[Token]
+    done: Done
 
 
 class Watch:
@@ -538,6 +582,7 @@ def build_app(service: Service) -> Starlette:
         ("/embeddings", handlers.embeddings, "POST"),
     ):  # each under /v1 and without it: clients given a base URL without /v1 post to /chat/completions
         routes += [Route("/v1" + path, handler, methods=[method]), Route(path, handler, methods=[method])]
+    routes += llama_api.routes(handlers)
     middleware: list[Middleware] = []
     return Starlette(
         routes=routes,

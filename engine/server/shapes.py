@@ -153,7 +153,7 @@ def checked_fields(body: Mapping[str, Any], known: frozenset[str], endpoint: str
     return tuple(sorted(name for name in sent if name in HABITS))
 
 
-def _number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:
+def number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
@@ -164,7 +164,7 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float, default
     return float(value)
 
 
-def _whole(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+def whole(body: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -190,7 +190,7 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
 def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> Sampling:
     """The request's sampling; a field left out keeps ``defaults`` (the window's settings)."""
     for name in ("frequency_penalty", "presence_penalty"):
-        value = _number(body, name, -2.0, 2.0, 0.0)
+        value = number(body, name, -2.0, 2.0, 0.0)
         if value:
             raise bad(
                 f"'{name}' is not supported: Brisk's penalty is multiplicative; send 'repetition_penalty' "
@@ -202,12 +202,12 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> 
         raise bad("'logprobs' is not supported by this server.", "logprobs", "unsupported_value")
     if body.get("logit_bias"):
         raise bad("'logit_bias' is not supported by this server.", "logit_bias", "unsupported_value")
-    n = _whole(body, "n", 1, 128)
+    n = whole(body, "n", 1, 128)
     if n is not None and n > MAX_N:
         raise bad(f"'n' must be 1 here; send {n} requests instead (they are served together).", "n")
-    limit = _whole(body, "max_completion_tokens", 1, 1 << 30)
+    limit = whole(body, "max_completion_tokens", 1, 1 << 30)
     if limit is None:
-        limit = _whole(body, "max_tokens", 1, 1 << 30)
+        limit = whole(body, "max_tokens", 1, 1 << 30)
     if limit is not None and context and limit > context:
         raise bad(f"'max_tokens' {limit} is more than the model's context of {context} tokens.", "max_tokens")
     seed = body.get("seed")
@@ -215,10 +215,10 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> 
         raise bad(f"'seed' must be a whole number, not {seed!r}.", "seed", "invalid_type")
     return replace(
         defaults,
-        temperature=_number(body, "temperature", 0.0, 2.0, defaults.temperature),
-        top_p=_number(body, "top_p", 0.0, 1.0, defaults.top_p) or defaults.top_p,
-        top_k=int(_whole(body, "top_k", 0, 1 << 20) or defaults.top_k),
-        repetition_penalty=_number(body, _penalty_name(body), 0.01, 10.0, defaults.repetition_penalty),
+        temperature=number(body, "temperature", 0.0, 2.0, defaults.temperature),
+        top_p=number(body, "top_p", 0.0, 1.0, defaults.top_p) or defaults.top_p,
+        top_k=int(whole(body, "top_k", 0, 1 << 20) or defaults.top_k),
+        repetition_penalty=number(body, _penalty_name(body), 0.01, 10.0, defaults.repetition_penalty),
         seed=None if seed is None else seed % 2**63,
         max_tokens=limit if limit is not None else defaults.max_tokens,
         stop=_stop(body),
@@ -231,7 +231,7 @@ def _penalty_name(body: Mapping[str, Any]) -> str:
     return "repetition_penalty" if body.get("repetition_penalty") is not None else "repeat_penalty"
 
 
-def _usable(format_json: str, param: str) -> None:
+def usable(format_json: str, param: str) -> None:
     """A reply format the grammar library refuses is a 400 in its words, before the request reaches the engine."""
     if not format_json:
         return
@@ -406,14 +406,14 @@ def chat_request(
     """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
     ignored = checked_fields(body, CHAT_FIELDS, "/v1/chat/completions")
     messages = messages_from(body.get("messages"))
-    _within_context(len(messages), sum(len(m["content"]) for m in messages), context, "messages")
+    within_context(len(messages), sum(len(m["content"]) for m in messages), context, "messages")
     tools, forced = tools_from(body)
     sampling = sampling_from(body, defaults, context)
     if forced:
         if sampling.format:
             raise bad("'tool_choice' that forces a call cannot go with 'response_format'.", "tool_choice")
         sampling = replace(sampling, format=forced)
-    _usable(sampling.format, "tools" if forced else "response_format")
+    usable(sampling.format, "tools" if forced else "response_format")
     stream, include_usage = _streaming(body)
     request = Request(
         new_id("srv"),
@@ -438,7 +438,7 @@ def completion_request(
         raise bad("'prompt' must be one text (token lists and batches are not supported).", "prompt")
     if not prompt:
         raise bad("'prompt' is empty.", "prompt")
-    _within_context(1, len(prompt), context, "prompt")
+    within_context(1, len(prompt), context, "prompt")
     if body.get("suffix"):
         raise bad("'suffix' is not supported by this server.", "suffix", "unsupported_value")
     if body.get("best_of") not in (None, 1):
@@ -456,7 +456,7 @@ def completion_request(
     return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored)
 
 
-def _within_context(count: int, chars: int, context: int, param: str) -> None:
+def within_context(count: int, chars: int, context: int, param: str) -> None:
     """Refuse a prompt far over the model's context before any of it is rendered or tokenized.
 
     The engine fits a long conversation by dropping its oldest turns and cutting the last one, but it

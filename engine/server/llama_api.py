@@ -1,0 +1,540 @@
+"""llama.cpp's own HTTP API where its clients use it: ``/completion``, ``/tokenize``, ``/detokenize``,
+``/apply-template`` and ``/props``, in the shapes of llama.cpp's ``tools/server/README.md``.
+
+Editor plug-ins, SillyTavern and scripts written for ``llama-server`` call these
+rather than OpenAI's paths.  Each is answered from the same engine and the same
+loaded model as ``/v1/...`` (:func:`routes` hangs them on ``engine.server.app``'s
+handlers: the API key, the model rule, the hub):
+
+* ``POST /completion`` -- the prompt as it is (a text, or token ids that the
+  tokenizer gives back exactly), as ``/v1/completions`` sends it, so a greedy
+  reply is the same text.  Taken: ``prompt``, ``n_predict`` (-1 or left out: up
+  to the rest of the context; 0 is refused), ``stream``, ``stop``,
+  ``temperature`` (below 0: greedy, as llama.cpp), ``top_k``, ``top_p``,
+  ``seed`` (-1: random), ``repeat_penalty``, ``cache_prompt`` (False: this reply
+  neither reads nor keeps prompt KV), ``json_schema``, ``grammar`` (GBNF or
+  Lark, through llguidance's converter), ``return_tokens``, ``model``.  The
+  sampler fields Brisk lacks are taken only at the value that turns them off
+  (:data:`OFF`, e.g. ``min_p: 0``, ``n_probs: 0``); any other value, and any
+  other field, is a 400 that names it.  Streamed, each piece is
+  ``data: {"content", "tokens", "stop": false, ...}`` and the last one carries
+  ``stop: true`` with ``timings``, ``tokens_predicted``, ``tokens_evaluated``,
+  ``stop_type`` and ``generation_settings``; no ``[DONE]`` (llama.cpp sends
+  none on this path).
+* ``POST /tokenize`` (``content``, ``add_special``, ``parse_special``,
+  ``with_pieces``), ``POST /detokenize`` (``tokens``), ``POST /apply-template``
+  (``messages``, ``tools``: the prompt text a reply renders) -- the loaded
+  model's own tokenizer and chat template (``engine.server.vocab``); a 503 while
+  the server has no local model to read them from.
+* ``GET /props`` -- ``default_generation_settings`` (``n_ctx`` and the
+  ``params`` a field left out takes), ``total_slots`` (replies decoded
+  together), ``model_path``, ``model_alias``, ``chat_template``.
+
+Timings are Brisk's own measurements of the reply (``engine.api.Metrics``), in
+llama.cpp's names; the ``brisk`` field carries them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token, reply_format
+from engine.server import shapes
+from engine.server.shapes import ApiError, bad
+from engine.server.vocab import Model, Vocab
+
+if TYPE_CHECKING:
+    from engine.server.app import Handlers
+
+RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama.cpp's "pick a random seed" (its /props shows the second)
+MAX_STOPS = 16
+REPEAT_WINDOW = 64  # Brisk's repetition penalty counts the reply's last 64 tokens (engine.runtime.sampling)
+TAKEN = frozenset(
+    {
+        "prompt",
+        "n_predict",
+        "stream",
+        "stop",
+        "temperature",
+        "top_k",
+        "top_p",
+        "seed",
+        "repeat_penalty",
+        "repeat_last_n",
+        "cache_prompt",
+        "json_schema",
+        "grammar",
+        "return_tokens",
+        "model",
+    }
+)
+# llama.cpp's fields for what Brisk does not have, each at the value that turns it off: a client that sends
+# its defaults (SillyTavern sends most of them) is served; any other value is a 400 that names the field
+OFF: dict[str, Any] = {
+    "min_p": 0,
+    "typical_p": 1,
+    "typ_p": 1,
+    "tfs_z": 1,
+    "top_n_sigma": -1,
+    "mirostat": 0,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "dry_multiplier": 0,
+    "xtc_probability": 0,
+    "dynatemp_range": 0,
+    "ignore_eos": False,
+    "n_probs": 0,
+    "n_keep": 0,
+    "n_indent": 0,
+    "n_cmpl": 1,
+    "t_max_predict_ms": 0,
+    "id_slot": -1,
+    "timings_per_token": False,
+    "return_progress": False,
+    "post_sampling_probs": False,
+    "logit_bias": [],
+    "lora": [],
+}
+_OFF_WHY = {
+    "n_probs": "token probabilities are not returned yet",
+    "min_p": "Brisk's sampler has temperature, top_k and top_p",
+    "n_cmpl": "send one request per completion (they are decoded together)",
+}
+
+
+def routes(handlers: Handlers) -> list[Route]:
+    api = LlamaApi(handlers)
+    return [
+        Route("/completion", api.completion, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/apply-template", api.apply_template, methods=["POST"]),
+        Route("/props", api.props, methods=["GET"]),
+    ]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One ``/completion`` request as read: what goes to the engine and how to answer."""
+
+    request: Request
+    prompt: str  # the prompt's text (token ids decoded)
+    stream: bool
+    return_tokens: bool
+    settings: dict[str, Any]  # llama.cpp's generation_settings, as taken
+
+
+class LlamaApi:
+    def __init__(self, handlers: Handlers) -> None:
+        self.h = handlers
+        self.s = handlers.s
+
+    # -- the loaded model's tokenizer -----------------------------------------------------------------------
+    async def _model(self) -> Model:
+        self.h.chat_model({})  # a 503 while no model is loaded
+        model = await asyncio.to_thread(self.s.vocab.model) if self.s.vocab is not None else None
+        if model is None:
+            raise ApiError(
+                503,
+                "This server has no local model's tokenizer to use (a remote engine, or a load under way).",
+                code="model_not_loaded",
+            )
+        return model
+
+    async def _body(self, http: HttpRequest, fields: frozenset[str], endpoint: str) -> dict[str, Any]:
+        from engine.server.app import read_json
+
+        self.h.check_key(http)
+        body = await read_json(http, self.s.max_body)
+        unknown = [name for name, value in body.items() if value is not None and name not in fields]
+        if unknown:
+            names = ", ".join(f"'{name}'" for name in unknown)
+            raise bad(
+                f"{names} {'is' if len(unknown) == 1 else 'are'} not supported by {endpoint} on this server; leave "
+                f"{'it' if len(unknown) == 1 else 'them'} out. Supported: {', '.join(sorted(fields))}.",
+                unknown[0],
+                "unsupported_parameter",
+            )
+        return body
+
+    async def tokenize(self, http: HttpRequest) -> Response:
+        body = await self._body(
+            http, frozenset({"content", "add_special", "parse_special", "with_pieces"}), "/tokenize"
+        )
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise bad("'content' must be the text to tokenize.", "content", "invalid_type")
+        add_special = _flag(body, "add_special", False)
+        parse_special = _flag(body, "parse_special", True)
+        pieces = _flag(body, "with_pieces", False)
+        model = await self._model()
+
+        def run() -> list[Any]:
+            ids = Vocab.tokenize(model, content, add_special, parse_special)
+            return [{"id": i, "piece": Vocab.piece(model, i)} for i in ids] if pieces else ids
+
+        return JSONResponse({"tokens": await asyncio.to_thread(run)})
+
+    async def detokenize(self, http: HttpRequest) -> Response:
+        body = await self._body(http, frozenset({"tokens"}), "/detokenize")
+        model = await self._model()
+        ids = _token_ids(body.get("tokens", []), len(model.tokenizer), "tokens")
+        return JSONResponse({"content": await asyncio.to_thread(Vocab.detokenize, model, ids)})
+
+    async def apply_template(self, http: HttpRequest) -> Response:
+        body = await self._body(http, frozenset({"messages", "tools", "model"}), "/apply-template")
+        messages = list(shapes.messages_from(body.get("messages")))
+        tools = [dict(t) for t in shapes.tools_from({"tools": body.get("tools") or []})[0]] or None
+        model = await self._model()
+        try:
+            text = await asyncio.to_thread(Vocab.template_text, model, messages, tools)
+        except ValueError as exc:  # a template that fails or runs too long (engine.model.template)
+            raise bad(str(exc), "messages", "template_error") from None
+        return JSONResponse({"prompt": text})
+
+    async def props(self, http: HttpRequest) -> Response:
+        from engine.runtime.batching import MAX_ACTIVE
+
+        self.h.check_key(http)
+        model = await self._model()
+        running, _, _ = self.s.hub.log.snapshot()
+        template = model.tokenizer.chat_template
+        if isinstance(template, dict):  # several named templates: the one a reply renders with
+            template = template.get("default") or next(iter(template.values()), "")
+        return JSONResponse(
+            {
+                "default_generation_settings": {
+                    "id": 0,
+                    "id_task": -1,
+                    "n_ctx": self.s.context or model.context,
+                    "speculative": self.s.speculative != "off",
+                    "is_processing": bool(running),
+                    "params": generation_settings(
+                        self.s.defaults, self.s.context or model.context, False, self.s.model or ""
+                    ),
+                },
+                "total_slots": MAX_ACTIVE,
+                "model_path": model.source,
+                "model_alias": self.s.model,
+                "chat_template": template or "",
+                "modalities": {"vision": False, "audio": False},
+                "build_info": "brisk",
+                "is_sleeping": False,
+            }
+        )
+
+    # -- /completion ---------------------------------------------------------------------------------------
+    async def completion(self, http: HttpRequest) -> Response:
+        body = await self._body(http, TAKEN | OFF.keys(), "/completion")
+        name = self.h.chat_model(body)
+        asked = await self.read(body, name)
+        stream = self._stream(asked, name) if asked.stream else None
+        out = await self.h.run(http, asked.request, "/completion", stream, marker=False)
+        if isinstance(out, Response):
+            return out
+        ids = [i for t in out.tokens for i in t.ids]
+        return JSONResponse(await self.result(asked, name, out.done, ids, stream=False))
+
+    async def read(self, body: Mapping[str, Any], name: str) -> Asked:
+        for field, off in OFF.items():
+            if field in body and body[field] is not None and not _same(body[field], off):
+                why = _OFF_WHY.get(field, "Brisk has no such sampler")
+                raise bad(
+                    f"'{field}' {body[field]!r} is not supported here ({why}); send {off!r} or leave it out.",
+                    field,
+                    "unsupported_value",
+                )
+        text, ids = _prompt(body.get("prompt"))
+        model = await asyncio.to_thread(self.s.vocab.model) if self.s.vocab is not None else None
+        if ids is not None:  # token ids: served as their text, when the tokenizer gives exactly them back
+            if model is None:
+                raise ApiError(503, "A prompt of token ids needs the local model's tokenizer.", "prompt")
+            checked = _token_ids(ids, len(model.tokenizer), "prompt")
+            text = await asyncio.to_thread(Vocab.detokenize, model, checked)
+            if await asyncio.to_thread(lambda: list(model.tokenizer(text)["input_ids"])) != checked:
+                raise bad(
+                    "These token ids are not what this model's tokenizer makes of their text, and Brisk reads a "
+                    "prompt as text; send the prompt as text (or ids from /tokenize with add_special true).",
+                    "prompt",
+                )
+        shapes.within_context(1, len(text), self.s.context, "prompt")
+        sampling = await self._sampling(body, model, text)
+        stream = _flag(body, "stream", False)
+        request = Request(
+            shapes.new_id("srv"),
+            ({"role": "user", "content": text},),
+            sampling,
+            prefix_cache=_flag(body, "cache_prompt", True),
+            speculative=self.s.speculative,
+            raw=True,
+            origin="server",
+        )
+        settings = generation_settings(sampling, self.s.context, stream, name)
+        return Asked(request, text, stream, _flag(body, "return_tokens", False), settings)
+
+    async def _sampling(self, body: Mapping[str, Any], model: Model | None, text: str) -> Sampling:
+        d = self.s.defaults
+        temperature = _real(body, "temperature", d.temperature)
+        penalty = _real(body, "repeat_penalty", d.repetition_penalty)
+        if penalty <= 0:
+            raise bad("'repeat_penalty' must be above 0 (1 = off).", "repeat_penalty")
+        window = body.get("repeat_last_n")
+        if window is not None and penalty != 1.0 and not _same(window, REPEAT_WINDOW):
+            raise bad(
+                f"'repeat_last_n' must be {REPEAT_WINDOW} here: Brisk's repetition penalty counts the reply's "
+                f"last {REPEAT_WINDOW} tokens.",
+                "repeat_last_n",
+                "unsupported_value",
+            )
+        top_k = shapes.whole(body, "top_k", 0, 1 << 20)
+        seed = body.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise bad(f"'seed' must be a whole number, not {seed!r}.", "seed", "invalid_type")
+        return replace(
+            d,
+            temperature=max(0.0, temperature),  # llama.cpp: below 0 is greedy
+            top_k=d.top_k if top_k is None else top_k,  # 0: off, in both
+            top_p=shapes.number(body, "top_p", 0.0, 1.0, d.top_p) or d.top_p,
+            repetition_penalty=penalty,
+            seed=None if seed is None or seed in RANDOM_SEEDS else seed % 2**63,
+            max_tokens=await self._limit(body, model, text),
+            stop=_stops(body.get("stop")),
+            format=_format(body),
+        )
+
+    async def _limit(self, body: Mapping[str, Any], model: Model | None, text: str) -> int:
+        """``n_predict`` as ``max_tokens``: -1 or left out, the rest of the context after the prompt."""
+        limit = body.get("n_predict")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < -1):
+            raise bad(f"'n_predict' must be a whole number, -1 or more, not {limit!r}.", "n_predict")
+        if limit == 0:
+            raise bad(
+                "'n_predict' 0 (only read the prompt into the cache) is not supported; send 1 or more.", "n_predict"
+            )
+        context = self.s.context
+        if limit is not None and limit > 0:
+            if context and limit > context:
+                raise bad(f"'n_predict' {limit} is more than the model's context of {context} tokens.", "n_predict")
+            return limit
+        if model is None or not context:
+            return self.s.defaults.max_tokens
+        prompt = await asyncio.to_thread(lambda: len(model.tokenizer(text)["input_ids"]))
+        return max(1, context - prompt)
+
+    # -- answers -------------------------------------------------------------------------------------------
+    def _stream(self, asked: Asked, name: str) -> Any:
+        async def chunks(started: Started | None, events: asyncio.Queue[Any]) -> AsyncIterator[dict[str, Any]]:
+            evaluated = started.prompt_tokens if started is not None else 0
+            ids: list[int] = []
+            while True:
+                event = await events.get()
+                if isinstance(event, Token) and (event.text or event.ids):
+                    ids.extend(event.ids)
+                    yield {
+                        "index": 0,
+                        "content": event.text,
+                        "tokens": list(event.ids),
+                        "stop": False,
+                        "id_slot": -1,
+                        "tokens_predicted": len(ids),
+                        "tokens_evaluated": evaluated,
+                    }
+                elif isinstance(event, Done):
+                    event = replace(event, metrics=await self.h.counted(asked.request, event.metrics))
+                    yield await self.result(asked, name, event, ids, stream=True)
+                    return
+                elif isinstance(event, Error):
+                    yield ApiError(500, event.message, code="engine_error").body()
+                    return
+
+        return chunks
+
+    async def result(self, asked: Asked, name: str, done: Done, ids: list[int], stream: bool) -> dict[str, Any]:
+        """The last (or only) object of a ``/completion`` answer, in llama.cpp's fields."""
+        stop_type, word = await self._stop_type(asked, done, ids)
+        m = done.metrics
+        return {
+            "index": 0,
+            "content": "" if stream else done.text,
+            "tokens": ids if asked.return_tokens and not stream else [],
+            "id_slot": 0,
+            "stop": True,
+            "model": name,
+            "tokens_predicted": m.completion_tokens,
+            "tokens_evaluated": m.prompt_tokens,
+            "generation_settings": asked.settings,
+            "prompt": asked.prompt,
+            "has_new_line": "\n" in done.text,
+            "truncated": m.truncated,
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "tokens_cached": m.cached_tokens,
+            "timings": timings(m),
+            "brisk": shapes.brisk_figures(m),
+        }
+
+    async def _stop_type(self, asked: Asked, done: Done, ids: list[int]) -> tuple[str, str]:
+        """llama.cpp's ``stop_type`` and ``stopping_word``: the reply's limit, one of the stop texts (found
+        after the text the reply was cut at), or the model's end of turn."""
+        if done.finish_reason != "stop":
+            return "limit", ""
+        stops = asked.request.sampling.stop
+        model = await asyncio.to_thread(self.s.vocab.model) if stops and self.s.vocab is not None else None
+        if model is not None:
+            whole = await asyncio.to_thread(lambda: str(model.tokenizer.decode(ids, skip_special_tokens=True)))
+            rest = whole[len(done.text) :] if whole.startswith(done.text) else ""
+            for stop in stops:
+                if rest.startswith(stop):
+                    return "word", stop
+        return "eos", ""
+
+
+def generation_settings(sampling: Sampling, context: int, stream: bool, model: str) -> dict[str, Any]:
+    """llama.cpp's ``generation_settings`` for what Brisk samples with (its off values for what it lacks)."""
+    return {
+        "n_ctx": context,
+        "n_predict": sampling.max_tokens,
+        "model": model,
+        "seed": sampling.seed if sampling.seed is not None else RANDOM_SEEDS[1],
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "min_p": 0.0,
+        "typical_p": 1.0,
+        "repeat_penalty": sampling.repetition_penalty,
+        "repeat_last_n": REPEAT_WINDOW,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "mirostat": 0,
+        "stop": list(sampling.stop),
+        "max_tokens": sampling.max_tokens,
+        "n_keep": 0,
+        "ignore_eos": False,
+        "stream": stream,
+        "n_probs": 0,
+        "grammar": "",
+        "samplers": ["penalties", "top_k", "top_p", "temperature"],
+    }
+
+
+def timings(m: Metrics) -> dict[str, float | int]:
+    """Brisk's measured times of one reply in llama.cpp's ``timings`` fields (milliseconds)."""
+    prompt_ms = (m.prefill_s or 0.0) * 1000
+    predicted_ms = (m.decode_s or 0.0) * 1000
+    computed = m.computed_tokens
+    return {
+        "cache_n": m.cached_tokens,
+        "prompt_n": computed,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / computed if computed else 0.0,
+        "prompt_per_second": computed / prompt_ms * 1000 if prompt_ms and computed else 0.0,
+        "predicted_n": m.completion_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": (m.tpot_s or 0.0) * 1000,
+        "predicted_per_second": m.tokens_per_s or 0.0,
+    }
+
+
+# -- reading fields ------------------------------------------------------------------------------------------
+
+
+def _same(value: Any, off: Any) -> bool:
+    if isinstance(off, bool) or isinstance(value, bool):
+        return value is off
+    if isinstance(off, list):
+        return value in ([], {})
+    return isinstance(value, int | float) and value == off
+
+
+def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(f"'{name}' must be true or false, not {value!r}.", name, "invalid_type")
+    return value
+
+
+def _real(body: Mapping[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad(f"'{name}' must be a number, not {value!r}.", name, "invalid_type")
+    return float(value)
+
+
+def _prompt(value: Any) -> tuple[str, list[Any] | None]:
+    """The prompt as text, or (``""``, its token ids) when it is a list of ids."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise bad("'prompt' is empty.", "prompt")
+        return value, None
+    if isinstance(value, list) and value and all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        return "", value
+    raise bad(
+        "'prompt' must be one text or one list of token ids (several prompts, and ids mixed with text, are not "
+        "supported).",
+        "prompt",
+    )
+
+
+def _token_ids(value: Any, vocabulary: int, param: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise bad(f"'{param}' must be a list of token ids.", param, "invalid_type")
+    wrong = [i for i in value if not 0 <= i < vocabulary]
+    if wrong:
+        raise bad(f"'{param}' holds {wrong[0]}, not a token id of this model (0 to {vocabulary - 1}).", param)
+    return list(value)
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad("'stop' must be a list of non-empty texts.", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"'stop' takes at most {MAX_STOPS} texts, not {len(stops)}.", "stop")
+    return tuple(stops)
+
+
+def _format(body: Mapping[str, Any]) -> str:
+    """``json_schema`` or ``grammar`` (GBNF, or llguidance's Lark) as a ``Sampling.format``, checked."""
+    schema, grammar = body.get("json_schema"), body.get("grammar") or None
+    if schema is not None and grammar is not None:
+        raise bad("Send 'json_schema' or 'grammar', not both.", "grammar")
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise bad("'json_schema' must be a JSON schema object.", "json_schema", "invalid_type")
+        format_json = reply_format("json_schema", dict(schema)) if schema else reply_format("json_object")
+        shapes.usable(format_json, "json_schema")
+        return format_json
+    if grammar is None:
+        return ""
+    if not isinstance(grammar, str):
+        raise bad("'grammar' must be the grammar's text (GBNF or Lark).", "grammar", "invalid_type")
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(grammar)
+    except Exception as exc:  # the converter raises its own error types for a grammar it cannot read
+        raise bad(f"'grammar' could not be read as GBNF or Lark ({shapes_short(exc)}).", "grammar") from None
+    format_json = reply_format("lark", lark)
+    shapes.usable(format_json, "grammar")
+    return format_json
+
+
+def shapes_short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."

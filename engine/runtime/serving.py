@@ -56,7 +56,7 @@ from engine.runtime.reply_events import ReplyEvents
 from engine.runtime.reply_metrics import request_metrics
 from engine.runtime.speculative import AnswerDrafts, Drafter, DraftModel, HistoryDrafts, HistoryIndex, PromptLookup
 from engine.runtime.tool_turns import Rounds, ToolBox
-from engine.tools import Parsed, tool_schemas
+from engine.tools import Parsed
 
 CONVERSATION = "conv:"  # the key prefix of a conversation's own (live) prefix cache entry
 
@@ -241,7 +241,7 @@ class Serving:
         if request.client_tools:  # a server client's own tools: in the prompt, calls handed back, never run
             return None, [dict(tool) for tool in request.client_tools]
         view = self.res.tools.view(request.tools)
-        return view, (tool_schemas(view) or None) if view is not None else None
+        return view, tool_turns.prompt_schemas(request, view, self.res.loaded.tokenizer if self.res.loaded else None)
 
     def _prompt(
         self,

@@ -34,18 +34,17 @@ from typing import Any
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt
 
 from app.state.answer_stats import cache_badge
-from app.state.attachments import SEP, sources_of
+from app.state.attachments import sources_of
 from app.state.reply import ReplyState, stats_line
 from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
-from engine.documents.render import source_label
+from engine.documents.render import source_label, source_labels, source_word, sources_line, sources_prefix
 from engine.storage import Message
 
 TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
 DAMAGED_NOTICE = "This message was damaged in the history file; what could be read is shown."
 ERROR_FALLBACK = "This reply ended with an error."
 SHOWN_ROLES = ("user", "assistant")
-SOURCES_PREFIX = "Sources:"
 ITEM_ROLE = Qt.ItemDataRole.UserRole + 1
 
 _Index = QModelIndex | QPersistentModelIndex
@@ -101,11 +100,20 @@ class ChatItem:
 
     @property
     def source_labels(self) -> list[str]:
-        return [source_label(s) for s in self.sources]
+        return source_labels(self.sources)
+
+    @property
+    def sources_prefix(self) -> str:
+        """``Sources:``, or ``Given:`` when the reply's text can be tied to none of them."""
+        return sources_prefix(self.sources)
+
+    def source_menu_text(self, n: int) -> str:
+        """``Source: [1] notes.md, part 3`` or ``Given: handbook.pdf``: the ``n``-th source on its own."""
+        return f"{source_word(self.sources[n])}: {source_label(self.sources[n])}"
 
     @property
     def sources_text(self) -> str:
-        return f"{SOURCES_PREFIX} {SEP.join(self.source_labels)}" if self.sources else ""
+        return sources_line(self.sources)
 
     @property
     def has_stats(self) -> bool:

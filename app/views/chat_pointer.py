@@ -123,8 +123,8 @@ class ChatPointer:
             action.setToolTip(action_tip(item, name))
             action.setEnabled(action_enabled(item, name, delegate.busy))
             action.triggered.connect(lambda _=False, n=name: delegate.action_triggered.emit(n, message_id))
-        for n, label in enumerate(item.source_labels):  # the sources, for the keyboard too
-            source = menu.addAction(f"Source: {label}")
+        for n in range(len(item.sources)):  # the sources, for the keyboard too
+            source = menu.addAction(item.source_menu_text(n))
             source.setToolTip(action_tip(item, f"{SOURCE}{n}"))
             source.triggered.connect(lambda _=False, a=f"{SOURCE}{n}": delegate.action_triggered.emit(a, message_id))
         menu.addSeparator()

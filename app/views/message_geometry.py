@@ -39,7 +39,7 @@ from PySide6.QtCore import QRect, Qt
 from PySide6.QtGui import QFont, QFontMetrics, QTextDocument
 
 from app.state.attachments import position_text
-from app.views.chat_model import SOURCES_PREFIX, ChatItem
+from app.views.chat_model import ChatItem
 
 COLUMN_MAX_PX = 860
 MARGIN_PX = 16  # around the column
@@ -248,7 +248,7 @@ class MessageGeometry:
         """Place "Sources:" and each source's label, wrapping within ``width``; returns the bottom edge."""
         fm, line = self.small_fm, self.small_fm.height() + 4
         dot = fm.horizontalAdvance(SOURCE_GAP)
-        prefix = fm.horizontalAdvance(SOURCES_PREFIX)
+        prefix = fm.horizontalAdvance(item.sources_prefix)
         box.sources_prefix = QRect(left, top, prefix, line)
         indent = left + prefix + 2 if prefix < width // 3 else left  # wrapped lines hang under the first label
         x, y = indent, top

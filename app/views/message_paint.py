@@ -24,7 +24,6 @@ from app.views.message_geometry import (
     LABELS,
     SOURCE,
     SOURCE_GAP,
-    SOURCES_PREFIX,
     MessageGeometry,
     RowLayout,
     action_enabled,
@@ -137,7 +136,7 @@ def _paint_sources(painter: QPainter, geometry: MessageGeometry, item: ChatItem,
     middle = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
     if box.sources_prefix is not None:
         painter.setPen(QColor(theme.muted))
-        painter.drawText(box.sources_prefix, middle, SOURCES_PREFIX)
+        painter.drawText(box.sources_prefix, middle, item.sources_prefix)
     labels = item.source_labels
     for place, (n, rect) in enumerate(box.sources):
         if hover == (item.message_id, f"{SOURCE}{n}"):

@@ -49,7 +49,7 @@ from engine.api import (
 )
 from engine.cli.backend import add_cache_args, add_server_args, add_tool_args, backend_problems, is_remote
 from engine.client import format_problems
-from engine.documents.render import source_label
+from engine.documents.render import sources_line
 from engine.paths import settings_path
 from engine.runtime.format_limits import MAX_BYTES as MAX_FORMAT_BYTES
 from engine.safe_read import NotRegularFile, read_regular
@@ -389,7 +389,7 @@ def print_event(event: Event, as_json: bool) -> None:
     elif isinstance(event, Done):
         sys.stdout.write("\n")
         if event.metrics.sources:
-            print("Sources: " + " · ".join(source_label(s) for s in event.metrics.sources))
+            print(sources_line(event.metrics.sources))
         print(" · ".join(summary(event.metrics)), file=sys.stderr)
     elif isinstance(event, Error):
         print(f"error: {event.message}", file=sys.stderr)

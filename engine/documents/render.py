@@ -14,6 +14,13 @@ into the question's own turn, numbered in document order (name, then place in
 the document), ahead of the question: two questions that retrieve the same
 passages share the longest prefix, and the numbers are the ones a reply's
 sources list.
+
+Under a reply, what it was given is named by :func:`sources_line`: "Sources:"
+for the documents and passages its text can be tied to (``"tied"``, set after
+the reply by ``engine.documents.grounding``), "Given:" when it can be tied to
+none of them (a wrong answer, or a story about something else, was given the
+handbook but does not draw on it); in a list with both, each untied one reads
+"(given)".
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+SOURCES_PREFIX = "Sources:"
+GIVEN_PREFIX = "Given:"
+GIVEN_MARK = " (given)"
+SEP = " \u00b7 "
 WHOLE_INTRO = "The user attached these documents. Answer questions about them from their text."
 PASSAGES_INTRO = "Passages from the attached documents, numbered; cite them by number, like [1]:"
 
@@ -83,6 +94,32 @@ def source_label(source: Any) -> str:
     label = str(source.get("label") or "")
     number = f"{label} " if label and label != name else ""
     return f"{number}{name}, {place_of(source)}"
+
+
+def is_tied(source: Any) -> bool:
+    """Whether a reply's text was tied to this source; a source stored without the mark counts as one."""
+    return source.get("tied", True) is not False
+
+
+def sources_prefix(sources: Sequence[Any]) -> str:
+    """``Sources:`` when the reply can be tied to any of ``sources``, else ``Given:``."""
+    return SOURCES_PREFIX if any(is_tied(s) for s in sources) else GIVEN_PREFIX
+
+
+def source_labels(sources: Sequence[Any]) -> list[str]:
+    """Each source's :func:`source_label`; under a ``Sources:`` prefix an untied one adds `` (given)``."""
+    mixed = sources_prefix(sources) == SOURCES_PREFIX
+    return [source_label(s) + (GIVEN_MARK if mixed and not is_tied(s) else "") for s in sources]
+
+
+def sources_line(sources: Sequence[Any]) -> str:
+    """``Sources: handbook.md · [1] notes.md, part 3`` or ``Given: handbook.pdf``; empty for no sources."""
+    return f"{sources_prefix(sources)} {SEP.join(source_labels(sources))}" if sources else ""
+
+
+def source_word(source: Any) -> str:
+    """``Source`` or ``Given``: how one source is introduced on its own (a menu entry)."""
+    return "Source" if is_tied(source) else "Given"
 
 
 def whole_order(docs: Sequence[Whole]) -> list[Whole]:
@@ -155,6 +192,11 @@ def sources(whole: Sequence[Whole], passages: Sequence[Passage]) -> tuple[dict[s
             source |= {"page": p.page, "last_page": p.last_page if p.last_page is not None else p.page}
         found.append(source)
     return tuple(found)
+
+
+def source_texts(whole: Sequence[Whole], passages: Sequence[Passage]) -> tuple[str, ...]:
+    """The text of each of :func:`sources`, in its order (what a reply is tied to, ``engine.documents.grounding``)."""
+    return tuple(doc.text for doc in whole_order(whole)) + tuple(p.text for p in passage_order(passages))
 
 
 def _source(doc_id: str, name: str, path: str, chunk: int, start: int, end: int, label: str) -> dict[str, Any]:

@@ -26,6 +26,13 @@ messages the prompt is built from (``engine.documents.render``):
   question's turn, numbered in document order (BM25 and, when the embedder is
   ready, vectors; hybrid).
 
+A reply's ``document_tokens`` (``Applied.tokens``) count the whole documents'
+texts as their chips do (``Documents.count``: the text alone, in the loaded
+model's tokenizer), so the chip and the context meter say the same number; the
+introduction and each document's tag count with the system prompt.
+``Applied.sources_for(reply)`` marks which of the documents and passages the
+reply's text can be tied to (``engine.documents.grounding``).
+
 A document id that is no longer in the index is left out with a warning; an
 index that cannot be opened fails the reply with a message saying what to do.
 """
@@ -38,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.documents import render
+from engine.documents import grounding, render
 from engine.documents.kvfiles import DOCUMENTS, document_key, document_kv_file, forget_document, kv_files
 
 __all__ = ["DOCUMENTS", "Applied", "Documents", "document_key", "document_kv_file", "forget_document", "kv_files"]
@@ -56,17 +63,30 @@ class Applied:
 
     messages: list[dict[str, Any]]
     whole: tuple[str, ...] = ()  # ids of the documents that went in whole (their KV is a prefix)
-    whole_tokens: int = 0
+    whole_tokens: int = 0  # the prompt tokens they take: the introduction, their tags and their texts
     passage_tokens: int = 0
     sources: tuple[dict[str, Any], ...] = ()
     warnings: list[str] = field(default_factory=list)
     base_ids: list[int] = field(default_factory=list)  # the prompt without the documents (where they begin)
+    text_tokens: int = 0  # of ``whole_tokens``, their texts' alone: what their chips count
+    texts: tuple[str, ...] = ()  # the text of each of ``sources``, in order
     found_ids: tuple[str, ...] = ()  # the documents found in the index: a reply marks them used (Documents.touch)
     searched: bool = False  # some are too long to go whole: their passages depend on the question
 
     @property
     def tokens(self) -> int:
-        return self.whole_tokens + self.passage_tokens
+        """The documents' tokens a reply reports (``document_tokens``): whole texts as their chips count them,
+        and the passages with their headers."""
+        return self.text_tokens + self.passage_tokens
+
+    def reused(self, block: int) -> int:
+        """Of the whole documents' ``block`` first prompt tokens found in the cache (intro, tags and texts, from
+        where they begin), how many count as their texts' (the intro and the first tag come first)."""
+        return max(0, min(block, self.whole_tokens) - (self.whole_tokens - self.text_tokens))
+
+    def sources_for(self, reply: str) -> tuple[dict[str, Any], ...]:
+        """The sources, each marked ``"tied"``: whether ``reply``'s text can be tied to it."""
+        return grounding.mark(self.sources, self.texts, reply) if self.texts else self.sources
 
 
 class Documents:
@@ -150,7 +170,8 @@ class Documents:
         budget = max(0, min(whole_limit, room - intro))
         whole: list[render.Whole] = []
         searched: list[str] = []
-        used = 0
+        used = 0  # the prompt tokens the whole documents take: intro, tags and texts
+        texts = 0  # of them, the texts' alone (what the chips say)
         for info, _ in sorted(found, key=lambda f: (f[0].chars, f[0].id)):  # smallest first: the set decides
             if used + info.chars // 8 > budget:  # far too long to fit (no token is longer than 8 characters here)
                 searched.append(info.id)
@@ -161,10 +182,12 @@ class Documents:
                 warnings.append(f"{info.name} was removed from the document index; attach it again to use it.")
                 continue
             tag = render.whole_block([render.Whole(info.id, info.name, "")]).removeprefix(render.WHOLE_INTRO)
-            tokens = self.count(tokenizer, info.id, text) + cost(tag)
+            own = self.count(tokenizer, info.id, text)
+            tokens = own + cost(tag)
             if used + tokens <= budget:
                 whole.append(render.Whole(info.id, info.name, text, info.path))
                 used += tokens
+                texts += own
             else:
                 searched.append(info.id)
         chosen: list[render.Passage] = []
@@ -200,6 +223,8 @@ class Documents:
             warnings,
             found_ids=tuple(info.id for info, _ in found),
             searched=bool(searched),
+            text_tokens=texts,
+            texts=render.source_texts(whole, chosen),
         )
 
     def touch(self, doc_ids: Sequence[str]) -> None:

@@ -200,9 +200,9 @@ class Serving:
             drafters = self._drafters(request, len(prompt.ids))
         assert first is not None
         metrics = dataclasses.replace(rounds.metrics(first), cache_bytes=self.res.prefix_cache.nbytes())
-        if applied is not None:
-            metrics = _with_document_metrics(metrics, applied, first_prompt, first.cached_tokens)
         text = result.text if len(rounds.decodes) == 1 else "".join(reply.text)
+        if applied is not None:
+            metrics = _with_document_metrics(metrics, applied, first_prompt, first.cached_tokens, text)
         if applied is not None:  # an index write: after the reply's tokens, not before its first
             self.res.documents.touch(applied.found_ids)
         with self.res.answer_lookup.keeping():  # a process that ends on this Done waits until it is kept
@@ -553,11 +553,12 @@ def _question_vector(question: str) -> Any:
     return embedder.embed_one(question)
 
 
-def _with_document_metrics(metrics: Metrics, applied: Applied, prompt: Prompt, cached: int) -> Metrics:
-    """``metrics`` with the documents' tokens, those whose KV was reused, and the sources."""
+def _with_document_metrics(metrics: Metrics, applied: Applied, prompt: Prompt, cached: int, text: str) -> Metrics:
+    """``metrics`` with the documents' tokens, those whose KV was reused, and the sources, each marked with
+    whether the reply's ``text`` can be tied to it."""
     reused = 0
     if applied.whole_tokens and prompt.documents:
         start = common_prefix(applied.base_ids, prompt.ids)  # where the documents begin: the prompts part there
-        reused = max(0, min(cached, prompt.system_tokens) - start)
-        reused = min(reused, applied.whole_tokens)
-    return dataclasses.replace(metrics, document_tokens=applied.tokens, document_reused=reused, sources=applied.sources)
+        reused = applied.reused(max(0, min(cached, prompt.system_tokens) - start))
+    sources = applied.sources_for(text)
+    return dataclasses.replace(metrics, document_tokens=applied.tokens, document_reused=reused, sources=sources)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.cli.common import source_label
 from engine.documents import render
 from engine.documents.convert import Converted, convert
+from engine.documents.render import source_label
 from engine.documents.store import DocumentStore, pages_of
 from engine.storage.db import Schema, connect
 from tests.engine.documents.test_convert import make_pdf

@@ -5,7 +5,7 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 ``POST /v1/embeddings`` (the all-MiniLM-L6-v2 model the answer cache ships);
 each of OpenAI's paths also without the ``/v1`` (a client given the base URL
 ``http://host:port`` posts to ``/chat/completions``, as llama-server answers);
-and llama.cpp's own ``/completion``, ``/tokenize``, ``/detokenize``,
+and llama.cpp's own ``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
 ``/apply-template`` and ``/props`` (``engine.server.llama_api``).
 A field an endpoint does not know is a 400 that names it, except those clients
 send by habit (``shapes.HABITS``: ``user``, ``metadata``, ``store`` ...), which
@@ -69,7 +69,7 @@ IGNORED_HEADER = "X-Brisk-Ignored"
 # what a 404 lists: OpenAI's paths answer with and without the /v1 in front
 ENDPOINTS = (
     "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health; llama.cpp's "
-    "/completion, /tokenize, /detokenize, /apply-template, /props"
+    "/completion, /infill, /tokenize, /detokenize, /apply-template, /props"
 )
 
 

@@ -1,5 +1,5 @@
-"""llama.cpp's own HTTP API where its clients use it: ``/completion``, ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/props``, in the shapes of llama.cpp's ``tools/server/README.md``.
+"""llama.cpp's own HTTP API where its clients use it: ``/completion``, ``/infill``, ``/tokenize``,
+``/detokenize``, ``/apply-template`` and ``/props``, in the shapes of llama.cpp's ``tools/server/README.md``.
 
 Editor plug-ins, SillyTavern and scripts written for ``llama-server`` call these
 rather than OpenAI's paths.  Each is answered from the same engine and the same
@@ -26,6 +26,10 @@ handlers: the API key, the model rule, the hub):
   (``messages``, ``tools``: the prompt text a reply renders) -- the loaded
   model's own tokenizer and chat template (``engine.server.vocab``); a 503 while
   the server has no local model to read them from.
+* ``POST /infill`` -- ``input_prefix``, ``input_suffix``, ``input_extra``
+  chunks and ``prompt`` in the model's fill-in-the-middle tokens, laid out as
+  llama-server does (``engine.server.infill``), then answered as
+  ``/completion`` (its fields too); a 400 for a model without FIM tokens.
 * ``GET /props`` -- ``default_generation_settings`` (``n_ctx`` and the
   ``params`` a field left out takes), ``total_slots`` (replies decoded
   together), ``model_path``, ``model_alias``, ``chat_template``.
@@ -47,13 +51,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token, reply_format
-from engine.server import shapes
+from engine.server import infill, shapes
 from engine.server.shapes import ApiError, bad
 from engine.server.vocab import Model, Vocab
 
 if TYPE_CHECKING:
     from engine.server.app import Handlers
 
+INFILL_FIELDS = frozenset({"input_prefix", "input_suffix", "input_extra"})
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama.cpp's "pick a random seed" (its /props shows the second)
 MAX_STOPS = 16
 REPEAT_WINDOW = 64  # Brisk's repetition penalty counts the reply's last 64 tokens (engine.runtime.sampling)
@@ -118,6 +123,7 @@ def routes(handlers: Handlers) -> list[Route]:
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/apply-template", api.apply_template, methods=["POST"]),
         Route("/props", api.props, methods=["GET"]),
+        Route("/infill", api.infill, methods=["POST"]),
     ]
 
 
@@ -235,9 +241,49 @@ class LlamaApi:
     async def completion(self, http: HttpRequest) -> Response:
         body = await self._body(http, TAKEN | OFF.keys(), "/completion")
         name = self.h.chat_model(body)
-        asked = await self.read(body, name)
+        return await self.answer(http, await self.read(body, name), name, "/completion")
+
+    async def infill(self, http: HttpRequest) -> Response:
+        """``/infill``: the code around the cursor in the model's FIM tokens (``engine.server.infill``), then
+        as ``/completion`` (whose fields it takes; ``prompt`` is the start of the cursor's line)."""
+        from engine.runtime.prompt import special_strings
+
+        body = await self._body(http, TAKEN | OFF.keys() | INFILL_FIELDS, "/infill")
+        name = self.h.chat_model(body)
+        model = await self._model()
+        fim = infill.fim_tokens(model.tokenizer)
+        if fim is None:
+            raise bad(
+                f"The model {name!r} has no fill-in-the-middle tokens, so it cannot infill; load a code model "
+                "that has them (Qwen2.5-Coder: <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>), or send the "
+                "code as a /completion prompt.",
+                None,
+                "model_cannot_infill",
+            )
+        texts = {f: body.get(f) if body.get(f) is not None else "" for f in ("input_prefix", "input_suffix", "prompt")}
+        for field, value in texts.items():
+            if not isinstance(value, str):
+                raise bad(f"'{field}' must be a text.", field, "invalid_type")
+        try:
+            extra = infill.chunks_from(body.get("input_extra"))
+        except ValueError as exc:
+            raise bad(str(exc), "input_extra", "invalid_type") from None
+        control = infill.control_text(
+            [*texts.values(), *(c.text for c in extra), *(c.filename for c in extra)], special_strings(model.tokenizer)
+        )
+        if control:
+            raise bad(
+                f"The code holds {control!r}, the text of one of this model's control tokens: Brisk sends the "
+                "infill prompt as text, where it would be read as that token. Take it out of the request.",
+                "input_prefix",
+            )
+        text = infill.fim_prompt(fim, texts["input_prefix"], texts["input_suffix"], texts["prompt"], extra)
+        rest = {k: v for k, v in body.items() if k not in INFILL_FIELDS}
+        return await self.answer(http, await self.read({**rest, "prompt": text}, name), name, "/infill")
+
+    async def answer(self, http: HttpRequest, asked: Asked, name: str, endpoint: str) -> Response:
         stream = self._stream(asked, name) if asked.stream else None
-        out = await self.h.run(http, asked.request, "/completion", stream, marker=False)
+        out = await self.h.run(http, asked.request, endpoint, stream, marker=False)
         if isinstance(out, Response):
             return out
         ids = [i for t in out.tokens for i in t.ids]

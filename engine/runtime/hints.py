@@ -1,7 +1,9 @@
 """Prefill while typing: the message being written is prefilled before Send, while the engine is idle.
 
 The window sends a hint (``Engine.hint(request)``: the request it would send now, the draft as the last
-user message) about 150 ms after typing pauses, and at once on a paste.  :func:`hint_tokens` renders
+user message) when typing pauses for 150 ms, every 300 ms of typing that does not pause, and at once on a
+paste (``app.views.composer``); the scheduler takes in only the newest, once no request waits
+(``engine.runtime.scheduler``).  :func:`hint_tokens` renders
 that request's prompt the way the real one will be rendered: first the tokens a further keystroke
 cannot change (:func:`stable_prefix`: the draft's last tokens, which a next character could merge with,
 and the end-of-turn markers after it are held back), then the rest of that prompt to its end, a guess
@@ -9,8 +11,9 @@ that the text is finished: the last chunk's logits are kept with the entry (``En
 of the same text runs no model step before its first token (``PrefixCache.finished``), and a keystroke
 that changes the end crops only the guess (a pause costs prefilling those few tokens again).
 :class:`Hints` keeps one job, the latest hint: it starts from the longest prefix the prefix cache holds
-(the conversation so far is usually there already) and prefills the rest ``HINT_CHUNK`` tokens at a
-time, only while the engine's queue is empty; after each chunk the part done is an entry of the prefix
+(the conversation so far is usually there already) and prefills the rest a chunk at a time, only while the
+engine's queue is empty, each chunk as many tokens as the last step's pace fits in ``CHUNK_S`` (30 ms: a
+step further into a long prompt costs more a token); after each chunk the part done is an entry of the prefix
 cache under ``HINT + conversation``, so a Send that comes first reuses it, and a Send never waits for
 more than one chunk. A new hint for the same conversation keeps what it shares with the job's state (an
 edit in the middle drops only the stale part); a hint for another conversation or a hint whose draft is
@@ -27,6 +30,7 @@ reply is the same with the switch on or off (``tests/engine/runtime/test_hints.p
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +39,17 @@ from engine.model.kv import KVState, common_prefix, forward
 from engine.runtime.prefix_cache import HINT, PrefixCache
 from engine.runtime.prompt import Prompt
 
-HINT_CHUNK = 32  # tokens per step: a Send waits for one step at most (about 30 ms on 2 cores, measured)
+HINT_CHUNK = 64  # the most tokens one step prefills
+FIRST_CHUNK = 8  # the first step's size, before any step was timed
+CHUNK_S = 0.03  # a step's target time: a Send waits for one step at most (the goal is 50 ms)
+MIN_CHUNK = 4  # fewer tokens a step would waste the step (each reads every weight once)
 HOLD_BACK = 1  # tokens kept back besides those a next character changes, for tokenizers that merge late
 # more characters a token than any prompt averages (English about 4, code about 3): a draft longer than the context
 # times this cannot fit, and is not rendered for a hint
 HINT_CHARS_PER_TOKEN = 16
 PROBES = (" a", "a", ".", "\n")  # what a next keystroke might add: the tokens all of them leave are stable
+# a draft this long has stable tokens whatever comes next: no probe is rendered (each is the whole prompt again)
+PROBE_CHARS = 64
 
 
 Render = Callable[[list[dict[str, Any]]], Prompt]
@@ -72,7 +81,14 @@ def stable_prefix(render: Render, messages: list[dict[str, Any]]) -> list[int]:
 def hint_tokens(render: Render, messages: list[dict[str, Any]]) -> list[int]:
     """What a hint prefills: the stable prefix, then the rest of the prompt as a Send of this text would have
     it (:meth:`Hints.step` keeps its last token's logits, the reply's first token's).  None when nothing is
-    stable (the draft's text is not yet past the prompt's first tokens, or the prompt does not fit)."""
+    stable (the draft's text is not yet past the prompt's first tokens, or the prompt does not fit).
+
+    Only a short draft is probed: past ``PROBE_CHARS`` characters something is stable whatever is typed next,
+    and the prompt is rendered once (a 1,500-token draft's five renderings took some 80 ms of the engine's
+    time each hint, in front of the next Send)."""
+    if len(str(messages[-1].get("content", ""))) > PROBE_CHARS:
+        prompt = render(messages)
+        return [] if prompt.truncated else prompt.ids
     ids, stable = _stable(render, messages)
     return ids if stable else []
 
@@ -89,6 +105,7 @@ class Hints:
 
     def __init__(self) -> None:
         self.job: Job | None = None
+        self.token_s: float | None = None  # seconds a token of the last step took (the chunk is sized by it)
 
     def start(self, cache: PrefixCache, conversation: str, tokens: list[int]) -> None:
         """Prefill ``tokens`` for ``conversation`` from here on, keeping what the current job shares."""
@@ -111,12 +128,23 @@ class Hints:
     def pending(self) -> bool:
         return self.job is not None and len(self.job.state) < len(self.job.tokens)
 
+    def chunk(self) -> int:
+        """Tokens the next step takes: as many as fit ``CHUNK_S`` at the last step's pace, within
+        ``MIN_CHUNK``..``HINT_CHUNK``.  A step costs more per token further into a prompt (each token attends to
+        all before it) and on a machine that is busy, so the pace is the last step's, not a constant."""
+        if self.token_s is None:
+            return FIRST_CHUNK
+        return max(MIN_CHUNK, min(HINT_CHUNK, int(CHUNK_S / max(self.token_s, 1e-6))))
+
     def step(self, model: Any, cache: PrefixCache) -> None:
-        """Prefill one chunk of the job's tokens."""
+        """Prefill one chunk of the job's tokens (:meth:`chunk`), timed for the next one's size."""
         job = self.job
         assert job is not None
         done = len(job.state)
-        logits = forward(model, job.state, job.tokens[done : done + HINT_CHUNK])
+        ids = job.tokens[done : done + self.chunk()]
+        began = time.perf_counter()
+        logits = forward(model, job.state, ids)
+        self.token_s = (time.perf_counter() - began) / len(ids)
         cache.insert(HINT + job.conversation, job.state)  # a Send that comes now starts from here
         entry = cache.entries.get(HINT + job.conversation)
         if entry is not None and not self.pending():  # the whole prompt: a Send of it needs no step

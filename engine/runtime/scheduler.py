@@ -23,9 +23,15 @@ The loop (:meth:`Scheduler.run`) repeats, in this order:
    is built on a short-lived thread while the loop goes on taking in, and is
    switched in when it posts ``built``; requests taken in after a load wait
    for the new model;
-5. idle (nothing in flight, waiting or loading): one chunk of idle work
-   (typing prefill, a re-warm, the weight modes' measurement), else wait for
-   the next item.
+5. idle (nothing in flight, waiting or loading): the latest hint, if one
+   came (``Work.hint_now`` renders the draft's prompt: a long draft's takes
+   tens of milliseconds, so it never runs in front of a request; hints that
+   came meanwhile are replaced by the newest, and a Send of the same chat
+   drops the one it makes stale), else one chunk of idle work (typing
+   prefill, a re-warm, the weight modes' measurement), else wait for the
+   next item.  A request that arrives during a chunk starts after it: a
+   hint's chunks are sized to a few tens of milliseconds
+   (``engine.runtime.hints``).
 
 A request's state is ``waiting``, ``running``, ``tools`` (its tool round
 runs away from the batch, the others keep stepping) or ``done``.  The work
@@ -118,6 +124,7 @@ class Scheduler:
         self.waiting: list[Tracked] = []  # for a place in the batch, in order of arrival
         self.later: deque[Item] = deque()  # loads and calls waiting for the requests in flight, and what follows a load
         self.loading: tuple[ModelSpec, int] | None = None  # a model being built on its load thread
+        self.hint: Request | None = None  # the latest draft, to take in once nothing else waits
         self._cancelled: set[str] = set()
         self._lock = threading.Lock()
 
@@ -163,8 +170,12 @@ class Scheduler:
                 continue
             if self.batch.active or self.waiting or self.loading is not None or self.later:
                 kind, item = self.intake.get()  # a tool round or a load will post back
+            elif self.hint is not None:  # 5. the draft as typed last: nothing else waits for the engine
+                request, self.hint = self.hint, None
+                _guarded(functools.partial(self.work.hint_now, request))
+                continue
             else:
-                job, wait = self.work.idle()  # 5.
+                job, wait = self.work.idle()
                 try:
                     if wait is None:
                         kind, item = self.intake.get()
@@ -184,14 +195,16 @@ class Scheduler:
         if kind == "submit":
             self._submit(item)
         elif kind == "load":
+            self._hint_in_turn()
             self.later.append(("load", (item, self.work.load_started(item))))
         elif kind == "call":
+            self._hint_in_turn()
             self.later.append((kind, item))
         elif kind == "hint":  # after the loads and calls asked before it (a cleared cache must not clear it)
             if self.loading is not None or self.later:
                 self.later.append((kind, item))
             else:
-                self.work.hint_now(item)
+                self.hint = item  # the newest draft replaces one not taken in yet
         elif kind == "semantic":
             self._semantic(item)
         elif kind == "back":
@@ -205,8 +218,17 @@ class Scheduler:
             else:
                 self.work.load_failed(number, value)
 
+    def _hint_in_turn(self) -> None:
+        """A load or call is asked: the hint asked before it goes first (it must not miss a cleared cache)."""
+        if self.hint is not None:
+            self.later.append(("hint", self.hint))
+            self.hint = None
+
     def _submit(self, request: Request) -> None:
         """Answered from the cache now, or held: waiting, or after the load or call asked before it."""
+        hint = self.hint
+        if hint is not None and hint.conversation_id is not None and hint.conversation_id == request.conversation_id:
+            self.hint = None  # this chat's Send: its draft, typed before it, is sent
         if self.work.answer(request, self.put):
             return
         tracked = Tracked(request, ReplyEvents(request.id, request.submitted_at, self.work.on_event))

@@ -209,3 +209,34 @@ def test_a_send_of_other_text_than_the_finished_guess_computes_its_end(runner: E
     assert token_ids(hinted) == token_ids(plain)
     m = done(hinted).metrics
     assert 0 < m.computed_tokens <= 30 and m.typed_tokens > 0  # " Thanks" and the end markers, in bytes
+
+
+def test_a_chunk_is_as_many_tokens_as_fit_its_time_at_the_last_steps_pace() -> None:
+    from engine.runtime import hints as hints_module
+
+    hints = hints_module.Hints()
+    assert hints.chunk() == hints_module.FIRST_CHUNK  # no step timed yet: a small first one
+    hints.token_s = hints_module.CHUNK_S / 20  # 20 tokens fit the time
+    assert hints.chunk() == 20
+    hints.token_s = 1.0  # a step this slow still prefills something
+    assert hints.chunk() == hints_module.MIN_CHUNK
+    hints.token_s = 1e-9
+    assert hints.chunk() == hints_module.HINT_CHUNK
+
+
+def test_a_long_drafts_prompt_is_rendered_once_a_hint(tiny_dir: Path) -> None:
+    """The probes decide only whether anything is stable: a long draft has, so its hint renders no probe."""
+    from transformers import AutoTokenizer
+
+    from engine.runtime.prompt import Prompt, build_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    rendered: list[str] = []
+
+    def render(messages: list[dict[str, str]]) -> Prompt:
+        rendered.append(messages[-1]["content"])
+        return build_prompt(tokenizer, messages, 4096, 64)
+
+    messages = [{"role": "user", "content": LONG}]
+    assert hint_tokens(render, messages) == build_prompt(tokenizer, messages, 4096, 64).ids
+    assert rendered == [LONG]

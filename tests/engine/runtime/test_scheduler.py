@@ -378,6 +378,83 @@ def test_calls_hints_and_requests_keep_the_order_they_were_asked_in(
     scheduler.put(("submit", request(rid="sent")))
     run(scheduler)
     work.wait("sent")
+    until(lambda: ("hint", "draft") in work.log)
     order = [kind for kind, _ in work.log if kind in ("call", "hint")]
     assert order == ["call", "hint"]
-    assert work.log.index(("hint", "draft")) < work.first("Started", "sent")
+
+
+def test_a_hint_asked_before_a_call_is_taken_in_before_it(work: FakeWork, run: Callable[..., Scheduler]) -> None:
+    """The engine's ``call`` after a hint (a test's settle, a cleared cache) sees the hint taken in."""
+    scheduler = Scheduler(work, many=work.many)
+    scheduler.put(("hint", request(rid="draft")))
+    scheduler.put(("call", lambda _work: work.log.append(("call", None))))
+    run(scheduler)
+    until(lambda: ("call", None) in work.log)
+    assert work.log.index(("hint", "draft")) < work.log.index(("call", None))
+
+
+def draft(rid: str, conversation: str) -> Request:
+    r = Request(rid, ({"role": "user", "content": rid},), Sampling(max_tokens=8), conversation_id=conversation)
+    object.__setattr__(r, "submitted_at", time.perf_counter())
+    return r
+
+
+def test_a_send_goes_before_the_drafts_queued_with_it_and_only_the_newest_is_taken_in(
+    work: FakeWork, run: Callable[..., Scheduler]
+) -> None:
+    """Hints that came faster than the engine takes them in (each renders a whole prompt) hold no Send: the
+    Send starts first, and of the drafts only the newest is rendered, once."""
+    scheduler = Scheduler(work, many=work.many)
+    for i in range(3):
+        scheduler.put(("hint", draft(f"d{i}", "typing")))
+    scheduler.put(("submit", draft("sent", "other")))
+    run(scheduler)
+    work.wait("sent")
+    until(lambda: any(kind == "hint" for kind, _ in work.log))
+    hints = [(i, rid) for i, (kind, rid) in enumerate(work.log) if kind == "hint"]
+    assert [rid for _, rid in hints] == ["d2"], "the newest draft alone"
+    assert work.first("Started", "sent") < hints[0][0], "the Send did not wait for a draft's rendering"
+
+
+def test_a_send_of_the_chat_being_typed_in_drops_its_draft(work: FakeWork, run: Callable[..., Scheduler]) -> None:
+    scheduler = Scheduler(work, many=work.many)
+    scheduler.put(("hint", draft("d0", "typing")))
+    scheduler.put(("submit", draft("sent", "typing")))
+    scheduler.put(("call", lambda _work: work.log.append(("call", None))))
+    run(scheduler)
+    until(lambda: ("call", None) in work.log)
+    assert not any(kind == "hint" for kind, _ in work.log), "the draft it sent is not prefilled after it"
+
+
+def test_a_send_behind_a_running_hint_starts_after_one_chunk(work: FakeWork, run: Callable[..., Scheduler]) -> None:
+    """The hint's prefill runs a chunk at a time, the intake looked at between chunks: a Send that arrives
+    during a chunk starts when that chunk ends, not when the draft's prefill does."""
+    scheduler = Scheduler(work, many=work.many)
+    work.idle_jobs = 1000
+    began = threading.Event()
+    release = threading.Event()
+    chunks: list[int] = []
+
+    def idle() -> tuple[Callable[[], None] | None, float | None]:
+        if work.idle_jobs <= 0:
+            return None, None
+
+        def chunk() -> None:  # a hint's chunk: the first one holds until the Send is on the intake
+            work.idle_jobs -= 1
+            chunks.append(len(work.log))
+            work.log.append(("idle", None))
+            began.set()
+            release.wait(10)
+
+        return chunk, 0
+
+    work.idle = idle  # type: ignore[method-assign]
+    run(scheduler)
+    assert began.wait(10)
+    scheduler.put(("submit", request(rid="sent")))
+    release.set()
+    work.wait("sent")
+    started = work.first("Started", "sent")
+    before = [at for at in chunks if at < started]
+    assert len(before) == 1, f"{len(before)} chunks ran before the Send started"
+    work.idle_jobs = 0

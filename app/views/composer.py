@@ -40,6 +40,7 @@ from app.views.chips import DocumentChips
 
 HINT_MS = 4000
 DRAFT_PAUSE_MS = 150  # the draft goes to the engine this long after typing pauses (prefill while typing)
+DRAFT_MAX_WAIT_MS = 300  # and at least this often while keys keep coming (a steady typist never pauses)
 PASTE_CHARS = 20  # a change that adds more characters than this at once is a paste: sent at once
 EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
@@ -96,7 +97,8 @@ class MessageEdit(QPlainTextEdit):
 class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
-    draft_changed = Signal(str)  # the draft, DRAFT_PAUSE_MS after typing pauses (at once after a paste)
+    draft_changed = Signal(str)  # the draft: DRAFT_PAUSE_MS after typing pauses, DRAFT_MAX_WAIT_MS into steady
+    # typing at the latest, at once after a paste
     attach_requested = Signal(bool)  # the paperclip: True for a folder, False for files
 
     def __init__(self, parent: QWidget | None = None) -> None:
@@ -161,10 +163,14 @@ class Composer(QWidget):
         self._hint_timer = QTimer(self)
         self._hint_timer.setSingleShot(True)
         self._hint_timer.timeout.connect(self.hint.hide)
-        self._draft_timer = QTimer(self)
+        self._draft_timer = QTimer(self)  # restarted by every keystroke: fires when typing pauses
         self._draft_timer.setSingleShot(True)
         self._draft_timer.setInterval(DRAFT_PAUSE_MS)
         self._draft_timer.timeout.connect(self._draft_paused)
+        self._draft_deadline = QTimer(self)  # started by the first keystroke not handed over, never restarted
+        self._draft_deadline.setSingleShot(True)
+        self._draft_deadline.setInterval(DRAFT_MAX_WAIT_MS)
+        self._draft_deadline.timeout.connect(self._draft_paused)
         self._draft_length = 0
         self.editor.textChanged.connect(self._draft_edited)
         self._fit_height()
@@ -217,16 +223,21 @@ class Composer(QWidget):
         self.prefilled.show()
 
     def _draft_edited(self) -> None:
-        length = self.editor.document().characterCount()  # no copy of a multi-megabyte draft a keystroke
+        """A keystroke: constant work whatever the draft's length (no copy of it, no tokens counted); the
+        draft is copied and handed over once per pause, per ``DRAFT_MAX_WAIT_MS`` of steady typing, or paste."""
+        length = self.editor.document().characterCount()  # kept by the document: no copy of a long draft
         pasted = length - self._draft_length > PASTE_CHARS  # a paste (or a big insert): hint at once
         self._draft_length = length
         if pasted:
-            self._draft_timer.stop()
             self._draft_paused()
-        else:
-            self._draft_timer.start()
+            return
+        self._draft_timer.start()  # a debounce: typing that pauses is handed over at once...
+        if not self._draft_deadline.isActive():
+            self._draft_deadline.start()  # ...and a throttle: typing that never pauses, this often
 
     def _draft_paused(self) -> None:
+        self._draft_timer.stop()
+        self._draft_deadline.stop()
         self.draft_changed.emit(self.text())
 
     def show_hint(self, text: str) -> None:

@@ -1,7 +1,8 @@
 """Prefill while typing, on the window's side: the composer's draft goes to the engine as it is written.
 
-:class:`TypingPrefill` listens to the composer's ``draft_changed`` (150 ms after typing pauses, at once
-after a paste) and hands the bridge the request Send would make now (``ChatSession.draft_request``), so
+:class:`TypingPrefill` listens to the composer's ``draft_changed`` (150 ms after typing pauses, every
+300 ms of typing that never pauses, at once after a paste) and hands the bridge the request Send would
+make now (``ChatSession.draft_request``), so
 a local engine prefills the part of the prompt no further keystroke can change while it is idle
 (``engine.runtime.hints``).  Nothing is sent while the switch is off (Settings' "Prefill while typing",
 also in the latency panel), before a model is loaded, or while a reply streams (the draft is sent again

@@ -260,10 +260,12 @@ class LlamaApi:
                 None,
                 "model_cannot_infill",
             )
-        texts = {f: body.get(f) if body.get(f) is not None else "" for f in ("input_prefix", "input_suffix", "prompt")}
-        for field, value in texts.items():
-            if not isinstance(value, str):
+        texts: dict[str, str] = {}
+        for field in ("input_prefix", "input_suffix", "prompt"):
+            value = body.get(field)
+            if value is not None and not isinstance(value, str):
                 raise bad(f"'{field}' must be a text.", field, "invalid_type")
+            texts[field] = value or ""
         try:
             extra = infill.chunks_from(body.get("input_extra"))
         except ValueError as exc:

@@ -73,6 +73,8 @@ def test_infill_refuses_code_that_spells_a_control_token(coder: Served) -> None:
     assert refused.status_code == 400 and "<|fim_middle|>" in refused.json()["error"]["message"]
     bad_extra = post(coder, "/infill", {"input_prefix": "x", "input_extra": "util.py", "n_predict": 2})
     assert bad_extra.status_code == 400 and bad_extra.json()["error"]["param"] == "input_extra"
+    not_text = post(coder, "/infill", {"input_prefix": 5, "n_predict": 2})
+    assert not_text.status_code == 400 and not_text.json()["error"]["param"] == "input_prefix"
 
 
 def test_a_model_without_fim_tokens_cannot_infill(tiny_dir: Path) -> None:

@@ -172,6 +172,7 @@ class Request:
     speculative: str = "off"  # one of SOURCES
     tools: tuple[str, ...] = ()  # names of the tools the user enabled for this request
     parallel_tools: bool = True  # run independent tool calls concurrently (False: one after another)
+    tool_prompt: bool = True  # a chat template without tools gets Brisk's own tool prompt (engine.tools.prompt)
     answer_cache: bool = True  # may be answered from the answer cache (deterministic sampling only)
     fresh: bool = False  # "regenerate fresh": never answer from the answer cache (a new answer replaces the old)
     submitted_at: float = 0.0  # perf_counter() at submission; set by the engine if 0
@@ -425,6 +426,7 @@ class ModelInfo:
     endpoint: str = ""  # a remote engine's base URL ("" for the local model)
     context_length: int = 0  # tokens the model can attend to (0: not known, e.g. a remote server)
     fast_path: str = ""  # which of Brisk's forward paths runs it, or why the fast one does not (engine.model.support)
+    tool_template: bool | None = None  # the chat template renders tools (None: not known, e.g. a remote server)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from engine.runtime.memory import reserve
 from engine.runtime.options import EngineOptions
 from engine.runtime.prefix_cache import PrefixCache, kv_layout
 from engine.runtime.speculative import DraftModel
+from engine.tools.prompt import template_renders_tools
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def build(
     dtype = str(loaded.dtype).removeprefix("torch.")
     loaded.info["context_length"] = loaded.context_length
     loaded.info["fast_path"] = fast_path_text(loaded.model)
+    loaded.info["tool_template"] = template_renders_tools(loaded.tokenizer)
     known = {f.name for f in dataclasses.fields(ModelInfo)}
     info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
     return Built(loaded, decoder, prefix_cache, draft, dtype, info, warnings)

@@ -34,6 +34,13 @@ from typing import Any
 
 from engine.model.kv import common_prefix
 from engine.model.template import render_chat
+from engine.tools.prompt import (
+    has_tool_turns,
+    plain_tool_turns,
+    template_renders_tool_turns,
+    template_renders_tools,
+    with_tool_prompt,
+)
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,11 @@ def render(
     """The chat template's token ids for ``messages``, with their contents tokenised as text.
 
     ``tools`` (JSON schemas, ``engine.tools.tool_schemas``) go to the template's ``tools``
-    argument; without them the template is called exactly as before.
+    argument, or into the system message as Brisk's own tool prompt when the template
+    ignores that argument (:func:`for_template`); without them the template is called
+    exactly as before.
     """
-    tools = tools or None
+    messages, tools = for_template(tokenizer, messages, tools or None)
     specials = special_strings(tokenizer)
     if not any(s in str(m.get("content", "")) for m in messages for s in specials):
         text = render_chat(tokenizer, messages, add_generation_prompt, tools)
@@ -63,6 +72,19 @@ def render(
             return _with_known_system(tokenizer, text, str(messages[0].get("content", "")))
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     return _render_guarded(tokenizer, messages, add_generation_prompt, specials, tools)
+
+
+def for_template(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages and tools to render for a template that cannot carry them (engine.tools.prompt): earlier
+    tool rounds written as text when it drops tool calls, and the tools as Brisk's own instructions in the
+    system message when it ignores ``tools``.  A template that renders both: as they are."""
+    if has_tool_turns(messages) and not template_renders_tool_turns(tokenizer):
+        messages = plain_tool_turns(messages)
+    if tools and not template_renders_tools(tokenizer):
+        return with_tool_prompt(messages, tools, has_system_role(tokenizer)), None
+    return messages, tools
 
 
 LONG_TEXT = 2_000  # characters
@@ -157,9 +179,10 @@ def _render_guarded(
 
 
 @functools.lru_cache(maxsize=16)
-def _system_ids(tokenizer: Any, content: str) -> tuple[int, ...]:
-    """The system message alone, rendered and tokenised (the same few system prompts recur)."""
-    return tuple(render(tokenizer, [{"role": "system", "content": content}], add_generation_prompt=False))
+def _system_ids(tokenizer: Any, content: str, tools_json: str = "") -> tuple[int, ...]:
+    """The system message alone (with the tools, as JSON), rendered and tokenised (the same few recur)."""
+    tools = json.loads(tools_json) if tools_json else None
+    return tuple(render(tokenizer, [{"role": "system", "content": content}], add_generation_prompt=False, tools=tools))
 
 
 IMPLICIT_MIN = 16  # a template's own system prompt counts as one from this many tokens (shorter: no gain)
@@ -187,14 +210,14 @@ def system_prefix_tokens(
     question computes only its own tokens."""
     if not messages:
         return 0
+    try:
+        tools_json = json.dumps(tools) if tools else ""  # keys in their order: the tool prompt is rendered from it
+    except (TypeError, ValueError):
+        return 0
     if messages[0]["role"] != "system":
-        try:
-            tools_json = json.dumps(tools, sort_keys=True) if tools else ""
-        except (TypeError, ValueError):
-            return 0
         shared = common_prefix(list(_implicit_ids(tokenizer, tools_json)), ids)
         return shared if shared >= IMPLICIT_MIN else 0
-    sys_ids = list(_system_ids(tokenizer, messages[0]["content"]))
+    sys_ids = list(_system_ids(tokenizer, messages[0]["content"], tools_json))
     return common_prefix(sys_ids, ids)
 
 

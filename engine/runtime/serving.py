@@ -241,7 +241,7 @@ class Serving:
         if request.client_tools:  # a server client's own tools: in the prompt, calls handed back, never run
             return None, [dict(tool) for tool in request.client_tools]
         view = self.res.tools.view(request.tools)
-        return view, tool_turns.prompt_schemas(request, view, self.res.loaded.tokenizer if self.res.loaded else None)
+        return view, tool_turns.prompt_schemas(request, view, self.res.loaded)
 
     def _prompt(
         self,

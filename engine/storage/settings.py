@@ -76,6 +76,7 @@ class Settings:
     stream: bool = True  # show replies token by token (off: at once when complete)
     parallel_tools: bool = True  # run independent tool calls concurrently
     tools_enabled: list[str] = dataclasses.field(default_factory=list)  # tool names sent with each request
+    tool_prompt: bool = True  # a chat template without tools gets Brisk's own tool prompt (Request.tool_prompt)
     granted_dirs: list[str] = dataclasses.field(default_factory=list)  # folders the files tool may read
     fetch_allow_private: bool = False  # fetch may reach loopback/private addresses
     mcp_servers: list[str] = dataclasses.field(default_factory=list)  # command lines (stdio) or http(s) URLs
@@ -258,6 +259,7 @@ _RULES: dict[str, Callable[[object], str | None]] = {
     "stream": _flag("stream"),
     "parallel_tools": _flag("parallel_tools"),
     "tools_enabled": _texts("tools_enabled"),
+    "tool_prompt": _flag("tool_prompt"),
     "granted_dirs": _texts("granted_dirs"),
     "fetch_allow_private": _flag("fetch_allow_private"),
     "mcp_servers": _texts("mcp_servers"),

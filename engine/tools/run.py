@@ -260,10 +260,16 @@ def result_messages(turn: TurnResult) -> list[dict[str, Any]]:
     return [{"role": "tool", "name": r.name, "content": r.text if r.ok else f"error: {r.text}"} for r in turn.results]
 
 
+def result_text(name: str, arguments: Any, text: str, ok: bool = True) -> str:
+    """One tool result as text for a model without a tool role (a user message): which tool, with what, and
+    what came back, worded so that a small model reads the value as the answer (``Tool result of calculator
+    {"expression": "6*7"}:\n42``) and a failure as one."""
+    called = f"{name} {echo_arguments(arguments)}" if arguments else name
+    if ok:
+        return f"Tool result of {called}:\n{text}"
+    return f"Tool result of {called}: the tool could not run: {text}"
+
+
 def results_as_text(turn: TurnResult) -> str:
     """The results as plain text, for a user message (slash lines with a template that has no tool role)."""
-    lines = []
-    for r in turn.results:
-        args = echo_arguments(r.arguments)
-        lines.append(f"Tool {r.name} {args} {'returned' if r.ok else 'failed'}:\n{r.text}")
-    return "\n\n".join(lines)
+    return "\n\n".join(result_text(r.name, r.arguments, r.text, r.ok) for r in turn.results)

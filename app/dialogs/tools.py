@@ -7,6 +7,9 @@ accepted, :meth:`ToolsDialog.result_settings` gives the new
 Saving and applying are the window's job.
 
 * Built-in tools: one check box each (``checks[NAME]``); ``fetch`` starts off.
+* The loaded model (``loaded``, default the parent window's last ``Loaded``): when its chat template has no
+  tool format (``ModelInfo.tool_template`` false), a line says so and ``tool_prompt`` (Brisk's own tool
+  prompt in the system message; ``Settings.tool_prompt``, on by default) is offered.
 * Granted folders: :meth:`grant` / :meth:`revoke` (the buttons ask for a folder).
 * MCP servers: a command line (stdio) or an http(s) URL; :meth:`add_server`
   adds one.  Each server is checked on a worker thread (``probe``: start it,
@@ -43,19 +46,38 @@ from PySide6.QtWidgets import (
 from app.background import in_background
 from app.state.tools import BUILTIN, ServerProbe, probe_server
 from app.views.style import current
+from engine.api import Loaded
 from engine.storage import Settings
 
 Probe = Callable[[str], ServerProbe]
 TARGET_ROLE = Qt.ItemDataRole.UserRole + 1
 PRIVATE_TIP = "Let fetch reach localhost, 10.x, 192.168.x and other private or link-local addresses"
 SERVER_HINT = "A command line, e.g. uvx mcp-server-time, or an http(s) URL"
+NO_TOOL_FORMAT = "This model's template has no tool format; Brisk adds its own tool instructions to the system prompt."
+NO_TOOL_PROMPT = (
+    "This model's template has no tool format, and Brisk's tool prompt is off: the model is not told about "
+    "the tools (your /NAME lines still run them)."
+)
+TOOL_PROMPT_TIP = (
+    "Put the enabled tools' schemas and a call format Brisk reads into the system prompt, for a model whose "
+    "chat template ignores tools. It lengthens every prompt by the schemas (about 190 tokens for the calculator)."
+)
 
 
 class ToolsDialog(QDialog):
     probed = Signal(object)  # a ServerProbe, after its row was updated (tests wait on it)
 
-    def __init__(self, settings: Settings, parent: QWidget | None = None, *, probe: Probe | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        parent: QWidget | None = None,
+        *,
+        probe: Probe | None = None,
+        loaded: Loaded | None = None,
+    ) -> None:
         super().__init__(parent)
+        if loaded is None:
+            loaded = getattr(parent, "loaded", None)
         self.setWindowTitle("Tools")
         self.setMinimumWidth(560)
         self._original = settings
@@ -78,6 +100,21 @@ class ToolsDialog(QDialog):
         self.private.setToolTip(PRIVATE_TIP)
         self.private.setChecked(settings.fetch_allow_private)
         column.addWidget(self.private)
+        self.tool_format = QLabel()  # the loaded model's chat template has no tool format: what Brisk does
+        self.tool_format.setObjectName("tool_format")
+        self.tool_format.setWordWrap(True)
+        self.tool_prompt = QCheckBox("Use Brisk's tool prompt for this model")
+        self.tool_prompt.setObjectName("tool_prompt")
+        self.tool_prompt.setToolTip(TOOL_PROMPT_TIP)
+        self.tool_prompt.setChecked(settings.tool_prompt)
+        self.tool_prompt.toggled.connect(self._say_tool_format)
+        column.addWidget(self.tool_format)
+        column.addWidget(self.tool_prompt)
+        info = getattr(loaded, "info", None)
+        without = getattr(info, "tool_template", None) is False
+        self.tool_format.setVisible(without)
+        self.tool_prompt.setVisible(without)
+        self._say_tool_format(self.tool_prompt.isChecked())
         hint = QLabel("Type /NAME ARGS in a message to call a tool yourself, e.g. /calculator 2*(3+4).")
         hint.setWordWrap(True)
         hint.setStyleSheet(f"color: {current().muted};")
@@ -141,6 +178,9 @@ class ToolsDialog(QDialog):
         outer.addWidget(buttons)
         for target in settings.mcp_servers:
             self._add_row(target)
+
+    def _say_tool_format(self, on: bool) -> None:
+        self.tool_format.setText(NO_TOOL_FORMAT if on else NO_TOOL_PROMPT)
 
     # -- folders -----------------------------------------------------------------------------
     def granted(self) -> list[str]:
@@ -325,6 +365,7 @@ class ToolsDialog(QDialog):
         return dataclasses.replace(
             self._original,
             tools_enabled=self.enabled(),
+            tool_prompt=self.tool_prompt.isChecked(),
             granted_dirs=self.granted(),
             fetch_allow_private=self.private.isChecked(),
             mcp_servers=self.server_targets(),

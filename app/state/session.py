@@ -283,6 +283,7 @@ class ChatSession:
             speculative=self.settings.speculative,
             tools=enabled_tools(self.settings),
             parallel_tools=self.settings.parallel_tools,
+            tool_prompt=self.settings.tool_prompt,
             answer_cache=self.settings.answer_cache and not regenerated,
             fresh=regenerated,
             documents=self.sent_ids(docs),

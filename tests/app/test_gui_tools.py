@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.dialogs.tools import ToolsDialog
+from app.dialogs.tools import NO_TOOL_FORMAT, ToolsDialog
 from app.state.tools import BUILTIN, ServerProbe, calls_from_metrics, probe_server, tool_settings
 from engine.api import ToolCall
 from engine.storage import Settings
@@ -207,3 +207,27 @@ def test_enter_in_the_server_field_adds_it_and_a_broken_new_server_is_not_saved(
         dialog.add_server("good-server")
     dialog.accept()
     assert not dialog.isVisible() and dialog.result() == 1, "a new server that runs is saved"
+
+
+def reload(qtbot: QtBot, window, **info: object) -> None:  # noqa: ANN001
+    fake(window).load_info |= info
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: type(e).__name__ == "Loaded"):
+        window.load_model()
+
+
+def test_a_model_without_a_tool_format_is_said_where_tools_are_enabled(qtbot: QtBot, harness: Harness) -> None:
+    window = harness.open()
+    reload(qtbot, window, tool_template=False)
+    dialog = window.open_tools()
+    assert dialog.tool_format.isVisible() and dialog.tool_format.text() == NO_TOOL_FORMAT
+    assert dialog.tool_prompt.isVisible() and dialog.tool_prompt.isChecked(), "Brisk's tool prompt: on by default"
+    dialog.tool_prompt.setChecked(False)
+    assert "not told about the tools" in dialog.tool_format.text()
+    dialog.set_tool_enabled("calculator", True)
+    dialog.accept()
+    assert window.settings.tool_prompt is False
+    chat(qtbot, window, "What is 17*23?")
+    assert fake(window).requests[-1].tool_prompt is False
+    reload(qtbot, window, tool_template=True)
+    dialog = window.open_tools()
+    assert not dialog.tool_format.isVisible() and not dialog.tool_prompt.isVisible(), "a model with a tool format"

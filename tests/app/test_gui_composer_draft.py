@@ -57,3 +57,13 @@ def test_a_keystroke_copies_no_draft(qtbot: QtBot) -> None:
     composer.editor.toPlainText = counted  # type: ignore[method-assign]
     handed = type_steadily(qtbot, composer, "abcdefghij")
     assert copies == len(handed) < 10
+
+
+def test_the_typing_bench_hands_drafts_over_as_the_composer_does() -> None:
+    from engine.bench import typing_prefill
+
+    assert typing_prefill.PAUSE_S * 1000 == DRAFT_PAUSE_MS and typing_prefill.EVERY_S is not None
+    assert typing_prefill.EVERY_S * 1000 == DRAFT_MAX_WAIT_MS
+    from app.views.composer import PASTE_CHARS
+
+    assert typing_prefill.PASTE_CHARS == PASTE_CHARS

@@ -77,3 +77,18 @@ def test_non_streamed_client_that_leaves_cancels(served: Served) -> None:
             time.sleep(0.02)
         time.sleep(0.5)
     ended_cancelled(served)
+
+
+def test_llama_cpps_completion_is_the_same_reply(served: Served) -> None:
+    """On the real model: /completion equals /v1/completions, and /completion on /apply-template's prompt
+    equals /v1/chat/completions (greedy, token for token)."""
+    prompt = "The three primary colours are"
+    openai_style = httpx.post(served.url + "/completions", json={"prompt": prompt, "max_tokens": 24}, timeout=120)
+    llama_style = httpx.post(served.root + "/completion", json={"prompt": prompt, "n_predict": 24}, timeout=120)
+    assert llama_style.json()["content"] == openai_style.json()["choices"][0]["text"]
+    assert llama_style.json()["tokens_evaluated"] == openai_style.json()["usage"]["prompt_tokens"]
+    messages = [{"role": "user", "content": "Name three uses of copper."}]
+    chat = httpx.post(served.url + "/chat/completions", json={"messages": messages, "max_tokens": 24}, timeout=120)
+    templated = httpx.post(served.root + "/apply-template", json={"messages": messages}).json()["prompt"]
+    again = httpx.post(served.root + "/completion", json={"prompt": templated, "n_predict": 24}, timeout=120)
+    assert again.json()["content"] == chat.json()["choices"][0]["message"]["content"]

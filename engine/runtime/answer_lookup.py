@@ -355,7 +355,11 @@ class AnswerLookup:
             changed = self._known.get(spec_key(spec)) != fields
             self._known[spec_key(spec)] = fields
             known = dict(self._known)
-            self.cache.invalidate_model(identity, keep=True)
+            try:
+                self.cache.invalidate_model(identity, keep=True)
+            except Exception:  # the file is locked or failing: the first reply must not wait on it again
+                self._paused_until = time.monotonic() + PAUSE_AFTER_ERROR_S
+                raise
             try:  # before Loaded is sent: the first question finds the database read and the vectors in memory
                 self.cache.warm(identity)
             except Exception:  # only saves time; a lookup that fails says so itself

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -268,6 +269,8 @@ def test_a_database_locked_for_the_whole_run_costs_only_the_cache(
     assert run.returncode == 0, run.stderr[-3000:]
     assert [e for e in events(run) if e["type"] == "done"], run.stdout[-2000:]
     assert LOCKED in run.stderr and "try again" in run.stderr
+    waited = set(re.findall(r"Could not ([^:]+): the answer cache at", run.stdout + run.stderr))  # warnings, log
+    assert len(waited) == 1, waited  # the locked file waited on once (10 s), then the cache rests for the run
     with Store(path) as store:
         assert [m.content for m in store.messages(conversation)] == ["precious words"]
     done, _ = ask(cli, data, tiny, "asked while locked")  # the next run works and stores its answer

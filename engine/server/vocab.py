@@ -65,6 +65,13 @@ class Vocab:
                 self._copy = (loaded, model)
             return self._copy[1]
 
+    def copied(self) -> bool:
+        """Whether the copy of the model loaded now is made (without making it)."""
+        backend = self._backend()
+        loaded = getattr(backend, "loaded", None) if backend is not None else None
+        with self._lock:
+            return loaded is not None and self._copy is not None and self._copy[0] is loaded
+
     def prompt_ids(self, request: Request) -> list[int] | None:
         """The prompt the engine builds for ``request`` (a server request: the client's messages and tools,
         no documents, no Brisk tools), or None without a local model or when it cannot be built."""

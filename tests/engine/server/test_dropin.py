@@ -6,6 +6,7 @@ and said in ``X-Brisk-Ignored``, and honest ``usage`` on an answer-cache hit."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,13 @@ def test_an_answer_cache_hit_reports_its_prompt_all_cached(cached: Served) -> No
     )
     assert chunks[-1].usage.prompt_tokens == first.usage.prompt_tokens
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
+
+
+def test_the_tokenizer_copy_is_made_when_the_server_starts(served: Served) -> None:
+    """The server's own tokenizer copy (engine.server.vocab) is made while listening, before any request needs it
+    (it takes about 0.5 s for SmolLM2's: the first answer-cache hit would pay it)."""
+    assert served.service.vocab is not None
+    deadline = time.monotonic() + 60
+    while not served.service.vocab.copied() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.service.vocab.copied()

@@ -160,15 +160,7 @@ class LlamaApi:
 
         self.h.check_key(http)
         body = await read_json(http, self.s.max_body)
-        unknown = [name for name, value in body.items() if value is not None and name not in fields]
-        if unknown:
-            names = ", ".join(f"'{name}'" for name in unknown)
-            raise bad(
-                f"{names} {'is' if len(unknown) == 1 else 'are'} not supported by {endpoint} on this server; leave "
-                f"{'it' if len(unknown) == 1 else 'them'} out. Supported: {', '.join(sorted(fields))}.",
-                unknown[0],
-                "unsupported_parameter",
-            )
+        shapes.checked_fields(body, fields, endpoint, habits=frozenset())  # llama.cpp's clients: no habits listed
         return body
 
     async def tokenize(self, http: HttpRequest) -> Response:

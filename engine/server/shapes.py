@@ -136,11 +136,13 @@ def new_id(prefix: str) -> str:
 # -- reading requests --------------------------------------------------------------------------------------
 
 
-def checked_fields(body: Mapping[str, Any], known: frozenset[str], endpoint: str) -> tuple[str, ...]:
-    """The fields of :data:`HABITS` that ``body`` sends (to say in ``X-Brisk-Ignored``); a 400 naming every
+def checked_fields(
+    body: Mapping[str, Any], known: frozenset[str], endpoint: str, habits: frozenset[str] = HABITS
+) -> tuple[str, ...]:
+    """The fields of ``habits`` that ``body`` sends (to say in ``X-Brisk-Ignored``); a 400 naming every
     field that is neither ``known`` nor a habit, since taking it would silently ignore what it asks."""
     sent = [name for name, value in body.items() if value is not None]
-    unknown = [name for name in sent if name not in known and name not in HABITS]
+    unknown = [name for name in sent if name not in known and name not in habits]
     if unknown:
         names = ", ".join(f"'{name}'" for name in unknown)
         raise bad(
@@ -150,7 +152,7 @@ def checked_fields(body: Mapping[str, Any], known: frozenset[str], endpoint: str
             unknown[0],
             "unsupported_parameter",
         )
-    return tuple(sorted(name for name in sent if name in HABITS))
+    return tuple(sorted(name for name in sent if name in habits))
 
 
 def number(body: Mapping[str, Any], name: str, low: float, high: float, default: float) -> float:

@@ -95,7 +95,8 @@ def child(out: str, started: float) -> int:
             record.setdefault("loaded", []).append((since(), mode["quant"]))  # type: ignore[attr-defined]
         if isinstance(event, Tuning):
             record["measuring"] = True
-            background.append((since(), event.message))
+            if not background or background[-1][1] != event.message:  # said again while it polls: kept once
+                background.append((since(), event.message))
             if event.done:
                 record["tuned_s"], record["tuned"] = since(), event.message
         if isinstance(event, Done) and replies and "done_s" not in replies[-1]:

@@ -20,7 +20,8 @@ Each run is a new process, interleaved round by round:
 * ``brisk chat, empty data folder``: the same three questions through ``brisk chat --json`` on a new data
   folder (the command line measures the weight modes before its first reply).
 
-The first table is the timeline, in seconds from the process's start: the window shown, Send usable (a model
+Replies stop at :data:`MAX_TOKENS` new tokens (written into the new data folder's settings).  The first table
+is the timeline, in seconds from the process's start: the window shown, Send usable (a model
 loaded and the composer taking a message), the first token, and the background measurement of the weight
 modes ended (``tuned``); then each reply's decode tokens/s (the mode it ran in is in the JSON) and
 ``backwards``, the times the progress bar went back.  The second says what ran beside each reply: the CPU
@@ -51,6 +52,7 @@ QUESTIONS = (  # as app.first_start_probe.QUESTIONS (that module imports Qt)
     "What makes a good cup of tea?",
 )
 REPLIES = len(QUESTIONS)
+MAX_TOKENS = 64  # new tokens per reply at most (the window's setting in a new data folder, the CLI's flag)
 OWN_THREADS = ("brisk-engine", "MainThread", "native")  # the reply's own work; the rest ran beside it
 BEFORE_ENV = "BRISK_BENCH_BEFORE"
 
@@ -65,9 +67,9 @@ def _env(data: Path, code: Path, extensions: Path | None) -> dict[str, str]:
 
 def window(data: Path, code: Path, model: str, extensions: Path | None = None) -> dict[str, Any]:
     """One start of the window on ``data`` with ``code``'s modules; the probe's timeline."""
-    if model and not (data / "settings.json").exists():
+    if not (data / "settings.json").exists():  # a new data folder: the model, and replies of a bounded length
         data.mkdir(parents=True, exist_ok=True)
-        (data / "settings.json").write_text(json.dumps({"model": model}))
+        (data / "settings.json").write_text(json.dumps({"model": model, "max_tokens": MAX_TOKENS}))
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     probe = ROOT / "app" / "first_start_probe.py"  # this tree's probe, on ``code``'s app and engine
     started = time.time()
@@ -83,7 +85,7 @@ def window(data: Path, code: Path, model: str, extensions: Path | None = None) -
 
 def chat(data: Path, code: Path, model: str) -> dict[str, Any]:
     """``brisk chat --json`` on ``data`` with the three questions; launch to the first token and each reply."""
-    flags = ["--model", model] if model else []
+    flags = ["--max-tokens", str(MAX_TOKENS), *(["--model", model] if model else [])]
     started = time.perf_counter()
     proc = subprocess.Popen(
         [*BRISK, "chat", "--json", *flags],

@@ -39,6 +39,7 @@ from engine.tools.prompt import (
     plain_tool_turns,
     template_renders_tool_turns,
     template_renders_tools,
+    tool_instructions,
     with_tool_prompt,
 )
 
@@ -85,6 +86,17 @@ def for_template(
     if tools and not template_renders_tools(tokenizer):
         return with_tool_prompt(messages, tools, has_system_role(tokenizer)), None
     return messages, tools
+
+
+TOOL_PROMPT_SHARE = 4  # Brisk's own tool prompt is given where it fills at most 1/TOOL_PROMPT_SHARE of the context
+
+
+def tools_that_fit(tokenizer: Any, tools: list[dict[str, Any]] | None, context: int) -> list[dict[str, Any]] | None:
+    """``tools``, or None where the template cannot carry them and Brisk's own tool prompt would fill more than
+    ``1/TOOL_PROMPT_SHARE`` of ``context`` (a small context keeps its room for the conversation)."""
+    if not tools or context <= 0 or template_renders_tools(tokenizer):
+        return tools
+    return None if len(content_ids(tokenizer, tool_instructions(tools))) * TOOL_PROMPT_SHARE > context else tools
 
 
 LONG_TEXT = 2_000  # characters
@@ -243,9 +255,11 @@ def build_prompt(
     max_tokens: int,
     tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
-    """``messages`` rendered (with ``tools`` for the template, if any) and fitted to ``context``."""
+    """``messages`` rendered (with ``tools`` for the template, if any: :func:`tools_that_fit`) and fitted to
+    ``context``."""
     if not messages or not messages[-1].get("content", "").strip():
         raise ValueError("The message is empty. Type something to send.")
+    tools = tools_that_fit(tokenizer, tools, context)
     budget = prompt_budget(context, max_tokens)
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]

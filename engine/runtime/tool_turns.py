@@ -50,11 +50,10 @@ from engine.tools import (
     run_calls,
     tool_schemas,
 )
-from engine.tools.prompt import template_renders_tools, tool_instructions
+from engine.tools.prompt import template_renders_tools
 
 P = TypeVar("P")
 RESULT_SHARE = 4  # one turn's tool results together fill at most 1/RESULT_SHARE of the model's context
-TOOL_PROMPT_SHARE = 4  # Brisk's own tool prompt is used where it fills at most 1/TOOL_PROMPT_SHARE of the context
 
 
 def settings_problems(settings: ToolSettings) -> list[str]:
@@ -149,16 +148,10 @@ def fit_results(turn: TurnResult, tokenizer: Any, context: int) -> TurnResult:
 def prompt_schemas(request: Request, view: Registry | None, loaded: Any) -> list[dict[str, Any]] | None:
     """The tool schemas ``request``'s prompt is rendered with on the ``loaded`` model: the enabled tools'
     (None: no tools).  Where its chat template cannot carry them they become Brisk's own tool prompt
-    (engine.tools.prompt), unless the request turned that off (``Request.tool_prompt``) or it would take more
-    than ``1/TOOL_PROMPT_SHARE`` of the context (a small context keeps its room for the conversation)."""
+    (engine.tools.prompt), unless the request turned that off (``Request.tool_prompt``)."""
     schemas = (tool_schemas(view) or None) if view is not None else None
     tokenizer = getattr(loaded, "tokenizer", None)
-    if not schemas or tokenizer is None or template_renders_tools(tokenizer):
-        return schemas
-    if not request.tool_prompt:
-        return None
-    context = int(getattr(loaded, "context_length", 0) or 0)
-    if context and len(content_ids(tokenizer, tool_instructions(schemas))) * TOOL_PROMPT_SHARE > context:
+    if schemas and not request.tool_prompt and tokenizer is not None and not template_renders_tools(tokenizer):
         return None
     return schemas
 

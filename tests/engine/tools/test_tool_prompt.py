@@ -138,12 +138,21 @@ def test_turning_the_tool_prompt_off_leaves_a_template_without_tools_as_it_was()
     view = Registry(builtin_tools()).only(["calculator"])
     on, off = Request("a", (), tool_prompt=True), Request("b", (), tool_prompt=False)
 
-    def model(template: str | None = None, context: int = 8192) -> Any:
-        return SimpleNamespace(tokenizer=tokenizer(template), context_length=context)
+    def model(template: str | None = None) -> Any:
+        return SimpleNamespace(tokenizer=tokenizer(template), context_length=8192)
 
     assert prompt_schemas(on, view, model())
     assert prompt_schemas(off, view, model()) is None
     assert prompt_schemas(off, view, model(TOOL_CHATML)), "a template with tools always gets them"
     assert prompt_schemas(on, None, model()) is None
-    assert prompt_schemas(on, view, model(context=512)) is None, "a small context keeps its room"
-    assert prompt_schemas(on, view, model(TOOL_CHATML, context=512)), "the template's own tools as before"
+
+
+def test_a_small_context_keeps_its_room(schemas: list[dict[str, Any]]) -> None:
+    question = [{"role": "user", "content": "What is 2+2?"}]
+    tok = tokenizer()
+    small = build_prompt(tok, question, context=512, max_tokens=8, tools=schemas)
+    assert small.ids == build_prompt(tok, question, context=512, max_tokens=8).ids, "no room for the tool prompt"
+    large = build_prompt(tok, question, context=8192, max_tokens=8, tools=schemas)
+    assert "<tool_call>" in tok.decode(large.ids)
+    tooled = tokenizer(TOOL_CHATML)
+    assert "Tools: calculator" in tooled.decode(build_prompt(tooled, question, 512, 8, tools=schemas).ids)

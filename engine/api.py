@@ -180,6 +180,7 @@ class Request:
     # a call it writes is decoded under their schemas and handed back in Done.text, never run here
     client_tools: tuple[Mapping[str, Any], ...] = ()
     raw: bool = False  # the one message's content is the whole prompt, no chat template (/v1/completions)
+    prompt_ids: tuple[int, ...] = ()  # with raw: the prompt's ids as the server made them (/infill)
     origin: str = ""  # who asked: "" the window or the command line, "server" another program (served after)
     # documents attached to the conversation: ids (content hashes) in the document index (engine.documents);
     # small ones go whole into the prompt after the system prompt (their KV kept like a system prompt's),

@@ -138,7 +138,10 @@ class Serving:
         try:
             if request.raw:
                 text, context = messages[0]["content"], self.res.loaded.context_length
-                prompt = raw_prompt(self.res.loaded.tokenizer, text, context, request.sampling.max_tokens)
+                if request.prompt_ids:  # the server's own tokens (/infill), kept whole: it checked they fit
+                    prompt = Prompt(list(request.prompt_ids), False, 0)
+                else:
+                    prompt = raw_prompt(self.res.loaded.tokenizer, text, context, request.sampling.max_tokens)
             else:
                 applied, prompt = self._prepare(request, messages, schemas)
             messages, whole = with_applied(applied, messages)

@@ -59,6 +59,20 @@ if TYPE_CHECKING:
     from engine.server.app import Handlers
 
 INFILL_FIELDS = frozenset({"input_prefix", "input_suffix", "input_extra"})
+# what editors send to /infill besides /completion's fields (llama.vim, llama.vscode)
+EDITOR_FIELDS = frozenset({"samplers", "t_max_prompt_ms", "response_fields"})
+IN_INFILL = frozenset({"n_indent", "t_max_predict_ms", "id_slot"})  # in OFF, taken at any value on /infill
+# llama.cpp's sampler names (and aliases) for the samplers Brisk has
+SAMPLERS = {
+    "top_k": "top_k",
+    "top-k": "top_k",
+    "top_p": "top_p",
+    "top-p": "top_p",
+    "nucleus": "top_p",
+    "temperature": "temperature",
+    "temp": "temperature",
+    "penalties": "penalties",
+}
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama.cpp's "pick a random seed" (its /props shows the second)
 MAX_STOPS = 16
 REPEAT_WINDOW = 64  # Brisk's repetition penalty counts the reply's last 64 tokens (engine.runtime.sampling)
@@ -136,6 +150,24 @@ class Asked:
     stream: bool
     return_tokens: bool
     settings: dict[str, Any]  # llama.cpp's generation_settings, as taken
+
+
+@dataclass(frozen=True)
+class Edit:
+    """What ``/infill`` does to a finished reply: llama-server's ``n_indent`` cut, and an empty reply for
+    ``n_predict`` 0 (the one token Brisk decoded to read the prompt not given)."""
+
+    n_indent: int = 0
+    warm_only: bool = False
+
+    def apply(self, result: dict[str, Any]) -> None:
+        if self.warm_only:
+            result.update(content="", tokens=[], tokens_predicted=0, stop_type="limit", has_new_line=False)
+            result["timings"] = {**result["timings"], "predicted_n": 0}
+            return
+        text, cut = infill.cut_indent(result["content"], self.n_indent)
+        if cut:
+            result.update(content=text, stop_type="limit", stopping_word="", has_new_line="\n" in text)
 
 
 class LlamaApi:
@@ -231,16 +263,21 @@ class LlamaApi:
 
     # -- /completion ---------------------------------------------------------------------------------------
     async def completion(self, http: HttpRequest) -> Response:
-        body = await self._body(http, TAKEN | OFF.keys(), "/completion")
+        body = await self._body(http, TAKEN | OFF.keys() | {"samplers", "response_fields"}, "/completion")
         name = self.h.chat_model(body)
-        return await self.answer(http, await self.read(body, name), name, "/completion")
+        ignored: list[str] = []
+        rest = {k: v for k, v in body.items() if k not in ("samplers", "response_fields")}
+        rest.update(self._samplers(body.get("samplers"), ignored))
+        fields = _response_fields(body.get("response_fields"))
+        return await self.answer(http, await self.read(rest, name), name, "/completion", None, fields)
 
     async def infill(self, http: HttpRequest) -> Response:
         """``/infill``: the code around the cursor in the model's FIM tokens (``engine.server.infill``), then
-        as ``/completion`` (whose fields it takes; ``prompt`` is the start of the cursor's line)."""
-        from engine.runtime.prompt import special_strings
-
-        body = await self._body(http, TAKEN | OFF.keys() | INFILL_FIELDS, "/infill")
+        as ``/completion`` (whose fields it takes; ``prompt`` is the start of the cursor's line), with what
+        llama.vim and llama.vscode send besides: ``n_indent`` (the reply ends at a line indented less),
+        ``n_predict`` 0 (only read the prompt into the cache: llama.vim's ring of chunks), and
+        ``t_max_prompt_ms``, ``t_max_predict_ms`` and ``id_slot``, taken and named in X-Brisk-Ignored."""
+        body = await self._body(http, TAKEN | OFF.keys() | INFILL_FIELDS | EDITOR_FIELDS, "/infill")
         name = self.h.chat_model(body)
         model = await self._model()
         fim = infill.fim_tokens(model.tokenizer)
@@ -262,28 +299,85 @@ class LlamaApi:
             extra = infill.chunks_from(body.get("input_extra"))
         except ValueError as exc:
             raise bad(str(exc), "input_extra", "invalid_type") from None
-        control = infill.control_text(
-            [*texts.values(), *(c.text for c in extra), *(c.filename for c in extra)], special_strings(model.tokenizer)
-        )
-        if control:
-            raise bad(
-                f"The code holds {control!r}, the text of one of this model's control tokens: Brisk sends the "
-                "infill prompt as text, where it would be read as that token. Take it out of the request.",
-                "input_prefix",
-            )
-        text = infill.fim_prompt(fim, texts["input_prefix"], texts["input_suffix"], texts["prompt"], extra)
-        rest = {k: v for k, v in body.items() if k not in INFILL_FIELDS}
-        return await self.answer(http, await self.read({**rest, "prompt": text}, name), name, "/infill")
+        # no deadline in Brisk's request options, one slot per reply: these are taken and said
+        ignored = [f for f in ("t_max_prompt_ms", "t_max_predict_ms") if body.get(f) not in (None, 0)]
+        ignored += ["id_slot"] if body.get("id_slot") not in (None, -1) else []
+        n_indent = shapes.whole(body, "n_indent", 0, 1 << 16) or 0
+        warm_only = body.get("n_predict") == 0  # llama.vim's chunk request: read the prompt, write nothing
+        rest = {k: v for k, v in body.items() if k not in INFILL_FIELDS and k not in EDITOR_FIELDS | IN_INFILL}
+        if warm_only:
+            rest["n_predict"] = 1
+        context = self.s.context or model.context
 
-    async def answer(self, http: HttpRequest, asked: Asked, name: str, endpoint: str) -> Response:
+        def ids() -> list[int]:
+            return infill.fim_ids(
+                model.tokenizer, fim, texts["input_prefix"], texts["input_suffix"], texts["prompt"], extra, context
+            )
+
+        prompt_ids = await asyncio.to_thread(ids)
+        text = await asyncio.to_thread(Vocab.detokenize, model, prompt_ids)
+        rest.update(self._samplers(body.get("samplers"), ignored, infill=True))
+        asked = await self.read({**rest, "prompt": text}, name, prompt_ids)
+        if n_indent and asked.stream:
+            ignored.append("n_indent")
+        edit = Edit(n_indent=0 if asked.stream else n_indent, warm_only=warm_only)
+        fields = _response_fields(body.get("response_fields"))
+        return await self.answer(http, asked, name, "/infill", edit, fields, tuple(ignored))
+
+    @staticmethod
+    def _samplers(value: Any, ignored: list[str], infill: bool = False) -> dict[str, Any]:
+        """llama.cpp's ``samplers``: the ones Brisk has (top_k, top_p, temperature, penalties), each left out
+        turned off, as llama.cpp leaves it out of its chain (then it samples at temperature 1); ``infill``
+        (llama.cpp's sampler for FIM) on ``/infill`` taken and said in X-Brisk-Ignored; any other a 400."""
+        if value is None:
+            return {}
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad("'samplers' must be a list of sampler names.", "samplers", "invalid_type")
+        named = set()
+        for sampler in value:
+            if sampler in SAMPLERS:
+                named.add(SAMPLERS[sampler])
+            elif sampler == "infill" and infill:
+                ignored.append("samplers: infill")
+            else:
+                raise bad(
+                    f"The sampler {sampler!r} is not supported here: Brisk has top_k, top_p, temperature and "
+                    "penalties (repeat_penalty).",
+                    "samplers",
+                    "unsupported_value",
+                )
+        off = {"top_k": ("top_k", 0), "top_p": ("top_p", 1.0), "temperature": ("temperature", 1.0)}
+        out = {field: value for name, (field, value) in off.items() if name not in named}
+        if "penalties" not in named:
+            out["repeat_penalty"] = 1.0
+        return out
+
+    async def answer(
+        self,
+        http: HttpRequest,
+        asked: Asked,
+        name: str,
+        endpoint: str,
+        edit: Edit | None = None,
+        fields: list[str] | None = None,
+        ignored: tuple[str, ...] = (),
+    ) -> Response:
+        from engine.server.app import ignored_header
+
+        headers = ignored_header(ignored)
         stream = self._stream(asked, name) if asked.stream else None
-        out = await self.h.run(http, asked.request, endpoint, stream, marker=False)
+        out = await self.h.run(http, asked.request, endpoint, stream, headers=headers, marker=False)
         if isinstance(out, Response):
             return out
         ids = [i for t in out.tokens for i in t.ids]
-        return JSONResponse(await self.result(asked, name, out.done, ids, stream=False))
+        result = await self.result(asked, name, out.done, ids, stream=False)
+        if edit is not None:
+            edit.apply(result)
+        if fields is not None:  # llama.cpp: only the fields asked for, each keyed by its path
+            result = infill.nested(fields, result)
+        return JSONResponse(result, headers=headers)
 
-    async def read(self, body: Mapping[str, Any], name: str) -> Asked:
+    async def read(self, body: Mapping[str, Any], name: str, prompt_ids: list[int] | None = None) -> Asked:
         for field, off in OFF.items():
             if field in body and body[field] is not None and not _same(body[field], off):
                 why = _OFF_WHY.get(field, "Brisk has no such sampler")
@@ -307,6 +401,13 @@ class LlamaApi:
                 )
         shapes.within_context(1, len(text), self.s.context, "prompt")
         sampling = await self._sampling(body, model, text)
+        if prompt_ids is not None and self.s.context and len(prompt_ids) + sampling.max_tokens > self.s.context:
+            raise bad(
+                f"The infill prompt is {len(prompt_ids)} tokens and 'n_predict' {sampling.max_tokens}: more "
+                f"than the context of {self.s.context} tokens; send less code around the cursor.",
+                "input_prefix",
+                "context_length_exceeded",
+            )
         stream = _flag(body, "stream", False)
         request = Request(
             shapes.new_id("srv"),
@@ -316,6 +417,7 @@ class LlamaApi:
             speculative=self.s.speculative,
             raw=True,
             origin="server",
+            prompt_ids=tuple(prompt_ids or ()),
         )
         settings = generation_settings(sampling, self.s.context, stream, name)
         return Asked(request, text, stream, _flag(body, "return_tokens", False), settings)
@@ -484,6 +586,14 @@ def timings(m: Metrics) -> dict[str, float | int]:
 
 
 # -- reading fields ------------------------------------------------------------------------------------------
+
+
+def _response_fields(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise bad("'response_fields' must be a list of field paths (\"timings/prompt_n\").", "response_fields")
+    return list(value)
 
 
 def _same(value: Any, off: Any) -> bool:

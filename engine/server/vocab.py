@@ -82,6 +82,8 @@ class Vocab:
             return None
         max_tokens = request.sampling.max_tokens
         try:
+            if request.raw and request.prompt_ids:
+                return list(request.prompt_ids)
             if request.raw:
                 return raw_prompt(model.tokenizer, request.messages[0]["content"], model.context, max_tokens).ids
             tools = [dict(tool) for tool in request.client_tools] or None

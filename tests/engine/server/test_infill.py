@@ -1,19 +1,76 @@
-"""llama.cpp's ``/infill`` (engine.server.llama_api, engine.server.infill) over real HTTP on a tiny model given
-Qwen2.5-Coder's fill-in-the-middle tokens: the prompt laid out as llama-server lays it out, answered as
-``/completion`` would answer that prompt; a model without FIM tokens refused with the reason."""
+"""llama.cpp's ``/infill`` (engine.server.llama_api, engine.server.infill): the prompt laid out token for token
+as llama-server's ``format_infill`` lays it out, over real HTTP on a tiny model given Qwen2.5-Coder's FIM
+tokens; the request llama.vim sends answered (its ``samplers``, ``n_indent``, time limits and
+``response_fields``); a model without FIM tokens refused with the reason."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx2 as httpx
 import pytest
 
-from engine.server.infill import FAMILIES, fim_tokens
+from engine.server.infill import FAMILIES, Chunk, cut_indent, fim_ids, fim_tokens
 from tests.support.server import Served
 from tests.support.tiny import make_tiny_model
 
 QWEN = list(FAMILIES[0]) + ["<|fim_pad|>"]
+
+
+def merging_tokenizer() -> Any:
+    """A byte-level BPE with Qwen's FIM tokens and two merges across what llama-server tokenises apart
+    (two newlines; a space and ``x``), so a prompt tokenised as one text differs from llama-server's."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {name: i for i, name in enumerate(QWEN)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    vocab["ĊĊ"], vocab["Ġx"] = len(vocab), len(vocab) + 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ċ", "Ċ"), ("Ġ", "x")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(QWEN)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_fim_ids_are_llama_servers_format_infill() -> None:
+    tokenizer = merging_tokenizer()
+    fim = fim_tokens(tokenizer)
+    assert fim is not None and fim.repo and fim.sep
+    v = tokenizer.get_vocab()
+
+    def t(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    prefix, prompt, suffix = "a = 1\ny = ", "x", "\n\nprint(y)\n"
+    extra = [Chunk("tmp", "\nz = 2\n"), Chunk("util.py", "w = '<|fim_middle|>'\n")]
+    # format_infill: each piece tokenised alone, chunk text and code with control text read as text
+    expected = [v["<|repo_name|>"], *t("myproject\n"), v["<|file_sep|>"], *t("tmp\n"), *t("\nz = 2\n")]
+    expected += [v["<|file_sep|>"], *t("util.py\n"), *t("w = '<|fim_middle|>'\n")]
+    expected += [v["<|file_sep|>"], *t("filename\n")]
+    expected += [v["<|fim_prefix|>"], *t(prefix), *t(prompt), v["<|fim_suffix|>"], *t(suffix), v["<|fim_middle|>"]]
+    got = fim_ids(tokenizer, fim, prefix, suffix, prompt, extra, 8192)
+    assert got == expected
+    assert got.count(v["<|fim_middle|>"]) == 1  # the chunk's control text stayed text
+    joined = tokenizer.decode(expected)
+    assert list(tokenizer(joined, add_special_tokens=False)["input_ids"]) != expected  # one text would merge
+    # llama-server keeps the chunks' last (context - 2048 + 2) tokens, the prefix's last 1536, the
+    # suffix's first 512 - 2 - len(prompt)
+    short = fim_ids(tokenizer, fim, prefix, suffix, prompt, extra, 2051)
+    start = expected.index(v["<|fim_prefix|>"])
+    assert short == expected[start - 5 :]
+    long = fim_ids(tokenizer, fim, "p" * 2000, "s" * 1000, prompt, [], 512)
+    assert long.count(t("p")[0]) == 1536 and long.count(t("s")[0]) == 512 - 2 - 1
+
+
+def test_n_indent_cuts_like_llama_server() -> None:
+    text = "x = 1\n    y = 2\n  z = 3\n    w = 4\n"
+    assert cut_indent(text, 4) == ("x = 1\n    y = 2\n  ", True)
+    assert cut_indent(text, 2) == (text, False)
+    assert cut_indent("  \n", 4) == ("  \n", False)  # a line of only indent does not end it
+    assert cut_indent(text, 0) == (text, False)
 
 
 @pytest.fixture(scope="module")
@@ -42,35 +99,84 @@ def post(server: Served, path: str, body: dict) -> httpx.Response:
     return httpx.post(server.root + path, json=body, timeout=120)
 
 
-def test_infill_reads_the_prompt_llama_server_builds(coder: Served) -> None:
+def test_infill_reads_the_ids_llama_server_builds(coder: Served, coder_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(coder_dir)
+    v = tokenizer.get_vocab()
     body = {
-        "input_prefix": "def area(r):\n    return ",
+        "input_prefix": "def area(r):\n    x = '<|fim_suffix|>'\n    return ",
         "input_suffix": "\n\nprint(area(2))\n",
         "prompt": "3.14",
         "input_extra": [{"filename": "util.py", "text": "PI = 3.14159\n", "time": 12.5}],
         "n_predict": 6,
+        "temperature": 0,
     }
     answer = post(coder, "/infill", body)
     assert answer.status_code == 200, answer.text
-    expected_prompt = (
-        "<|repo_name|>myproject\n<|file_sep|>util.py\nPI = 3.14159\n<|file_sep|>filename\n"
-        "<|fim_prefix|>def area(r):\n    return 3.14<|fim_suffix|>\n\nprint(area(2))\n<|fim_middle|>"
-    )
-    same = post(coder, "/completion", {"prompt": expected_prompt, "n_predict": 6}).json()
     got = answer.json()
-    assert got["prompt"] == expected_prompt
-    assert got["content"] == same["content"] and got["tokens_evaluated"] == same["tokens_evaluated"]
-    ids = post(coder, "/tokenize", {"content": expected_prompt}).json()["tokens"]
-    assert len(ids) == got["tokens_evaluated"]
-    fim_ids = post(coder, "/tokenize", {"content": "".join(FAMILIES[0])}).json()["tokens"]
-    assert len(fim_ids) == 5 and set(fim_ids) <= set(ids)  # each FIM token one control token in the prompt
+
+    def t(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+    # the tiny model's context is 512, so llama-server keeps none of the chunks (512 - 2048 + 2 < 0)
+    expected = [v["<|fim_prefix|>"], *t(body["input_prefix"]), *t("3.14"), v["<|fim_suffix|>"]]
+    expected += [*t(body["input_suffix"]), v["<|fim_middle|>"]]
+    assert got["tokens_evaluated"] == len(expected)
+    assert got["prompt"] == tokenizer.decode(expected)
     streamed = post(coder, "/infill", {**body, "stream": True})
     assert streamed.status_code == 200 and '"stop": true' in streamed.text
 
 
-def test_infill_refuses_code_that_spells_a_control_token(coder: Served) -> None:
-    refused = post(coder, "/infill", {"input_prefix": "x = '<|fim_middle|>'", "input_suffix": "", "n_predict": 2})
-    assert refused.status_code == 400 and "<|fim_middle|>" in refused.json()["error"]["message"]
+def test_a_llama_vim_request_is_answered(coder: Served) -> None:
+    fields = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/predicted_n", "truncated", "tokens_cached"]
+    request = {  # the field set of llama.vim's llama#fim (autoload/llama.vim)
+        "id_slot": 0,
+        "input_prefix": "import os\n\ndef main():\n",
+        "input_suffix": "\n    return 0\n",
+        "input_extra": [{"text": "def helper():\n    pass\n", "time": 1.5, "filename": "helper.py"}],
+        "prompt": "    pa",
+        "n_predict": 16,
+        "stop": [],
+        "n_indent": 4,
+        "top_k": 40,
+        "top_p": 0.90,
+        "samplers": ["top_k", "top_p", "infill"],
+        "stream": False,
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 250,
+        "response_fields": fields,
+    }
+    answer = post(coder, "/infill", request)
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert set(got) == set(fields) and isinstance(got["content"], str)
+    assert got["timings/prompt_n"] > 0 and got["timings/predicted_n"] >= 1
+    ignored = answer.headers["x-brisk-ignored"]
+    assert "t_max_predict_ms" in ignored and "samplers: infill" in ignored
+    ring = {  # llama.vim's ring update: read the chunks into the cache, write nothing
+        **request,
+        "input_prefix": "",
+        "input_suffix": "",
+        "prompt": "",
+        "n_predict": 0,
+        "temperature": 0.0,
+        "samplers": [],
+        "t_max_prompt_ms": 1,
+        "t_max_predict_ms": 1,
+        "response_fields": [""],
+    }
+    warmed = post(coder, "/infill", ring)
+    assert warmed.status_code == 200, warmed.text
+    assert warmed.json() == {}
+    whole = post(coder, "/infill", {**ring, "response_fields": None}).json()
+    assert whole["content"] == "" and whole["tokens_predicted"] == 0
+    lacking = post(coder, "/infill", {**request, "samplers": ["top_k", "min_p"]})
+    assert lacking.status_code == 400 and "'min_p'" in lacking.json()["error"]["message"]
+
+
+def test_infill_refuses_what_it_cannot_read(coder: Served) -> None:
     bad_extra = post(coder, "/infill", {"input_prefix": "x", "input_extra": "util.py", "n_predict": 2})
     assert bad_extra.status_code == 400 and bad_extra.json()["error"]["param"] == "input_extra"
     not_text = post(coder, "/infill", {"input_prefix": 5, "n_predict": 2})

@@ -16,7 +16,8 @@ on 1,000 notes), ``models`` (each architecture's load time, decode speed and agr
 against transformers' forward; the model library's scan of 200 folders), ``gguf`` (a .gguf file: first and
 later start, speed), ``defaults`` (which default sampling keeps the bundled model from looping),
 ``first-question`` (``brisk ask`` in a new process, answer cache and speculation on and off),
-``first-start`` (the window's first start: time to a usable chat), ``all``.  Variants are compared side by
+``first-start`` (the window's first start: time to a usable chat), ``infill`` (code
+completion: an editing session replayed on ``/infill`` as llama.vim sends it), ``all``.  Variants are compared side by
 side in one run; we report medians.  Each scenario lives in a module of its own.
 
 Every benchmark lives here, in ``engine/bench/``, and prints its tables with :mod:`engine.bench.common`'s
@@ -65,6 +66,7 @@ SCENARIOS: dict[str, str] = {
     "defaults": "engine.bench.defaults",
     "first-question": "engine.bench.first_question",
     "first-start": "engine.bench.first_start",
+    "infill": "engine.bench.infill",
 }
 
 

@@ -159,7 +159,7 @@ class Engine:
         self.scheduler.put(("stop", None))
         self._thread.join(timeout)
         if self.measuring is not None:
-            self.measuring.stop()
+            self.measuring.stop(timeout)
         self.tools.close()
 
     def call(self, fn: Callable[[Engine], Any]) -> None:

@@ -142,9 +142,10 @@ class Measuring:
         self.builds.start()
         return self.builds.running
 
-    def stop(self) -> None:
-        """Stop building (another model is about to load); the measurement is not used any more."""
-        self.builds.stop()
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Stop building (another model is about to load, or the engine stops) and wait for it at most ``timeout``
+        s; the measurement is not used any more."""
+        self.builds.stop(timeout)
 
     def _build(self, mode: str, dtype_name: str) -> Any:
         taken = self.builds.take((mode, dtype_name))

@@ -40,9 +40,9 @@ from engine.runtime.prefix_cache import HINT, PrefixCache
 from engine.runtime.prompt import Prompt
 
 HINT_CHUNK = 64  # the most tokens one step prefills
-FIRST_CHUNK = 8  # the first step's size, before any step was timed
+FIRST_CHUNK = 16  # the first step's size, before any step was timed
 CHUNK_S = 0.03  # a step's target time: a Send waits for one step at most (the goal is 50 ms)
-MIN_CHUNK = 4  # fewer tokens a step would waste the step (each reads every weight once)
+MIN_CHUNK = 8  # fewer would waste the step (each reads every weight once; on a busy machine that is most of it)
 HOLD_BACK = 1  # tokens kept back besides those a next character changes, for tokenizers that merge late
 # more characters a token than any prompt averages (English about 4, code about 3): a draft longer than the context
 # times this cannot fit, and is not rendered for a hint

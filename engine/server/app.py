@@ -6,7 +6,9 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 each of OpenAI's paths also without the ``/v1`` (a client given the base URL
 ``http://host:port`` posts to ``/chat/completions``, as llama-server answers);
 and llama.cpp's own ``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/props`` (``engine.server.llama_api``).
+``/apply-template`` and ``/props`` (``engine.server.llama_api``); and Anthropic's
+``POST /v1/messages`` and ``/v1/messages/count_tokens`` (``engine.server.anthropic_api``, which answers
+its errors in Anthropic's shape).
 A field an endpoint does not know is a 400 that names it, except those clients
 send by habit (``shapes.HABITS``: ``user``, ``metadata``, ``store`` ...), which
 are taken and named in the answer's ``X-Brisk-Ignored`` header.
@@ -53,7 +55,7 @@ from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
 from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token
-from engine.server import llama_api, shapes
+from engine.server import anthropic_api, llama_api, shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
 from engine.server.vocab import Vocab
@@ -69,7 +71,8 @@ IGNORED_HEADER = "X-Brisk-Ignored"
 # what a 404 lists: OpenAI's paths answer with and without the /v1 in front
 ENDPOINTS = (
     "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health; llama.cpp's "
-    "/completion, /infill, /tokenize, /detokenize, /apply-template, /props"
+    "/completion, /infill, /tokenize, /detokenize, /apply-template, /props; Anthropic's [/v1]/messages, "
+    "[/v1]/messages/count_tokens"
 )
 
 
@@ -347,10 +350,12 @@ class Handlers:
         stream: Callable[[Started | None, asyncio.Queue[Any]], AsyncIterator[dict[str, Any]]] | None,
         headers: Mapping[str, str] | None = None,
         marker: bool = True,
+        named: bool = False,
     ) -> Response | Outcome:
         """Submit ``req`` and wait for it to start: a refusal is a plain 4xx/5xx.  With ``stream``, its
         chunks (made from the ``Started`` and the request's events) are the SSE response, ``[DONE]`` last
-        when ``marker``; without, the request's :class:`Outcome` once it ends (its usage counted)."""
+        when ``marker``, each event named after its chunk's ``type`` when ``named`` (Anthropic's stream);
+        without, the request's :class:`Outcome` once it ends (its usage counted)."""
         entry = Entry(req.id, client_name(http), endpoint, time.time())
         events = self.s.hub.open(req, entry)
         watch = Watch(http)
@@ -368,7 +373,7 @@ class Handlers:
             if stream is not None:  # from here sse-starlette watches the connection and the stream closes it
                 streaming = True
                 return EventSourceResponse(
-                    self._guarded(req.id, stream(started, events), marker),
+                    self._guarded(req.id, stream(started, events), marker, named),
                     ping=15,
                     send_timeout=None,
                     headers=headers,
@@ -408,13 +413,14 @@ class Handlers:
                 tokens.append(event)
 
     async def _guarded(
-        self, request_id: str, chunks: AsyncIterator[dict[str, Any]], marker: bool = True
+        self, request_id: str, chunks: AsyncIterator[dict[str, Any]], marker: bool = True, named: bool = False
     ) -> AsyncIterator[dict[str, Any]]:
-        """The stream's events, then ``[DONE]`` (``marker``); the request is cancelled when the client stops
-        reading."""
+        """The stream's events (``named``: each with its chunk's ``type`` as the SSE event), then ``[DONE]``
+        (``marker``); the request is cancelled when the client stops reading."""
         try:
             async for chunk in chunks:
-                yield {"data": json.dumps(chunk, ensure_ascii=False)}
+                data = json.dumps(chunk, ensure_ascii=False)
+                yield {"event": chunk["type"], "data": data} if named else {"data": data}
             if marker:
                 yield {"data": "[DONE]"}
         finally:
@@ -583,6 +589,7 @@ def build_app(service: Service) -> Starlette:
     ):  # each under /v1 and without it: clients given a base URL without /v1 post to /chat/completions
         routes += [Route("/v1" + path, handler, methods=[method]), Route(path, handler, methods=[method])]
     routes += llama_api.routes(handlers)
+    routes += anthropic_api.routes(handlers)
     middleware: list[Middleware] = []
     return Starlette(
         routes=routes,

@@ -125,7 +125,9 @@ class AnthropicApi:
         if not secrets.compare_digest(given.strip().encode("latin-1"), self.s.api_key.encode()):
             raise ApiError(401, "Wrong API key: send 'x-api-key: KEY'.", code="invalid_api_key")
 
-    async def _body(self, http: HttpRequest, fields: frozenset[str], endpoint: str) -> tuple[dict[str, Any], tuple]:
+    async def _body(
+        self, http: HttpRequest, fields: frozenset[str], endpoint: str
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
         from engine.server.app import read_json
 
         self._check_key(http)

@@ -246,3 +246,45 @@ def test_the_key_is_taken_as_x_api_key(tiny_dir: Path) -> None:
         assert client(server, api_key=None, auth_token="s3cret").messages.count_tokens(model="m", messages=HELLO)
     finally:
         server.close()
+
+
+def test_blocks_become_the_chat_turns_of_the_openai_path() -> None:
+    from engine.server.anthropic_api import _messages
+
+    turns = _messages(
+        [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}],
+        [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Looking."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "timeout", "is_error": True},
+                    {"type": "text", "text": "Try again."},
+                ],
+            },
+        ],
+    )
+    assert turns == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "Looking.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Oslo"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: timeout"},
+        {"role": "user", "content": "Try again."},
+    ]

@@ -17,7 +17,8 @@ against transformers' forward; the model library's scan of 200 folders), ``gguf`
 later start, speed), ``defaults`` (which default sampling keeps the bundled model from looping),
 ``first-question`` (``brisk ask`` in a new process, answer cache and speculation on and off),
 ``first-start`` (the window's first start: time to a usable chat), ``infill`` (code
-completion: an editing session replayed on ``/infill`` as llama.vim sends it), ``all``.  Variants are compared side by
+completion: an editing session replayed on ``/infill`` as llama.vim sends it), ``tools`` (how often the model calls the
+calculator with Brisk's own tool prompt and without), ``all``.  Variants are compared side by
 side in one run; we report medians.  Each scenario lives in a module of its own.
 
 Every benchmark lives here, in ``engine/bench/``, and prints its tables with :mod:`engine.bench.common`'s
@@ -67,6 +68,7 @@ SCENARIOS: dict[str, str] = {
     "first-question": "engine.bench.first_question",
     "first-start": "engine.bench.first_start",
     "infill": "engine.bench.infill",
+    "tools": "engine.bench.tools",
 }
 
 

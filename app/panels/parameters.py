@@ -65,7 +65,7 @@ TIPS = {
     "higher: more varied",
     "top_p": "Sample only from the most likely tokens that together reach this probability (1: all)",
     "top_k": "Sample only from this many most likely tokens (off: all)",
-    "repetition_penalty": "Above 1 makes tokens already said less likely, so replies loop less (1: off)",
+    "repetition_penalty": "Above 1 makes tokens said in the reply's last 64 less likely, so replies loop less (1: off)",
     "max_tokens": "The longest reply, in tokens",
     "seed": "The same seed gives the same sampled reply; empty: a new one each time",
     "stop_repeats": "End the reply when it says the same block three times in a row",

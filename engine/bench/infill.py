@@ -88,9 +88,25 @@ def session(lines: list[str], name: str, n_predict: int) -> list[tuple[str, dict
     return out
 
 
+def loaded(root: str, limit_s: float = 900.0) -> None:
+    """Wait until the server has its model (``/props`` answers: its ``/health`` answers while it loads)."""
+    import httpx2
+
+    began = time.monotonic()
+    while time.monotonic() - began < limit_s:
+        try:
+            if httpx2.get(root.rstrip("/") + "/props", timeout=10).status_code == 200:
+                return
+        except httpx2.TransportError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"{root} did not load its model in {limit_s:.0f} s")
+
+
 def replay(root: str, requests: list[tuple[str, dict[str, Any]]], label: str) -> list[dict[str, Any]]:
     import httpx2
 
+    loaded(root)
     rows = []
     with httpx2.Client(timeout=600) as client:
         for i, (kind, body) in enumerate(requests):

@@ -87,19 +87,31 @@ def test_bundled_gguf_is_converted_once(bundled_engine) -> None:  # noqa: ANN001
     assert loaded.load_s > 0  # how fast is the foundation benchmark's business, not a test's
 
 
+@pytest.fixture(scope="module")
+def plain_bundled() -> dict[str, torch.Tensor]:
+    """transformers' own float32 load of the bundled GGUF (its state dict), made once for the tests that compare
+    a conversion with it."""
+    from transformers import AutoModelForCausalLM
+
+    gguf = bundled_model_path()
+    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).state_dict()
+
+
 def _parse(part: object, types: list[int]) -> object:
     from transformers.integrations.ggml import _gguf_parse_value
 
     return _gguf_parse_value(part, list(types))
 
 
-def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) -> None:  # noqa: ANN001
+def test_the_one_read_conversion_gives_transformers_own_tensors(
+    bundled_engine,  # noqa: ANN001
+    plain_bundled: dict[str, torch.Tensor],
+) -> None:
     """``gguf_read_once`` memoises the file's parse and the name maps: the weights must be those of a plain load."""
     import gguf
     import gguf.gguf_reader as reader_module
     import numpy as np
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     from engine.model.source import gguf_read_once
 
@@ -145,8 +157,7 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
     assert (tf_reader._mapped, tf_reader.read_gguf_metadata, tf_utils.load_gguf_checkpoint) == before
 
     converted = load_file(converted_dir(gguf_path, lambda _f, _m: None) / "model.safetensors")
-    plain = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-    expected = plain.state_dict()
+    expected = plain_bundled
     assert set(converted) <= set(expected) and len(converted) >= len(expected) - 1  # tied lm_head saved once
     different = [name for name, tensor in converted.items() if not torch.equal(tensor, expected[name])]
     assert different == []
@@ -162,12 +173,11 @@ def test_the_one_read_conversion_gives_transformers_own_tensors(bundled_engine) 
 
 @pytest.mark.bundled
 def test_a_fresh_conversion_loads_from_memory_while_its_copy_is_written(
-    brisk_data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    brisk_data_dir: Path, monkeypatch: pytest.MonkeyPatch, plain_bundled: dict[str, torch.Tensor]
 ) -> None:
     """The first start chats on the model the conversion just read; its copy is written behind it, equal to a
     plain transformers load of the GGUF, and a later load reads the copy under the same identity."""
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
 
     from engine.model import loader, source
 
@@ -186,8 +196,7 @@ def test_a_fresh_conversion_loads_from_memory_while_its_copy_is_written(
     assert calls == ["memory", "disk"]
     assert first.identity == second.identity  # the copy on disk is the same weights as far as caches know
     written = load_file(target / "model.safetensors")
-    gguf = bundled_model_path()
-    plain = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).state_dict()
+    plain = plain_bundled
     assert set(written) == set(plain) - {"lm_head.weight"}  # the tied head is written once, as the embedding
     for name, tensor in written.items():
         assert torch.equal(tensor, plain[name]), name

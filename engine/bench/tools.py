@@ -90,7 +90,7 @@ def _ask(runner: Runner, messages: list[dict[str, Any]], **fields: Any) -> tuple
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.tools.prompt import template_renders_tools
+    from engine.model.tool_template import template_renders_tools
 
     runner = Runner(args.model, args.dtype, quant=args.quant or "auto")  # the weights a user gets
     results: dict[str, dict[str, list[float]]] = {v: {} for v in (*VARIANTS, *SLASH_VARIANTS)}

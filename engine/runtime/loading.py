@@ -35,6 +35,7 @@ from engine.api import ModelInfo, ModelSpec, Warning
 from engine.model.kv import KVState, forward
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.model.support import support
+from engine.model.tool_template import template_renders_tools
 from engine.paths import cache_dir
 from engine.quant import native
 from engine.runtime.decode import Decoder
@@ -42,7 +43,6 @@ from engine.runtime.memory import reserve
 from engine.runtime.options import EngineOptions
 from engine.runtime.prefix_cache import PrefixCache, kv_layout
 from engine.runtime.speculative import DraftModel
-from engine.tools.prompt import template_renders_tools
 
 log = logging.getLogger(__name__)
 

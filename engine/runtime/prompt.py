@@ -34,14 +34,8 @@ from typing import Any
 
 from engine.model.kv import common_prefix
 from engine.model.template import render_chat
-from engine.tools.prompt import (
-    has_tool_turns,
-    plain_tool_turns,
-    template_renders_tool_turns,
-    template_renders_tools,
-    tool_instructions,
-    with_tool_prompt,
-)
+from engine.model.tool_template import template_renders_tool_turns, template_renders_tools
+from engine.tools.prompt import has_tool_turns, plain_tool_turns, tool_instructions, with_tool_prompt
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from engine.api import Metrics, Request, Span, ToolCall, ToolSettings, Warning
+from engine.model.tool_template import template_renders_tools
 from engine.runtime.prompt import content_ids
 from engine.tools import (
     Call,
@@ -50,7 +51,6 @@ from engine.tools import (
     run_calls,
     tool_schemas,
 )
-from engine.tools.prompt import template_renders_tools
 
 P = TypeVar("P")
 RESULT_SHARE = 4  # one turn's tool results together fill at most 1/RESULT_SHARE of the model's context

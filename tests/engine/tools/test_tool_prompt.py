@@ -9,15 +9,11 @@ from typing import Any
 import pytest
 
 from engine.api import Request
+from engine.model.tool_template import template_renders_tool_turns, template_renders_tools
 from engine.runtime.prompt import build_prompt, render
 from engine.runtime.tool_turns import follow_up, prompt_schemas
 from engine.tools import Call, Parsed, Registry, builtin_tools, parse_model_output, tool_schemas
-from engine.tools.prompt import (
-    plain_tool_turns,
-    template_renders_tool_turns,
-    template_renders_tools,
-    tool_instructions,
-)
+from engine.tools.prompt import plain_tool_turns, tool_instructions
 from engine.tools.run import CallResult, TurnResult
 from tests.support.tiny import make_tokenizer
 

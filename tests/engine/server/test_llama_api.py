@@ -148,7 +148,7 @@ def test_grammar_and_json_schema_constrain_the_reply(served: Served) -> None:
     [
         ("/completion", {"prompt": PROMPT, "n_probs": 3}, "n_probs"),
         ("/completion", {"prompt": PROMPT, "min_p": 0.05}, "min_p"),
-        ("/completion", {"prompt": PROMPT, "samplers": ["top_k"]}, "samplers"),
+        ("/completion", {"prompt": PROMPT, "samplers": ["top_k", "min_p"]}, "samplers"),
         ("/completion", {"prompt": PROMPT, "mirostat": 2}, "mirostat"),
         ("/completion", {"prompt": PROMPT, "grammar": "root ::= (", "n_predict": 2}, "grammar"),
         ("/completion", {"prompt": PROMPT, "grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),

@@ -59,6 +59,7 @@ LABELS: dict[str, str] = {
     "endpoint": "Server",
     "context_length": "Context length (tokens)",
     "fast_path": "Fast path",
+    "tool_template": "Chat template carries tools",
 }
 EMPTY = "\u2014"
 

@@ -17,6 +17,7 @@ import pytest
 
 from engine.api import AnswerCacheSettings, Done, Loaded, ModelSpec, Request, Sampling, Started, Token
 from engine.runtime import loading as loading_module
+from engine.runtime.answer_lookup import wait_all_kept
 from tests.support.engine_runner import EngineRunner, done, token_ids
 
 SETTINGS = AnswerCacheSettings(semantic=False)
@@ -120,6 +121,7 @@ def test_a_cached_answer_is_served_while_the_model_loads(
 
     question = "Answer me during the load."
     expected = done(ask(runner, question))  # cached by the runner's load of the same spec
+    wait_all_kept()  # the runner's engine keeps it just after its Done: the new engine must find it
     release = threading.Event()
     real_load = loading_module.load_model
 
@@ -159,6 +161,7 @@ def test_a_cached_reply_that_cannot_be_delivered_ends_with_an_error(runner: Engi
 
     question = "Deliver me twice."
     done(ask(runner, question))
+    wait_all_kept()
     sink: queue.Queue[object] = queue.Queue()
 
     def on_event(event: object) -> None:

@@ -90,7 +90,9 @@ def test_versus_puts_brisk_defaults_beside_the_peer(
     assert any(row["prompt"] == "open: recipe" for row in data["per_prompt"])
     drafted = data["samples"][f"brisk (draft: {tiny_dir.name})"]  # the draft model's column and its acceptance
     assert len(drafted["open"]) == len(versus.OPEN) and drafted["open acceptance"]
-    assert min(drafted["open acceptance"] + drafted["grounded acceptance"]) == 100.0
+    # drafting pauses where it does not pay (timing-dependent), so a grounded prompt may draft nothing
+    accepted = drafted["open acceptance"] + drafted.get("grounded acceptance", [])
+    assert min(accepted) == 100.0
     assert len(drafted["open drafted"]) == len(versus.OPEN) and max(drafted["open drafted"]) > 0
     assert any(line.startswith("| draft acceptance %, open prompts") for line in out.splitlines())
     # the peer decodes plain greedy, as Brisk does: temperature 0 and no repetition penalty, bounded replies

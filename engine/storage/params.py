@@ -33,6 +33,13 @@ from engine.storage.settings import SAMPLING_FIELDS, Settings, sampling_value
 # what a chat or a preset may set: temperature ... stop_repeats, and the reply's format (a chat's own, never a
 # setting: "" free text, else engine.api.reply_format's JSON text)
 PARAM_FIELDS = (*SAMPLING_FIELDS, "format")
+# a chat's own choices that are not sampling values, each with its allowed values (the first is the default):
+# what happens when the chat no longer fits the context, and whether a thinking model thinks ("auto": as the
+# model's template does by default)
+CHAT_OPTIONS: dict[str, tuple[str, ...]] = {
+    "overflow": ("drop-middle", "stop"),
+    "thinking": ("auto", "on", "off"),
+}
 PRESETS_FILE = "presets.json"
 PRESETS_VERSION = 1
 NAME_CHARS = 60
@@ -52,6 +59,13 @@ def checked(raw: Mapping[str, Any] | object) -> tuple[dict[str, Any], list[str]]
     good: dict[str, Any] = {}
     problems: list[str] = []
     for name, value in raw.items():
+        if name in CHAT_OPTIONS:
+            if value in CHAT_OPTIONS[name]:
+                good[name] = value
+            else:
+                allowed = ", ".join(repr(v) for v in CHAT_OPTIONS[name])
+                problems.append(f"{name} must be one of {allowed}, not {value!r}; the default is used")
+            continue
         if name not in PARAM_FIELDS:
             problems.append(f"{name!r} is not a parameter Brisk knows; it is ignored")
             continue
@@ -65,7 +79,14 @@ def checked(raw: Mapping[str, Any] | object) -> tuple[dict[str, Any], list[str]]
 
 def sampling(settings: Settings, own: Mapping[str, Any]) -> Sampling:
     """What a request of a chat with these values of its own samples with (the rest from ``settings``)."""
-    return Sampling(**(defaults(settings) | checked(own)[0]))
+    good = {k: v for k, v in checked(own)[0].items() if k not in CHAT_OPTIONS}
+    return Sampling(**(defaults(settings) | good))
+
+
+def option(own: Mapping[str, Any], name: str) -> str:
+    """The chat's choice for the option ``name`` of :data:`CHAT_OPTIONS` (its default where unset or bad)."""
+    value = own.get(name) if isinstance(own, Mapping) else None
+    return value if value in CHAT_OPTIONS[name] else CHAT_OPTIONS[name][0]
 
 
 @dataclass(frozen=True)

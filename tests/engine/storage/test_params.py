@@ -138,3 +138,14 @@ def test_two_windows_saving_at_once_lose_neither_preset(brisk_data_dir: Path) ->
         t.join()
     assert errors == []
     assert len([p for p in PresetFile().presets() if not p.builtin]) == 20
+
+
+def test_chat_options_are_kept_checked_and_never_reach_sampling() -> None:
+    own = {"overflow": "stop", "thinking": "off", "temperature": 0.5}
+    good, problems = params.checked(own)
+    assert good == own and problems == []
+    assert params.sampling(Settings(), good).temperature == 0.5  # the options are not sampling values
+    assert params.option(good, "overflow") == "stop" and params.option(good, "thinking") == "off"
+    bad, problems = params.checked({"overflow": "wrap", "thinking": True})
+    assert bad == {} and len(problems) == 2 and "'drop-middle'" in problems[0]
+    assert params.option({}, "overflow") == "drop-middle" and params.option({"thinking": 3}, "thinking") == "auto"

@@ -186,6 +186,8 @@ class Request:
     # small ones go whole into the prompt after the system prompt (their KV kept like a system prompt's),
     # larger ones by the passages retrieved for the question
     documents: tuple[str, ...] = ()
+    # a thinking model's switch (the chat template's enable_thinking): "auto" as the template does by default
+    thinking: str = "auto"  # "auto" | "on" | "off"
 
 
 # -- metrics -------------------------------------------------------------------------------------
@@ -258,6 +260,9 @@ class Metrics:
     cache_bytes: int | None = None  # the prefix cache's size after this reply
     truncated: bool = False  # older turns were dropped to fit the context
     spans: tuple[Span, ...] = ()  # the waterfall
+    thinking_tokens: int = 0  # reply tokens inside <think>...</think> (counted in completion_tokens too)
+    thinking_s: float | None = None  # the first token to the end of the thinking
+    answer_ttft_s: float | None = None  # submission to the first answer token (after the thinking)
     tools_wall_s: float | None = None  # wall time of all tool calls of the reply
     tools_sequential_s: float | None = None  # the sum of the calls' own durations (a sequential run)
     answer_cache: str | None = None  # "exact" | "semantic" | None: the reply came from the answer cache
@@ -375,6 +380,14 @@ class Token(Event):
 
 
 @dataclass(frozen=True)
+class Thinking(Event):
+    """Reply text inside ``<think>...</think>`` (engine.runtime.thinking), sent apart from the answer's ``Token``."""
+
+    text: str = ""
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolCall(Event):
     """One tool call, sent when it ends; ``start``/``end`` are on the same clock as ``t``."""
 
@@ -391,6 +404,7 @@ class Done(Event):
     text: str = ""
     finish_reason: str = "stop"  # one of FINISH_REASONS
     metrics: Metrics = field(default_factory=Metrics)
+    thinking: str = ""  # the reply's thinking (text is the answer alone): an API's reasoning_content
 
 
 @dataclass(frozen=True)
@@ -428,6 +442,7 @@ class ModelInfo:
     context_length: int = 0  # tokens the model can attend to (0: not known, e.g. a remote server)
     fast_path: str = ""  # which of Brisk's forward paths runs it, or why the fast one does not (engine.model.support)
     tool_template: bool | None = None  # the chat template renders tools (None: not known, e.g. a remote server)
+    thinking_switch: bool | None = None  # the chat template takes enable_thinking (None: not known)
 
 
 @dataclass(frozen=True)
@@ -479,6 +494,7 @@ _TYPE_NAMES = {
     Started: "started",
     PrefillProgress: "prefill",
     Token: "token",
+    Thinking: "thinking",
     ToolCall: "tool",
     Done: "done",
     Error: "error",

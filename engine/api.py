@@ -186,6 +186,9 @@ class Request:
     # small ones go whole into the prompt after the system prompt (their KV kept like a system prompt's),
     # larger ones by the passages retrieved for the question
     documents: tuple[str, ...] = ()
+    # what a chat that outgrows the context does (engine.runtime.prompt.OVERFLOW): "drop-middle" keeps the
+    # system prompt and the newest turns, "stop" refuses with a message saying by how much it is over
+    overflow: str = "drop-middle"
     # a thinking model's switch (the chat template's enable_thinking): "auto" as the template does by default
     thinking: str = "auto"  # "auto" | "on" | "off"
 
@@ -259,6 +262,7 @@ class Metrics:
     speedup: float | None = None  # plain_step_s x tokens against the time the reply took
     cache_bytes: int | None = None  # the prefix cache's size after this reply
     truncated: bool = False  # older turns were dropped to fit the context
+    dropped: tuple[int, ...] = ()  # (first, last): the turns dropped, numbered from 1 after the system prompt
     spans: tuple[Span, ...] = ()  # the waterfall
     thinking_tokens: int = 0  # reply tokens inside <think>...</think> (counted in completion_tokens too)
     thinking_s: float | None = None  # the first token to the end of the thinking

@@ -17,6 +17,10 @@ class Conversation:
     params: dict[str, Any] = field(default_factory=dict)
     # the documents attached to this chat (engine.storage.chat_documents: {id, name, path, chars, tokens}); [] none
     documents: list[dict[str, Any]] = field(default_factory=list)
+    # a branch's parent chat and the parent's message it was branched after (None: a chat of its own, or one
+    # whose parent was deleted; ``branched_after`` is also None for a branch made before any message)
+    parent_id: str | None = None
+    branched_after: int | None = None
 
 
 @dataclass(frozen=True)

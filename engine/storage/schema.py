@@ -71,6 +71,21 @@ def _add_versions(db: Database) -> None:
     )
 
 
-MIGRATIONS: list[Migration] = [_create_tables, _add_search, _add_chat_params, _add_documents, _add_versions]
+def _add_branches(db: Database) -> None:
+    # a chat branched off another (engine.storage.store.Store.branch_conversation, keep_last_turns): its parent
+    # chat, and the parent's message it was branched after; NULL for a chat of its own (or whose parent went)
+    db.execute("ALTER TABLE conversations ADD COLUMN parent_id TEXT REFERENCES conversations (id) ON DELETE SET NULL")
+    db.execute("ALTER TABLE conversations ADD COLUMN branched_after INTEGER")
+    db.execute("CREATE INDEX conversations_parent ON conversations (parent_id)")
+
+
+MIGRATIONS: list[Migration] = [
+    _create_tables,
+    _add_search,
+    _add_chat_params,
+    _add_documents,
+    _add_versions,
+    _add_branches,
+]
 HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
 SCHEMA_VERSION = HISTORY_SCHEMA.version

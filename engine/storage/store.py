@@ -18,6 +18,15 @@ object, an unknown role or status, text that is not text) is returned with
 ``damaged=True`` and what could be read; it never stops the other rows, or
 the window, from loading.
 
+A chat may be branched off another (:meth:`Store.branch_conversation`: the
+history up to one message; :meth:`Store.keep_last_turns`: only the last N
+turns, a tail fork): the branch holds copies of those messages (the version
+each shows) and the parent's system prompt, parameters and documents, and
+records its parent (``Conversation.parent_id``) and the parent's message it was
+branched after (``Conversation.branched_after``).  Listing returns branches
+beside the others with their parent, so a list can nest them.  Deleting a
+chat keeps its branches: they become chats of their own (no parent).
+
 A reply asked for again keeps every answer as a version of the same message
 (:meth:`Store.new_version`): the message row holds the version shown, the one
 later turns continue from (``Message.version`` of ``Message.versions``), the
@@ -73,7 +82,7 @@ __all__ = [
 ]
 
 
-_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params, documents"
+_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params, documents, parent_id, branched_after"
 # a message row as :func:`_message` reads it: the version shown, and how many versions it has
 _MESSAGE_SELECT = (
     "SELECT m.id, m.conversation_id, m.role, m.content, m.status, m.metrics, m.created, m.version, "
@@ -91,13 +100,16 @@ def _params_json(params: dict[str, Any]) -> str:
 def _conversation(row: tuple[Any, ...]) -> Conversation:
     """A conversation row; parameters that are not a JSON object read as none set (the defaults), documents
     that cannot be read as none attached."""
-    conversation_id, title, system_prompt, created, updated, raw, attached = row
+    conversation_id, title, system_prompt, created, updated, raw, attached, parent_id, after = row
     try:
         params = json.loads(raw) if isinstance(raw, str) else {}
     except ValueError:
         params = {}
     own = params if isinstance(params, dict) else {}
-    return Conversation(conversation_id, title, system_prompt, created, updated, own, chat_documents.checked(attached))
+    docs = chat_documents.checked(attached)
+    parent = parent_id if isinstance(parent_id, str) and parent_id != conversation_id else None
+    branched_after = after if parent is not None and isinstance(after, int) and not isinstance(after, bool) else None
+    return Conversation(conversation_id, title, system_prompt, created, updated, own, docs, parent, branched_after)
 
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
@@ -181,7 +193,12 @@ class Store:
             self._set(db, conversation_id, "documents", chat_documents.to_json(attached), touch=False)
 
     def delete_conversation(self, conversation_id: str) -> None:
+        """Delete the chat, its messages and their versions; its branches stay, as chats of their own."""
         with self._op("delete the conversation", write=True) as db:
+            db.execute(
+                "UPDATE conversations SET parent_id = NULL, branched_after = NULL WHERE parent_id = ?",
+                [conversation_id],
+            )
             db.execute(
                 "DELETE FROM message_versions WHERE message_id IN (SELECT id FROM messages WHERE conversation_id = ?)",
                 [conversation_id],
@@ -201,6 +218,92 @@ class Store:
     def _touch(self, db: Database, conversation_id: str) -> None:
         sql = f"UPDATE conversations SET updated = {_NEXT_UPDATED} WHERE id = ?"
         db.execute(sql, [time.time(), conversation_id])
+
+    # -- branches -------------------------------------------------------------------
+
+    def branch_conversation(self, conversation_id: str, message_id: int | None, title: str | None = None) -> str:
+        """A new chat branched off ``conversation_id`` after its message ``message_id``: it holds copies of
+        that message and every earlier one (None: none of them), and the parent's system prompt, parameters
+        and documents; titled "<parent title> (branch)" unless ``title`` is given.  Returns its id."""
+        with self._op("branch the conversation", write=True) as db:
+            parent = self._parent(db, conversation_id)
+            if (
+                message_id is not None
+                and not db.execute(
+                    "SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?", [message_id, conversation_id]
+                ).fetchone()
+            ):
+                raise NotFoundError(f"No message {message_id} in conversation {conversation_id!r}; was it deleted?")
+            rows = db.execute(
+                "SELECT id FROM messages WHERE conversation_id = ? AND id <= ? ORDER BY id",
+                [conversation_id, -1 if message_id is None else message_id],
+            ).fetchall()
+            name = title or _branch_title(parent.title, "branch")
+            return self._fork(db, parent, name, [row[0] for row in rows], message_id)
+
+    def keep_last_turns(self, conversation_id: str, turns: int, title: str | None = None) -> str:
+        """A new chat branched off ``conversation_id`` holding only its last ``turns`` turns (a turn: a user
+        message and the replies after it) and its system prompt, parameters and documents (a tail fork, for a
+        chat grown too long); titled "<parent title> (last N turns)".  Returns its id."""
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ValueError(f"turns must be a whole number of 1 or more, not {turns!r}")
+        with self._op("keep the conversation's last turns", write=True) as db:
+            parent = self._parent(db, conversation_id)
+            rows = db.execute(
+                "SELECT id, role FROM messages WHERE conversation_id = ? AND role IN ('user', 'assistant') ORDER BY id",
+                [conversation_id],
+            ).fetchall()
+            starts = [i for i, (_id, role) in enumerate(rows) if role == "user"]
+            first = starts[-turns] if len(starts) >= turns else 0
+            kept = [row[0] for row in rows[first:]]
+            name = title or _branch_title(parent.title, f"last {turns} turn{'s' if turns != 1 else ''}")
+            return self._fork(db, parent, name, kept, kept[-1] if kept else None)
+
+    def branches(self, conversation_id: str) -> list[Conversation]:
+        """The chats branched off this one (not their own branches), most recent first."""
+        with self._op("list the conversation's branches") as db:
+            rows = db.execute(
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE parent_id = ? "
+                "ORDER BY updated DESC, seq DESC",
+                [conversation_id],
+            ).fetchall()
+        return [_conversation(row) for row in rows]
+
+    def _parent(self, db: Database, conversation_id: str) -> Conversation:
+        row = db.execute(f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [conversation_id])
+        found = row.fetchone()
+        if found is None:
+            raise NotFoundError(f"No conversation with id {conversation_id!r}; was it deleted?")
+        return _conversation(found)
+
+    def _fork(self, db: Database, parent: Conversation, title: str, message_ids: list[int], after: int | None) -> str:
+        """The new chat and copies of the messages ``message_ids`` of ``parent``, in order: the version each
+        shows, as its only version (a reply still streaming is copied as far as it got, ``"cancelled"``)."""
+        branch_id = uuid.uuid4().hex
+        now = time.time()
+        db.execute(
+            "INSERT INTO conversations (id, title, system_prompt, params, documents, parent_id, branched_after, "
+            f"created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
+            [
+                branch_id,
+                title,
+                parent.system_prompt,
+                _params_json(parent.params),
+                chat_documents.to_json(parent.documents),
+                parent.id,
+                after,
+                now,
+                now,
+            ],
+        )
+        for message_id in message_ids:
+            db.execute(
+                "INSERT INTO messages (conversation_id, role, content, status, metrics, created, version) "
+                "SELECT ?, role, content, CASE status WHEN 'streaming' THEN 'cancelled' ELSE status END, metrics, "
+                "created, 1 FROM messages WHERE id = ?",
+                [branch_id, message_id],
+            )
+        return branch_id
 
     # -- messages -----------------------------------------------------------------
 
@@ -454,6 +557,12 @@ class StreamSaver:
     def finish(self, status: str = "done", metrics: dict[str, Any] | None = None) -> None:
         self._store.update_message(self._message_id, self.text, status=status, metrics=metrics)
         self._finished = True
+
+
+def _branch_title(title: str, what: str) -> str:
+    """ "<title> (<what>)"; a branch of a branch does not repeat the same parenthesis."""
+    suffix = f" ({what})"
+    return title if title.endswith(suffix) else f"{title}{suffix}"
 
 
 def _check_status(status: str) -> None:

@@ -2,8 +2,18 @@
 
 ``build_prompt`` renders messages with the model's own chat template and
 tokenises the text.  When prompt plus ``max_tokens`` would not fit the context,
-it keeps the system prompt and the most recent turns that fit, and when the
-last message alone is too long it keeps the start of it; ``truncated`` says so.
+the chat's overflow policy decides (``OVERFLOW``, a chat option of
+``engine.storage.params``): ``"drop-middle"`` keeps the system prompt (and the
+whole documents it holds) and the newest turns and drops the turns between,
+``"stop"`` refuses with :class:`ContextOverflow`, a message that says by how
+much the chat is over and what to do.  Dropping cuts at stable points: the
+first user turn of each ``DROP_STEP`` of the conversation's tokens, so the
+turns after a cut go on from the same kept prompt (the conversation's prefix
+cache entry stays valid) until the next cut is due, instead of one more turn
+dropped, and the whole kept prompt computed again, every reply.  When the
+last message alone is too long it keeps the start of it.  ``truncated`` says
+that something was left out, ``dropped`` which turns (numbered from 1 after
+the system prompt).
 
 Message contents (from users, files, tools, earlier replies) are text: a
 special-token string inside one (``<|im_start|>system ...`` pasted into a
@@ -44,6 +54,25 @@ class Prompt:
     truncated: bool
     system_tokens: int  # length of the system prompt's own token prefix (0 if none)
     documents: tuple[str, ...] = ()  # ids of the attached documents the system prefix holds whole
+    dropped: tuple[int, ...] = ()  # (first, last): the turns left out, numbered from 1 after the system prompt
+
+
+OVERFLOW = ("drop-middle", "stop")  # what a chat that outgrows the context does (the first: the default)
+DROP_STEP = 4  # the cuts lie a 1/DROP_STEP of the prompt budget of conversation tokens apart
+
+
+class ContextOverflow(ValueError):
+    """A chat whose policy is ``"stop"`` no longer fits the context: the message says by how much and what to do."""
+
+    def __init__(self, prompt_tokens: int, budget: int, context: int) -> None:
+        self.prompt_tokens, self.budget, self.context = prompt_tokens, budget, context
+        over = prompt_tokens - budget
+        super().__init__(
+            f"This chat no longer fits the model's context: its prompt is {prompt_tokens:,} tokens, {over:,} over "
+            f"the {budget:,} that a {context:,}-token context leaves beside the reply's room. Branch the chat or "
+            "keep only its last turns, load the model with a larger context, or let this chat drop its middle "
+            "turns (Settings > This chat > When the chat outgrows the context)."
+        )
 
 
 def render(
@@ -248,24 +277,30 @@ def build_prompt(
     context: int,
     max_tokens: int,
     tools: list[dict[str, Any]] | None = None,
+    overflow: str = OVERFLOW[0],
 ) -> Prompt:
     """``messages`` rendered (with ``tools`` for the template, if any: :func:`tools_that_fit`) and fitted to
-    ``context``."""
+    ``context`` as the ``overflow`` policy says (:data:`OVERFLOW`)."""
     if not messages or not messages[-1].get("content", "").strip():
         raise ValueError("The message is empty. Type something to send.")
+    if overflow not in OVERFLOW:
+        raise ValueError(f"Unknown overflow policy {overflow!r}; choose one of {', '.join(OVERFLOW)}.")
     tools = tools_that_fit(tokenizer, tools, context)
     budget = prompt_budget(context, max_tokens)
     system = [m for m in messages[:1] if m["role"] == "system"]
     turns = messages[len(system) :]
     ids = render(tokenizer, messages, tools=tools)
-    truncated = False
+    if len(ids) > budget and overflow == "stop":
+        raise ContextOverflow(len(ids), budget, context)
+    truncated, dropped = False, 0
     if len(ids) > budget and len(turns) > 1:
-        ids, turns, truncated = *_drop_oldest(tokenizer, system, turns, budget, tools), True
+        ids, dropped = _drop_middle(tokenizer, system, turns, budget, tools)
+        turns, truncated = turns[dropped:], True
     if len(ids) > budget:
         last = turns[-1]
         last_ids = content_ids(tokenizer, last["content"])
-        overflow = len(ids) - budget
-        keep = len(last_ids) - overflow
+        overflow_tokens = len(ids) - budget
+        keep = len(last_ids) - overflow_tokens
         if keep < 1:
             raise ValueError("The system prompt alone is longer than the model's context. Shorten it in Settings.")
         cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
@@ -275,15 +310,19 @@ def build_prompt(
             keep = max(1, keep - (len(ids) - budget) - 1)
             cut = {"role": last["role"], "content": tokenizer.decode(last_ids[:keep])}
             ids = render(tokenizer, system + turns[:-1] + [cut], tools=tools)
-    return Prompt(ids, truncated, system_prefix_tokens(tokenizer, system + turns, ids, tools))
+    system_tokens = system_prefix_tokens(tokenizer, system + turns, ids, tools)
+    return Prompt(ids, truncated, system_tokens, dropped=(1, dropped) if dropped else ())
 
 
-def _drop_oldest(
+def _drop_middle(
     tokenizer: Any, system: list[dict[str, Any]], turns: list[dict[str, Any]], budget: int, tools: Any
-) -> tuple[list[int], list[dict[str, Any]]]:
-    """The fewest oldest turns to drop (each cut starts at a user turn, or leaves the last turn alone) so the
-    rest fits ``budget``: a binary search over the cuts, a few renders however long the conversation (dropping
-    one turn a render took 50,000 renders for 50,000 short messages).  Fewer turns never render longer."""
+) -> tuple[list[int], int]:
+    """(the prompt's ids, how many of the oldest turns it leaves out) for the first stable cut whose rest fits
+    ``budget``.  A cut starts at a user turn (or leaves the last turn alone); the stable cuts are the first
+    of each ``budget / DROP_STEP`` tokens of the turns' contents, counted from the conversation's start, so
+    a conversation that grows keeps its cut until the rest no longer fits.  A binary search over the cuts
+    takes a few renders however long the conversation (dropping one turn a render took 50,000 renders for
+    50,000 short messages); fewer turns never render longer."""
     starts: list[int] = []
     at = 0
     while len(turns) - at > 1:
@@ -291,18 +330,30 @@ def _drop_oldest(
         while len(turns) - at > 1 and turns[at]["role"] != "user":
             at += 1
         starts.append(at)
+    sizes = tokenizer([str(m.get("content") or "") for m in turns], add_special_tokens=False)["input_ids"]
+    step = max(1, budget // DROP_STEP)
+    # the first start of each step of tokens, and the last (one turn left) whatever its step
+    cuts: list[int] = []
+    seen, position, block_of = -1, 0, {}
+    for i, message_ids in enumerate(sizes):
+        block_of[i] = position // step
+        position += len(message_ids)
+    for start in starts:
+        block = block_of[start]
+        if block != seen or start == starts[-1]:
+            cuts.append(start)
+            seen = block
     rendered: dict[int, list[int]] = {}
-    low, high = 0, len(starts) - 1  # the last cut (one turn left) is taken whether it fits or not
+    low, high = 0, len(cuts) - 1  # the last cut (one turn left) is taken whether it fits or not
     while low < high:
         middle = (low + high) // 2
-        rendered[middle] = render(tokenizer, system + turns[starts[middle] :], tools=tools)
+        rendered[middle] = render(tokenizer, system + turns[cuts[middle] :], tools=tools)
         if len(rendered[middle]) <= budget:
             high = middle
         else:
             low = middle + 1
-    kept = turns[starts[low] :]
-    ids = rendered[low] if low in rendered else render(tokenizer, system + kept, tools=tools)
-    return ids, kept
+    ids = rendered[low] if low in rendered else render(tokenizer, system + turns[cuts[low] :], tools=tools)
+    return ids, cuts[low]
 
 
 def raw_prompt(tokenizer: Any, text: str, context: int, max_tokens: int) -> Prompt:

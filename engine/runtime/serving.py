@@ -42,7 +42,7 @@ from engine.runtime.hints import HINT_CHARS_PER_TOKEN, Hints, hint_tokens
 from engine.runtime.loading import kv_file
 from engine.runtime.options import EngineOptions, request_problems
 from engine.runtime.prefix_cache import HINT, PERSISTED, PrefixCache, kv_layout
-from engine.runtime.prompt import Prompt, build_prompt, has_system_role, prompt_budget, raw_prompt, render
+from engine.runtime.prompt import OVERFLOW, Prompt, build_prompt, has_system_role, prompt_budget, raw_prompt, render
 from engine.runtime.prompt_documents import (
     MARGIN,
     PROMPT_SHARE,
@@ -174,6 +174,7 @@ class Serving:
             rounds.decodes.append((result.metrics, lookup_at))
             if first is None:
                 first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
+                first = dataclasses.replace(first, dropped=prompt.dropped)
             finish = result.finish_reason
             parsed = tool_turns.model_calls(result.text) if view is not None else Parsed(result.text)
             if (
@@ -226,6 +227,7 @@ class Serving:
             return []
         _view, schemas = self._tool_view(request)
         max_tokens = request.sampling.max_tokens
+        request = dataclasses.replace(request, overflow=OVERFLOW[0])  # a prompt that fits is the same either way
         # whole documents only: the passages depend on the words still being typed
         messages = list(request.messages)
         applied, prompt = self._render(request, messages, schemas, passages=False)
@@ -252,12 +254,13 @@ class Serving:
         max_tokens: int,
         schemas: list[dict[str, Any]] | None,
         documents: tuple[str, ...] = (),
+        overflow: str = OVERFLOW[0],
     ) -> Prompt:
-        """The prompt of ``messages``; ``documents``: the ids of the whole documents its system message holds."""
+        """The prompt of ``messages``; ``documents``: the ids of the whole documents its system message holds;
+        ``overflow``: the chat's policy when it outgrows the context (``Request.overflow``)."""
         assert self.res.loaded is not None
-        prompt = build_prompt(
-            self.res.loaded.tokenizer, messages, self.res.loaded.context_length, max_tokens, tools=schemas
-        )
+        context = self.res.loaded.context_length
+        prompt = build_prompt(self.res.loaded.tokenizer, messages, context, max_tokens, schemas, overflow)
         return dataclasses.replace(prompt, documents=documents) if documents and prompt.system_tokens else prompt
 
     def request_key(self, request: Request, schemas: list[dict[str, Any]] | None) -> str:
@@ -278,7 +281,12 @@ class Serving:
         assert self.res.loaded is not None
         memo = self.prepared
         same = memo is not None and memo.tokenizer is self.res.loaded.tokenizer
-        if memo is None or not same or memo.key != self.request_key(request, schemas):
+        if (
+            memo is None
+            or not same
+            or memo.key != self.request_key(request, schemas)
+            or (memo.prompt.truncated and request.overflow != OVERFLOW[0])  # a hint's prompt drops the middle
+        ):
             return self._render(request, messages, schemas)
         applied = memo.applied
         if applied is None:
@@ -300,7 +308,7 @@ class Serving:
         """The request's documents (``_with_documents``; ``passages`` False: a draft's) and its prompt."""
         applied = self._with_documents(request, messages, schemas, passages) if request.documents else None
         messages, whole = with_applied(applied, messages)
-        return applied, self._prompt(messages, request.sampling.max_tokens, schemas, whole)
+        return applied, self._prompt(messages, request.sampling.max_tokens, schemas, whole, request.overflow)
 
     def _with_documents(
         self,

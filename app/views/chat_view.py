@@ -15,7 +15,8 @@ has scrolled up; scrolling back down re-pins it.  The list ends at the last
 message: there is never blank space under it.
 
 Actions on a message (drawn in its header, also in its context menu): Copy
-puts its text on the clipboard; Regenerate, Edit and Compare\u2026 are emitted as
+puts its text on the clipboard; the context menu's "Branch from here" emits
+``branch_requested(message_id)``; Regenerate, Edit and Compare\u2026 are emitted as
 ``regenerate_requested(message_id)``, ``edit_requested(message_id)`` and
 ``compare_requested(message_id)``; a reply with several versions shows
 "\u2039 2/3 \u203a", whose arrows emit ``version_requested(message_id, number)``
@@ -43,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import QEvent, QModelIndex, QRect, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QContextMenuEvent, QFont, QPainter, QPaintEvent, QResizeEvent
+from PySide6.QtGui import QAction, QColor, QContextMenuEvent, QFont, QPainter, QPaintEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QAbstractItemDelegate,
     QAbstractItemView,
@@ -70,6 +71,10 @@ __all__ = ["EMPTY_TEXT", "THROTTLE_MS", "TRUNCATED_NOTICE", "ChatView", "Message
 THROTTLE_MS = 50
 PIN_SLACK_PX = 24
 EMPTY_TEXT = "Ask anything. Replies stream in as they are generated."
+BRANCH_TIPS = {  # by whether the message is the user's
+    False: "A new chat with the conversation up to this reply; it starts from this chat's cached prompt",
+    True: "A new chat with the conversation before this message, and this message in the composer to edit",
+}
 
 
 class ChatView(QListView):
@@ -77,6 +82,7 @@ class ChatView(QListView):
     edit_requested = Signal(int)
     compare_requested = Signal(int)
     version_requested = Signal(int, int)  # message id, the version to show
+    branch_requested = Signal(int)  # "Branch from here" on a message
     copied = Signal(int, int)  # message id, characters put on the clipboard
     source_requested = Signal(int, int)  # message id, the source's place in the reply's list
 
@@ -312,8 +318,21 @@ class ChatView(QListView):
         bar.setValue(bar.maximum())
 
     def context_menu(self, message_id: int) -> QMenu:
-        """The menu a right-click on a message opens: its actions, and Select text."""
-        return self._pointer.context_menu(message_id)
+        """The menu a right-click on a message opens: its actions, "Branch from here", and Select text."""
+        menu = self._pointer.context_menu(message_id)
+        item = self.chat_model.item(message_id)
+        if item is None:
+            return menu
+        branch = QAction("Branch from here", menu)
+        branch.setToolTip(BRANCH_TIPS[item.role == "user"])
+        branch.setEnabled(not item.streaming)  # a reply still streaming has no end to branch after yet
+        branch.triggered.connect(lambda: self.branch_requested.emit(message_id))
+        separators = [action for action in menu.actions() if action.isSeparator()]
+        if separators:  # after the message's actions, before Select text
+            menu.insertAction(separators[-1], branch)
+        else:
+            menu.addAction(branch)
+        return menu
 
     # -- internals ------------------------------------------------------------------------------------
     def _reply_item(self, reply: ReplyState) -> ChatItem:

@@ -1,11 +1,20 @@
-"""The sidebar's list of conversations as a Qt item model, most recent first.
+"""The sidebar's list of conversations as a Qt item model: most recent first, branches under their parent.
 
-:class:`ConversationListModel` holds plain ``Conversation`` records and is
-changed only through begin/end calls (reset, insert, move, remove) and
-``dataChanged``, so views keep their selection and scroll position.  Editing a
-title in a view does not change the model: it emits
-``title_edited(conversation_id, title)`` and the owner, after the store
-accepted the rename, calls :meth:`upsert`.
+:class:`ConversationListModel` holds plain ``Conversation`` records in the
+order of their last activity (``set_conversations`` takes them most recent
+first, as the store lists them; ``upsert(..., to_top=True)`` makes one the most
+recent).  It shows them nested (:func:`nested`): each chat of its own, then its
+branches (``Conversation.parent_id``) under it, most recent first (a family
+as recent as its most recent member), each level indented one step
+(``DEPTH_ROLE``; a branch's title reads "↳ title").  A branch whose parent
+is not in the list (deleted: the store made it a chat of its own) is shown
+at the top level.
+
+The model is changed only through begin/end calls (insert, move, remove, and a
+layout change where rows move in ways one move cannot say) and ``dataChanged``,
+so views keep their selection and scroll position.  Editing a title in a view
+does not change the model: it emits ``title_edited(conversation_id, title)``
+and the owner, after the store accepted the rename, calls :meth:`upsert`.
 """
 
 from __future__ import annotations
@@ -18,7 +27,49 @@ from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelInde
 from engine.storage import Conversation
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+DEPTH_ROLE = Qt.ItemDataRole.UserRole + 1  # how many branch steps below a chat of its own (0: one of those)
+BRANCH_MARK = "\u21b3 "  # before a branch's title
 Index = QModelIndex | QPersistentModelIndex
+Row = tuple[Conversation, int]  # a conversation and its depth
+
+
+def nested(conversations: Sequence[Conversation]) -> list[Row]:
+    """``conversations`` (most recent first) in display order with their depth: each chat whose parent is not
+    among them, followed by its branches, theirs under them.  A family is as recent as its most recent member
+    (a reply in a branch brings its parent's rows up with it); each level is most recent first."""
+    present = {c.id for c in conversations}
+    rank = {c.id: n for n, c in enumerate(conversations)}
+    children: dict[str, list[Conversation]] = {}
+    roots: list[Conversation] = []
+    for c in conversations:
+        if c.parent_id is not None and c.parent_id in present and c.parent_id != c.id:
+            children.setdefault(c.parent_id, []).append(c)
+        else:
+            roots.append(c)
+    newest: dict[str, int] = {}
+
+    def recency(c: Conversation, path: frozenset[str] = frozenset()) -> int:
+        if c.id not in newest:
+            below = [recency(k, path | {c.id}) for k in children.get(c.id, []) if k.id not in path]
+            newest[c.id] = min([rank[c.id], *below])
+        return newest[c.id]
+
+    rows: list[Row] = []
+    seen: set[str] = set()
+
+    def walk(c: Conversation, depth: int) -> None:
+        seen.add(c.id)
+        rows.append((c, depth))
+        for child in sorted(children.get(c.id, []), key=recency):
+            if child.id not in seen:
+                walk(child, depth + 1)
+
+    for c in sorted(roots, key=recency):
+        walk(c, 0)
+    for c in conversations:  # parents in a loop (a damaged file): shown at the top level rather than lost
+        if c.id not in seen:
+            walk(c, 0)
+    return rows
 
 
 class ConversationListModel(QAbstractListModel):
@@ -26,7 +77,8 @@ class ConversationListModel(QAbstractListModel):
 
     def __init__(self) -> None:
         super().__init__()
-        self._items: list[Conversation] = []
+        self._order: list[Conversation] = []  # most recent first
+        self._items: list[Row] = []  # as shown
 
     # -- Qt model API ---------------------------------------------------------------
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008, N802
@@ -35,14 +87,20 @@ class ConversationListModel(QAbstractListModel):
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._items):
             return None
-        item = self._items[index.row()]
-        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+        item, depth = self._items[index.row()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return f"{BRANCH_MARK}{item.title}" if depth else item.title
+        if role == Qt.ItemDataRole.EditRole:
             return item.title
         if role == Qt.ItemDataRole.ToolTipRole:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(item.updated))
-            return f"{item.title}\nLast active {when}"
+            parent = self._parent_title(item)
+            branch = f"\nBranch of \u201c{parent}\u201d" if parent is not None else ""
+            return f"{item.title}{branch}\nLast active {when}"
         if role == ID_ROLE:
             return item.id
+        if role == DEPTH_ROLE:
+            return depth
         return None
 
     def flags(self, index: Index) -> Qt.ItemFlag:
@@ -53,7 +111,7 @@ class ConversationListModel(QAbstractListModel):
         if role != Qt.ItemDataRole.EditRole or not index.isValid():
             return False
         title = " ".join(str(value).split())
-        item = self._items[index.row()]
+        item = self._items[index.row()][0]
         if not title or title == item.title:
             return False
         self.title_edited.emit(item.id, title)
@@ -62,44 +120,93 @@ class ConversationListModel(QAbstractListModel):
     # -- changes from the owner ---------------------------------------------------------
     def set_conversations(self, conversations: Sequence[Conversation]) -> None:
         self.beginResetModel()
-        self._items = list(conversations)
+        self._order = list(conversations)
+        self._items = nested(self._order)
         self.endResetModel()
 
     def upsert(self, conversation: Conversation, to_top: bool = False) -> None:
-        """Add or refresh ``conversation``; new ones and ``to_top`` ones go to row 0."""
-        row = self.row_of(conversation.id)
-        if row is None:
-            self.beginInsertRows(QModelIndex(), 0, 0)
-            self._items.insert(0, conversation)
-            self.endInsertRows()
-            return
-        self._items[row] = conversation
-        self.dataChanged.emit(self.index(row), self.index(row))
-        if to_top and row > 0:
-            self.beginMoveRows(QModelIndex(), row, row, QModelIndex(), 0)
-            self._items.insert(0, self._items.pop(row))
-            self.endMoveRows()
+        """Add or refresh ``conversation``; new ones and ``to_top`` ones become the most recent (a chat of its
+        own goes to row 0, a branch to the top of its parent's branches)."""
+        order = [c for c in self._order if c.id != conversation.id]
+        at = next((i for i, c in enumerate(self._order) if c.id == conversation.id), None)
+        order.insert(0 if at is None or to_top else at, conversation)
+        self._apply(order)
 
     def remove(self, conversation_id: str) -> None:
-        row = self.row_of(conversation_id)
-        if row is None:
-            return
-        self.beginRemoveRows(QModelIndex(), row, row)
-        del self._items[row]
-        self.endRemoveRows()
+        """Drop a conversation; its branches (the store has made them chats of their own) move to the top level."""
+        kept = [c for c in self._order if c.id != conversation_id]
+        if len(kept) != len(self._order):
+            self._apply(kept)
 
     # -- queries ----------------------------------------------------------------------
     def row_of(self, conversation_id: str) -> int | None:
-        for row, item in enumerate(self._items):
+        for row, (item, _depth) in enumerate(self._items):
             if item.id == conversation_id:
                 return row
         return None
 
     def conversation_at(self, row: int) -> Conversation:
-        return self._items[row]
+        return self._items[row][0]
+
+    def depth_at(self, row: int) -> int:
+        return self._items[row][1]
 
     def ids(self) -> list[str]:
-        return [item.id for item in self._items]
+        return [item.id for item, _depth in self._items]
 
     def titles(self) -> list[str]:
-        return [item.title for item in self._items]
+        return [item.title for item, _depth in self._items]
+
+    # -- internals --------------------------------------------------------------------
+    def _parent_title(self, item: Conversation) -> str | None:
+        if item.parent_id is None:
+            return None
+        return next((c.title for c in self._order if c.id == item.parent_id), None)
+
+    def _apply(self, order: list[Conversation]) -> None:
+        """Show ``order`` (most recent first): rows removed, moved, inserted and refreshed, in that order."""
+        self._order = order
+        new = nested(order)
+        new_ids = [c.id for c, _depth in new]
+        wanted = set(new_ids)
+        for row in reversed(range(len(self._items))):
+            if self._items[row][0].id not in wanted:
+                self.beginRemoveRows(QModelIndex(), row, row)
+                del self._items[row]
+                self.endRemoveRows()
+        present = {c.id for c, _depth in self._items}
+        self._reorder([i for i in new_ids if i in present])
+        for row, (item, depth) in enumerate(new):
+            if item.id not in present:
+                self.beginInsertRows(QModelIndex(), row, row)
+                self._items.insert(row, (item, depth))
+                self.endInsertRows()
+        for row, shown in enumerate(new):
+            if self._items[row] != shown:
+                self._items[row] = shown
+                self.dataChanged.emit(self.index(row), self.index(row))
+
+    def _reorder(self, ids: list[str]) -> None:
+        """Put the rows (the same ones) in the order of ``ids``: one block move where that says it, else a
+        layout change that carries the views' persistent indexes (selection, current row) along."""
+        old = [c.id for c, _depth in self._items]
+        if old == ids:
+            return
+        first = next(i for i, (a, b) in enumerate(zip(old, ids, strict=True)) if a != b)
+        start = old.index(ids[first])  # the block that moved up to ``first`` begins here
+        length = 1
+        while start + length < len(old) and first + length < len(ids) and old[start + length] == ids[first + length]:
+            length += 1
+        moved = old[:first] + old[start : start + length] + old[first:start] + old[start + length :]
+        by_id = {c.id: (c, depth) for c, depth in self._items}
+        if moved == ids:
+            self.beginMoveRows(QModelIndex(), start, start + length - 1, QModelIndex(), first)
+            self._items = [by_id[i] for i in ids]
+            self.endMoveRows()
+            return
+        self.layoutAboutToBeChanged.emit()
+        persistent = self.persistentIndexList()
+        self._items = [by_id[i] for i in ids]
+        rows = {i: row for row, i in enumerate(ids)}
+        self.changePersistentIndexList(persistent, [self.index(rows[old[p.row()]]) for p in persistent])
+        self.layoutChanged.emit()

@@ -5,9 +5,13 @@ its owner fills; every user intent leaves as a signal:
 ``new_chat_requested``, ``conversation_selected(id)``,
 ``rename_requested(id, title)`` (double-click or context menu, edited in
 place), ``delete_requested(id)``, ``export_requested(id)``,
+``keep_last_requested(id)`` ("Keep last N turns…": the owner asks for N),
 ``search_changed(query)`` (debounced; ``""`` when cleared),
 ``hit_chosen(conversation_id, message_id | None)`` and ``settings_requested``.
 The owner answers a search with :meth:`show_results`.
+
+Branches (``Conversation.parent_id``) are listed under their parent, each
+level indented by ``INDENT_PX`` (:mod:`app.views.conversation_list` orders them).
 
 Neither list ever scrolls sideways: :class:`FitWidthDelegate` sizes every row
 to the list's width, so a long title is elided with "…" (its tooltip
@@ -30,6 +34,7 @@ from PySide6.QtCore import (
     QTimer,
     Signal,
 )
+from PySide6.QtGui import QPainter
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QLabel,
@@ -46,11 +51,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.conversation_list import ID_ROLE, ConversationListModel
+from app.views.conversation_list import DEPTH_ROLE, ID_ROLE, ConversationListModel
 from engine.storage import Conversation, SearchHit
 
 SEARCH_DEBOUNCE_MS = 200
 WIDTH = 240
+INDENT_PX = 14  # a branch's row is indented this much per level under its parent
+MAX_INDENT_LEVELS = 4  # deeper branches line up with the fourth level (the title keeps its room)
+
+
+def indent_of(index: QModelIndex | QPersistentModelIndex) -> int:
+    """How far a row is indented: ``INDENT_PX`` per branch level (rows without a depth: none)."""
+    depth = index.data(DEPTH_ROLE)
+    return INDENT_PX * min(depth, MAX_INDENT_LEVELS) if isinstance(depth, int) else 0
 
 
 class FitWidthDelegate(QStyledItemDelegate):
@@ -73,11 +86,24 @@ class FitWidthDelegate(QStyledItemDelegate):
         fitted.rect.setWidth(max(1, self._view.viewport().width()))
         return QSize(1, super().sizeHint(fitted, index).height())
 
+    def paint(
+        self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
+    ) -> None:
+        indent = indent_of(index)
+        if not indent:
+            super().paint(painter, option, index)
+            return
+        shifted = QStyleOptionViewItem(option)
+        shifted.rect.setLeft(shifted.rect.left() + indent)
+        super().paint(painter, shifted, index)
+
     def updateEditorGeometry(  # noqa: N802 (Qt override)
         self, editor: QWidget, option: QStyleOptionViewItem, index: QModelIndex | QPersistentModelIndex
     ) -> None:
-        """The rename editor covers its row and is never shorter than its own size hint (no clipped title)."""
+        """The rename editor covers its row (past its indent) and is never shorter than its own size hint (no
+        clipped title)."""
         rect = QRect(option.rect)
+        rect.setLeft(rect.left() + indent_of(index))
         height = max(rect.height(), editor.sizeHint().height())
         rect.setTop(rect.center().y() - height // 2)
         rect.setHeight(height)
@@ -96,6 +122,7 @@ class Sidebar(QWidget):
     rename_requested = Signal(str, str)
     delete_requested = Signal(str)
     export_requested = Signal(str)
+    keep_last_requested = Signal(str)
     search_changed = Signal(str)
     hit_chosen = Signal(str, object)
     settings_requested = Signal()
@@ -239,6 +266,8 @@ class Sidebar(QWidget):
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.rename(conversation_id))
         menu.addAction("Export Markdown\u2026", lambda: self.export_requested.emit(conversation_id))
+        keep = menu.addAction("Keep last N turns\u2026", lambda: self.keep_last_requested.emit(conversation_id))
+        keep.setToolTip("A new chat, branched off this one, with its system prompt and only its newest turns")
         menu.addSeparator()
         menu.addAction("Delete\u2026", lambda: self.delete_requested.emit(conversation_id))
         menu.exec(self.list_view.viewport().mapToGlobal(pos))

@@ -149,6 +149,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.tabifyDockWidget(self.latency.dock, self.parameters.dock)
         self.latency.dock.raise_()
         self._build_menus()
+        self._build_branching()  # "Branch from here", "Keep last N turns…" (app.window.conversations)
         self._restore_layout()
         self._build_summary()
         self.apply_theme()

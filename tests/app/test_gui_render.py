@@ -228,7 +228,13 @@ def test_a_message_text_can_be_selected_and_copied(qtbot: QtBot, harness: Harnes
     opened = view.select_text(user.message_id)  # the same from the context menu's "Select text"
     assert isinstance(opened, QTextBrowser) and opened.toPlainText() == "Hi"
     menu = view.context_menu(user.message_id)
-    assert [a.text() for a in menu.actions() if a.text()] == ["Copy", "Edit", "Compare\u2026", "Select text"]
+    assert [a.text() for a in menu.actions() if a.text()] == [
+        "Copy",
+        "Edit",
+        "Compare\u2026",
+        "Branch from here",
+        "Select text",
+    ]
 
 
 def test_actions_wait_while_a_reply_streams(qtbot: QtBot, harness: Harness) -> None:

@@ -75,6 +75,13 @@ class Sampling:
     # said this many times in a row: a loop a small model would keep up to max_tokens.  0: off
     stop_repeats: int = 0
     format: str = ""  # "" free text, else reply_format(...): the reply is decoded under that grammar
+    # OpenAI's logits processing: (token id, bias) pairs added to the logits (-100 bans, 100 forces), and
+    # penalties subtracted from a token's logit for being in the reply at all / for each time it is there
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False  # each Token carries its tokens' log probabilities (Token.logprobs)
+    top_logprobs: int = 0  # ... and the MAX_TOP_LOGPROBS at most most likely tokens at each position
 
     def problems(self) -> list[str]:
         """What is wrong with these values, each said as what to change (empty: all good)."""
@@ -97,7 +104,28 @@ class Sampling:
             out.append("stop strings must not be empty")
         if not isinstance(self.format, str) or not format_kind(self.format):
             out.append(f"format must be empty (free text) or made by reply_format(), not {self.format!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _finite(value) or not -2 <= value <= 2:
+                out.append(f"{name} must be a number from -2 to 2 (0 = off), not {value!r}")
+        if not isinstance(self.logit_bias, tuple | list) or not all(
+            isinstance(pair, tuple | list)
+            and len(pair) == 2
+            and _is_int(pair[0])
+            and pair[0] >= 0
+            and _finite(pair[1])
+            and -100 <= pair[1] <= 100
+            for pair in self.logit_bias
+        ):
+            out.append("logit_bias must be (token id, bias) pairs, ids of 0 or more and biases from -100 to 100")
+        if not isinstance(self.logprobs, bool):
+            out.append(f"logprobs must be true or false, not {self.logprobs!r}")
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            out.append(f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, not {self.top_logprobs!r}")
         return out
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on the alternatives given at each position
 
 
 REPEAT_BLOCK = (4, 64)  # the shortest and longest block Sampling.stop_repeats looks for, in tokens
@@ -381,6 +409,20 @@ class Token(Event):
     ids: tuple[int, ...] = ()
     draft: bool = False  # True when the tokens were drafted and accepted
     forced: bool = False  # True when the reply's format allowed only these tokens (no model step chose them)
+    logprobs: tuple[Logprob, ...] = ()  # with Sampling.logprobs: one for each of ``ids``, in order
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A token's log probability under the distribution it was sampled from (``engine.runtime.sampling``:
+    the logits after bias, penalties and temperature, before top-k and top-p), with ``top`` the most likely
+    tokens at its position (``Sampling.top_logprobs`` of them, best first; theirs have no ``top``)."""
+
+    id: int
+    token: str  # its text (a piece of a character: U+FFFD in place of the bytes it lacks)
+    bytes: tuple[int, ...]  # its UTF-8 bytes, exactly
+    logprob: float
+    top: tuple[Logprob, ...] = ()
 
 
 @dataclass(frozen=True)

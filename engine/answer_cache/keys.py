@@ -113,6 +113,13 @@ def sampling_dict(sampling: Sampling | Mapping[str, Any] | None) -> dict[str, An
         values.pop("format", None)
     if "stop" in values:
         values["stop"] = list(values["stop"])
+    for name in ("logit_bias", "presence_penalty", "frequency_penalty"):  # off: keys from before they existed
+        if not values.get(name):
+            values.pop(name, None)
+    if "logit_bias" in values:
+        values["logit_bias"] = sorted([int(t), float(b)] for t, b in values["logit_bias"])
+    values.pop("logprobs", None)  # they change no text; a request that asks for them is never answered
+    values.pop("top_logprobs", None)  # from the cache (Request.answer_cache is off), which keeps none
     if float(values.get("temperature", 0.0)) == 0.0:
         for name in _GREEDY_IRRELEVANT:
             values.pop(name, None)

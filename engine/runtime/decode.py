@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.api import Event, Metrics, PrefillProgress, Sampling, Token, Warning, repeats
+from engine.api import Event, Logprob, Metrics, PrefillProgress, Sampling, Thinking, Token, Warning, repeats
 from engine.model.kv import KVState
 from engine.runtime import sampling
 from engine.runtime.detokenize import StreamText
@@ -35,6 +35,7 @@ from engine.runtime.grammar import FormatError, Grammar, ToolCalls, compile_form
 from engine.runtime.reply_metrics import ReplyMeter
 from engine.runtime.speculative import Controller, Drafter
 from engine.runtime.steps import FORCED, Prefilled, generate_steps
+from engine.runtime.thinking import ThinkingSplit, prompt_opens_thinking
 
 
 @dataclass
@@ -45,6 +46,28 @@ class DecodeResult:
     finish_reason: str
     metrics: Metrics
     ids: list[int] = field(default_factory=list)
+    thinking: str = ""  # the text inside <think>...</think> (``text`` is the answer after it)
+
+
+class _Names:
+    """Token ids as ``Logprob``s: their text and bytes (llguidance's view of the tokenizer, as the grammar's)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
+        from engine.runtime.grammar import ll_tokenizer
+
+        self.tokenizer = tokenizer
+        self.ll = ll_tokenizer(tokenizer, vocab_size, eos_ids)
+        self.known: dict[int, tuple[str, tuple[int, ...]]] = {}
+
+    def name(self, token: int) -> tuple[str, tuple[int, ...]]:
+        if token not in self.known:
+            raw = bytes(self.ll.decode_bytes([token]))
+            self.known[token] = (raw.decode("utf-8", "replace"), tuple(raw))
+        return self.known[token]
+
+    def logprob(self, token: int, logprob: float, top: list[tuple[int, float]]) -> Logprob:
+        alternatives = tuple(Logprob(i, *self.name(i), value) for i, value in top)
+        return Logprob(token, *self.name(token), logprob, alternatives)
 
 
 class Decoder:
@@ -68,13 +91,22 @@ class Decoder:
         context: int | None = None,
         tools: list[dict[str, Any]] | None = None,
         known: torch.Tensor | None = None,
+        thinking: bool = True,
     ) -> Iterator[Event | Warning | DecodeResult]:
         """One reply's events, then its :class:`DecodeResult`; ``state`` holds a strict prefix of ``prompt``,
         or all of it with ``known``, its last token's logits (see ``generate_steps``).
 
         ``tools`` (the enabled tools' schemas, when the reply has no format of its own): a tool call the
-        model opens is written under the tools' schemas (``engine.runtime.grammar.ToolCalls``)."""
+        model opens is written under the tools' schemas (``engine.runtime.grammar.ToolCalls``).
+
+        ``thinking`` (a chat reply's default): text inside ``<think>...</think>`` goes out as ``Thinking`` events,
+        apart from the answer's ``Token`` s (``engine.runtime.thinking``); False (a raw prompt): all is text."""
         cached = len(state)
+        outside = [token for token, _ in params.logit_bias if token >= self.vocab_size]
+        if outside:  # a ValueError: the reply fails saying so, before any model step
+            raise ValueError(
+                f"logit_bias names token {outside[0]}, outside this model's vocabulary of {self.vocab_size} ids."
+            )
         # a format that cannot be used is refused here, before any model step (FormatError, a ValueError)
         grammar: Grammar | ToolCalls | None = None
         if params.format:
@@ -85,6 +117,7 @@ class Decoder:
             except FormatError as exc:  # the calls are parsed and checked afterwards, as without a grammar
                 yield Warning("tools", f"Tool calls are not held to their schemas in this reply: {exc}")
         text = StreamText(self.tokenizer, params.stop)
+        split = ThinkingSplit(prompt_opens_thinking(self.tokenizer, prompt), enabled=thinking)
         meter = ReplyMeter(t0)
         steps = generate_steps(
             self.model,
@@ -100,6 +133,8 @@ class Decoder:
         )
         generated: list[int] = []
         pending: list[int] = []  # ids whose text is not final yet
+        numbers: list[Logprob] = []  # with params.logprobs: pending's log probabilities
+        names = _Names(self.tokenizer, self.vocab_size, self.eos_ids) if params.logprobs else None
         finish: str | None = None
         try:
             for item in steps:
@@ -108,18 +143,28 @@ class Decoder:
                     yield PrefillProgress(request_id, time.perf_counter() - t0, item.done, item.total)
                 else:
                     meter.step(item)
-                    for token, source in item.provenance():
+                    for i, (token, source) in enumerate(item.provenance()):
                         if token in self.eos_ids:
                             finish = "stop"
                             break
                         generated.append(token)
                         pending.append(token)
+                        if names is not None:
+                            numbers.append(names.logprob(token, *item.logprobs[i]))
                         meter.token()
-                        delta = text.add([token])
+                        inside = split.inside
+                        thought, delta = split.add(text.add([token]))
+                        meter.split(inside, split, bool(delta))
+                        if thought:
+                            yield Thinking(request_id, time.perf_counter() - t0, thought, tuple(pending))
+                            pending.clear()
+                            numbers.clear()
                         if delta:
                             drafted, forced = source not in (None, FORCED), source == FORCED
-                            yield Token(request_id, time.perf_counter() - t0, delta, tuple(pending), drafted, forced)
+                            now = time.perf_counter() - t0
+                            yield Token(request_id, now, delta, tuple(pending), drafted, forced, tuple(numbers))
                             pending.clear()
+                            numbers.clear()
                         if text.stopped or len(generated) >= params.max_tokens:
                             finish = "stop" if text.stopped else "length"
                             break
@@ -133,9 +178,15 @@ class Decoder:
                     break
         finally:
             steps.close()  # no model step runs after the reply is over
-        tail = text.flush()
+        thought, tail = split.add(text.flush())
+        more, rest = split.flush()
+        thought, tail = thought + more, tail + rest
+        meter.split(False, split, bool(tail))
+        if thought:
+            yield Thinking(request_id, time.perf_counter() - t0, thought, tuple(pending))
+            pending.clear()
         if tail or pending:
-            yield Token(request_id, time.perf_counter() - t0, tail, tuple(pending))
+            yield Token(request_id, time.perf_counter() - t0, tail, tuple(pending), logprobs=tuple(numbers))
         if (
             params.format
             and grammar is not None
@@ -149,7 +200,7 @@ class Decoder:
             )
         metrics = meter.metrics(len(prompt), cached, self.controller, bool(drafters))
         # the steps run out only when the model's context is full
-        yield DecodeResult(text.text, finish or "context", metrics, generated)
+        yield DecodeResult(split.answer, finish or "context", metrics, generated, split.thinking)
 
     def run(
         self,

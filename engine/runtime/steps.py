@@ -63,6 +63,8 @@ class Step:
     source: str | None = None
     drafted: int = 0
     seconds: float = 0.0
+    # with Sampling.logprobs, for each id: its log probability and the top (id, log probability) pairs
+    logprobs: tuple[tuple[float, list[tuple[int, float]]], ...] = ()
 
     @property
     def accepted(self) -> int:
@@ -115,11 +117,13 @@ def generate_steps(
     generated: list[int] = []  # every token yielded so far; the consumer reads them in order
 
     t = time.perf_counter()
-    token = sampling.pick(_row(logits[-1], grammar), params, None, generator)  # no reply yet: nothing penalised
+    row = _row(logits[-1], grammar)
+    token = sampling.pick(row, params, generated, _draws(params, generated, generator))  # no reply yet
     if grammar is not None:
         grammar.accept([token])
+    seconds = time.perf_counter() - t
+    yield Step((token,), seconds=seconds, logprobs=_logprobs(params, row[None], [token], generated))
     generated.append(token)
-    yield Step((token,), seconds=time.perf_counter() - t)
 
     # ``token`` is the last yielded token, not yet in the KV cache; feeding it (and k drafts after
     # it) fills positions len(prompt) + len(generated) - 1 ... + k, which must stay below ``limit``
@@ -141,11 +145,12 @@ def generate_steps(
             ids = (*drafts[:accepted], token)
             if grammar is not None:
                 grammar.accept(ids)
+            lp = _logprobs(params, logits, ids, generated)
             generated.extend(ids)
-            yield Step(ids, source, len(drafts), seconds)
+            yield Step(ids, source, len(drafts), seconds, lp)
         else:
             row = _row(logits[-1], grammar)
-            token = sampling.pick(row, params, sampling.recent(generated, params.repetition_penalty), generator)
+            token = sampling.pick(row, params, generated, _draws(params, generated, generator))
             now = time.perf_counter()
             seconds = now - t
             if batching.stepped_alone():  # a batched step's time is the batch's, not this model step's
@@ -153,8 +158,23 @@ def generate_steps(
                 observe_step(seconds, len(state))  # fewer threads while another program holds a core
             if grammar is not None:
                 grammar.accept([token])
+            lp = _logprobs(params, row[None], [token], generated)
             generated.append(token)
-            yield Step((token,), seconds=now - t_draft)
+            yield Step((token,), seconds=now - t_draft, logprobs=lp)
+
+
+def _draws(params: Sampling, reply: list[int], generator: torch.Generator) -> torch.Generator:
+    """What the token after ``reply`` is drawn from: with a seed, its position's own generator."""
+    return generator if params.seed is None else sampling.positional(params.seed, len(reply))
+
+
+def _logprobs(
+    params: Sampling, rows: torch.Tensor, ids: Sequence[int], reply: list[int]
+) -> tuple[tuple[float, list[tuple[int, float]]], ...]:
+    """With ``params.logprobs``: each of ``ids``'s numbers, row i read after ``reply + ids[:i]``."""
+    if not params.logprobs:
+        return ()
+    return tuple(sampling.logprobs(rows[i], params, [*reply, *ids[:i]], t) for i, t in enumerate(ids))
 
 
 def _row(logits: torch.Tensor, grammar: Grammar | ToolCalls | None) -> torch.Tensor:

@@ -29,27 +29,34 @@ def verify(
     ``draft_probs`` (``[len(drafts), vocab]``) is the drafter's distribution q
     for each draft, or None for a deterministic drafter (prompt lookup, earlier
     answers), whose q is one-hot.  ``reply`` is the reply's tokens before the
-    drafts: the repetition penalty counts its window of them (``sampling.recent``),
-    exactly as a plain step would.
+    drafts: row i is processed after ``reply + drafts[:i]`` (``sampling.processed``:
+    bias, the repetition penalty's window, presence and frequency counts), exactly
+    as a plain step would.  With ``params.seed`` a sampled row is checked like a
+    greedy one, against the position's own draw, and ``generator`` is not used.
     """
     k = len(drafts)
-    penalty = params.repetition_penalty != 1.0
+    plain = params.repetition_penalty == 1.0 and not (
+        params.logit_bias or params.presence_penalty or params.frequency_penalty
+    )
 
-    def hist(i: int) -> torch.Tensor | None:
-        # row i of the logits follows reply + drafts[:i]: a plain step there would penalise that window
-        return sampling.recent(reply + drafts[:i], params.repetition_penalty) if penalty else None
-
-    if params.temperature <= 0:
-        # Greedy: the target's token at row i is t_i = argmax(logits[i]).  Draft i stands iff
-        # drafts[i] == t_i for it and every draft before it; the first mismatch is replaced by t_i,
-        # and when all k stand, row k gives one more token (the "bonus").  Plain decoding would have
-        # produced t_0, t_1, ... one step at a time, so the output is identical token for token.
-        if not penalty:
+    if params.temperature <= 0 or params.seed is not None:
+        # Greedy: the target's token at row i is t_i = argmax of row i processed as a plain step after
+        # reply + drafts[:i] would process it (``sampling.processed``).  Seeded: t_i is the draw a plain
+        # step makes at that position from its own generator (``sampling.positional``), so checking a
+        # draft takes nothing from any other position's randomness.  Draft i stands iff drafts[i] == t_i
+        # for it and every draft before it; the first mismatch is replaced by t_i, and when all k stand,
+        # row k gives one more token (the "bonus").  Plain decoding would have produced t_0, t_1, ... one
+        # step at a time, so the output is identical token for token.
+        if params.temperature <= 0 and plain:
             targets = logits.argmax(-1).tolist()
         else:
-            targets = [
-                int(sampling.penalise(logits[i], hist(i), params.repetition_penalty).argmax()) for i in range(k + 1)
-            ]
+            targets = []
+            for i in range(k + 1):
+                before = reply + drafts[:i]
+                seeded = None if params.seed is None else sampling.positional(params.seed, len(before))
+                targets.append(sampling.pick(logits[i], params, before, seeded))
+                if i < k and targets[i] != drafts[i]:
+                    break
         accepted = 0
         while accepted < k and drafts[accepted] == targets[accepted]:
             accepted += 1
@@ -64,7 +71,7 @@ def verify(
     # so every emitted token has exactly the target's distribution.  A deterministic drafter has
     # q = one-hot(x): acceptance is p(x) and the residual is p with x removed.
     for i, x in enumerate(drafts):
-        p = sampling.distribution(logits[i], params, hist(i))
+        p = sampling.distribution(logits[i], params, reply + drafts[:i])
         assert p is not None
         q_x = float(draft_probs[i, x]) if draft_probs is not None else 1.0
         # u < p(x) / q(x), written as u * q(x) < p(x) so that q(x) = 0 never divides
@@ -79,6 +86,6 @@ def verify(
             residual = p
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
     # every draft stood: the bonus token is a plain draw from p at row k
-    p = sampling.distribution(logits[k], params, hist(k))
+    p = sampling.distribution(logits[k], params, reply + drafts)
     assert p is not None
     return k, int(torch.multinomial(p, 1, generator=generator))

@@ -72,8 +72,8 @@ def test_the_penalty_counts_only_the_last_64_reply_tokens() -> None:
     params = Sampling(repetition_penalty=1.5)
     said_long_ago = [5] + [8] * sampling.PENALTY_WINDOW
     said_lately = [5] + [8] * (sampling.PENALTY_WINDOW - 1)
-    assert sampling.pick(row, params, sampling.recent(said_long_ago, params.repetition_penalty)) == 5
-    assert sampling.pick(row, params, sampling.recent(said_lately, params.repetition_penalty)) == 6
+    assert sampling.pick(row, params, said_long_ago) == 5
+    assert sampling.pick(row, params, said_lately) == 6
     assert sampling.recent(said_lately, 1.0) is None  # off: nothing to count
 
 

@@ -12,6 +12,10 @@ event, if any) and ``report`` (the machine facts; default: the bridge's).
 The device and precision lists are ``engine.api``'s ``DEVICES`` and ``DTYPES``.  The model field takes a folder, a
 ``.gguf`` file or a hub id; empty means the bundled model.  A blank seed means
 random.
+
+``overflow`` (the open chat's policy when it outgrows the model's context,
+``ChatSession.overflow()``) adds a "This chat" group: drop the middle turns,
+or stop and say so; :meth:`result_overflow` gives the choice.
 """
 
 from __future__ import annotations
@@ -46,6 +50,11 @@ from engine.api import DEVICES, DTYPES, Loaded
 from engine.client import model_note
 from engine.storage import Settings
 
+# the chat options' overflow policies (engine.storage.params.CHAT_OPTIONS["overflow"]) as the dialog says them
+OVERFLOW_TEXT = {
+    "drop-middle": "Drop the middle turns (keep the system prompt, documents and newest turns)",
+    "stop": "Stop and say so",
+}
 THEME_TEXT = {"system": "Follow the system", "light": "Light", "dark": "Dark"}
 RELOAD_FIELDS = ("model", "device", "dtype", "quant", "draft_model", "draft_quant")
 
@@ -81,6 +90,7 @@ class SettingsDialog(QDialog):
         *,
         loaded: Loaded | None = None,
         report: Report | None = None,
+        overflow: str | None = None,
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Settings")
@@ -162,6 +172,21 @@ class SettingsDialog(QDialog):
         chat_form.addRow("", self.stop_loops)
         layout.addWidget(chat_box)
 
+        self.overflow_combo: QComboBox | None = None
+        if overflow is not None:
+            this_chat = QGroupBox("This chat")
+            this_form = QFormLayout(this_chat)
+            self.overflow_combo = QComboBox()
+            for value, text in OVERFLOW_TEXT.items():
+                self.overflow_combo.addItem(text, value)
+            self.overflow_combo.setCurrentIndex(max(0, self.overflow_combo.findData(overflow)))
+            self.overflow_combo.setToolTip(
+                "When the conversation no longer fits the model's context: leave out the turns in the middle "
+                "(each reply says which), or refuse to send and say how far over it is"
+            )
+            this_form.addRow("When the chat outgrows the context", self.overflow_combo)
+            layout.addWidget(this_chat)
+
         self.speed = SpeedSection(settings)
         self.device_combo.currentTextChanged.connect(self.speed.set_device)
         self.prefix_cache = self.speed.prefix_cache
@@ -211,6 +236,10 @@ class SettingsDialog(QDialog):
             **self.speed.values(),
             **self.engines.values(),
         )
+
+    def result_overflow(self) -> str | None:
+        """The open chat's overflow policy as chosen (None: the dialog did not show it)."""
+        return None if self.overflow_combo is None else str(self.overflow_combo.currentData())
 
     def accept(self) -> None:
         """Save only servers that check out (their keys go to the keyring here, never to the settings file)."""

@@ -29,6 +29,16 @@ history file; before a new chat's first message, kept here and written when
 it is created) go with every request of that chat as ``Request.documents``,
 less the ids in ``skip_documents`` (no longer in the document index).
 
+A message sent while the open chat's reply streams waits (``queue``; one per
+chat, kept here, not stored): ``queued(id)`` reads it, ``cancel_queued(id)``
+takes it back, and ``send_queued(id)`` sends it once that chat's reply has
+ended (the chat need not be open then).
+
+A chat's overflow policy (``params.option(own, "overflow")``: drop the middle
+turns, or stop and say so) goes with each of its requests as
+``Request.overflow``; ``overflow()``/``set_overflow()`` read and set the open
+chat's.
+
 Store failures while setting up a turn raise :class:`~engine.storage.StoreError`
 before anything is submitted; failures while streaming go to ``on_store_error``
 and the reply carries on on screen.
@@ -50,6 +60,7 @@ from engine.storage import Message, Settings, Store, StoreError, StreamSaver, pa
 from engine.storage import chat_documents as storage_documents
 
 DEFAULT_TITLE = "New chat"
+QUEUE_FULL = "A message is already queued in this chat; it sends when the reply ends (or cancel it)."
 TITLE_CHARS = 40
 REGENERATE_TEMPERATURE = 0.8  # a greedy chat's Regenerate samples at this temperature: a new reply, not the same
 SEED_LIMIT = 2**63  # Sampling.seed takes 0 to 2**63-1
@@ -113,6 +124,7 @@ class ChatSession:
         self._streaming: dict[str, ReplyState] = {}  # conversation id -> its reply still streaming
         self._savers: dict[str, StreamSaver] = {}  # request id -> the saver of that streaming reply
         self._stopped: dict[str, ReplyState] = {}  # stopped locally, engine's Done still due
+        self._queued: dict[str, str] = {}  # conversation id -> the message sent while its reply streamed
         # what the parameters panel set before the chat exists (a new chat): written when it is created
         self.pending_system: str | None = None
         self.pending_params: dict[str, Any] = {}
@@ -188,6 +200,14 @@ class ChatSession:
         if system_prompt is not None:
             self.store.set_system_prompt(self.conversation_id, system_prompt)
 
+    def overflow(self) -> str:
+        """The open chat's (or the next new one's) overflow policy: ``"drop-middle"`` or ``"stop"``."""
+        return params.option(self.chat_params()[1], "overflow")
+
+    def set_overflow(self, policy: str) -> None:
+        """Keep ``policy`` (one of ``params.CHAT_OPTIONS["overflow"]``) for the open chat, or the next new one."""
+        self.set_chat_params({**self.chat_params()[1], "overflow": policy})
+
     def messages(self) -> list[Message]:
         if self.conversation_id is None:
             return []
@@ -212,6 +232,38 @@ class ChatSession:
         user_id = self.store.add_message(conversation_id, "user", text)
         turn = self._begin(conversation_id)
         turn.user_message_id, turn.new_conversation = user_id, new
+        return turn
+
+    # -- a message sent while the reply streams ----------------------------------------
+    def queue(self, text: str) -> None:
+        """Keep ``text`` to send in the open chat when its streaming reply ends (``send_queued``)."""
+        conversation_id = self._current()
+        if conversation_id not in self._streaming:
+            raise RuntimeError("No reply is streaming in this chat: send the message now.")
+        if conversation_id in self._queued:
+            raise RuntimeError(QUEUE_FULL)
+        self._queued[conversation_id] = text
+
+    def queued(self, conversation_id: str | None = None) -> str | None:
+        """The message waiting in that chat (default: the open one), if any."""
+        target = conversation_id or self.conversation_id
+        return self._queued.get(target) if target is not None else None
+
+    def cancel_queued(self, conversation_id: str | None = None) -> str | None:
+        """Take back the message waiting in that chat (default: the open one); its text, or None."""
+        target = conversation_id or self.conversation_id
+        return self._queued.pop(target, None) if target is not None else None
+
+    def send_queued(self, conversation_id: str) -> Turn | None:
+        """Send the message waiting in ``conversation_id`` now that its reply has ended (None: none waits, or a
+        reply streams there still); the chat need not be open."""
+        if conversation_id in self._streaming or conversation_id not in self._queued:
+            return None
+        text = self._queued[conversation_id]
+        user_id = self.store.add_message(conversation_id, "user", text)  # a StoreError: it stays queued
+        del self._queued[conversation_id]
+        turn = self._begin(conversation_id)
+        turn.user_message_id = user_id
         return turn
 
     def regenerate(self, message_id: int) -> Turn:
@@ -287,6 +339,7 @@ class ChatSession:
             answer_cache=self.settings.answer_cache and not regenerated,
             fresh=regenerated,
             documents=self.sent_ids(docs),
+            overflow=params.option(own, "overflow"),
         )
 
     def sent_ids(self, docs: Sequence[dict[str, Any]] | None = None) -> tuple[str, ...]:
@@ -349,7 +402,8 @@ class ChatSession:
 
     def forget(self, conversation_id: str) -> None:
         """The conversation is being deleted (its reply stopped first): late events for its stopped replies are
-        dropped."""
+        dropped, and its queued message with them."""
+        self._queued.pop(conversation_id, None)
         for request_id, reply in list(self._stopped.items()):
             if reply.conversation_id == conversation_id:
                 del self._stopped[request_id]

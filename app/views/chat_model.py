@@ -2,7 +2,7 @@
 
 :class:`ChatItem` is the plain-Python state of one row: its message id and
 role, the plain text (what Copy copies), the grey stats line, the notices
-(older turns dropped, damaged row), the error, an optional tooltip, the
+(older turns dropped: which ones, :func:`truncated_notice`; damaged row), the error, an optional tooltip, the
 answer-cache badge (``From cache, exact · …``, :func:`~app.state.answer_stats.cache_badge`),
 the reply's tool calls (saved as ``metrics["tool_calls"]``; shown as a section
 that opens and closes, ``tools_open``), the documents and passages it drew on
@@ -13,10 +13,13 @@ text keeps its colour), and which of the reply's versions it shows
 The rendered HTML is made on demand, the first time a row is painted or
 measured, and kept until the row changes; a revision counter tells the delegate when its cached layout is stale.
 
+A message sent while the reply streams is a row of its own until it is sent
+(:func:`queued_item`: id ``QUEUED_ID``, greyed, ``QUEUED_NOTICE`` above it).
+
 :class:`ChatModel` changes only through ``beginResetModel``/``endResetModel``
 (:meth:`ChatModel.reset`), ``beginInsertRows``/``endInsertRows``
 (:meth:`ChatModel.append`), ``beginRemoveRows``/``endRemoveRows``
-(:meth:`ChatModel.remove_from`) and ``dataChanged`` (:meth:`ChatModel.touch`,
+(:meth:`ChatModel.remove_from`, :meth:`ChatModel.remove`) and ``dataChanged`` (:meth:`ChatModel.touch`,
 and :meth:`ChatModel.replace` for another version of a row's message).
 It holds strings only: opening 10,000 stored messages costs a list of 10,000
 small objects, no widgets and no Markdown.
@@ -38,10 +41,25 @@ from app.state.attachments import sources_of
 from app.state.reply import ReplyState, stats_line
 from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
+from app.views.style import current
 from engine.documents.render import source_label, source_labels, source_word, sources_line, sources_prefix
 from engine.storage import Message
 
 TRUNCATED_NOTICE = "Older turns were dropped to fit the model's context."
+
+
+def truncated_notice(dropped: object) -> str:
+    """What a reply whose prompt left turns out says above it: which turns (``Metrics.dropped``: first and
+    last, numbered from 1 after the system prompt), or that some were when that is not known."""
+    if not (isinstance(dropped, list | tuple) and len(dropped) == 2 and all(type(n) is int for n in dropped)):
+        return TRUNCATED_NOTICE
+    first, last = dropped
+    turns = f"Turn {first} is" if first == last else f"Turns {first}–{last} are"
+    return f"{turns} no longer in the model's context (dropped to fit it; the system prompt and documents are kept)."
+
+
+QUEUED_NOTICE = "Queued — sends when the reply ends"
+QUEUED_ID = -1  # the row of a message sent while the reply streams (not stored yet): always the last row
 DAMAGED_NOTICE = "This message was damaged in the history file; what could be read is shown."
 ERROR_FALLBACK = "This reply ended with an error."
 SHOWN_ROLES = ("user", "assistant")
@@ -67,6 +85,7 @@ class ChatItem:
     reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     version: int = 1  # the version of the message shown (a reply asked for again has several), from 1
     versions: int = 1  # how many versions the message has
+    queued: bool = False  # a message waiting for the reply to end (greyed, QUEUED_NOTICE above it)
     stats_source: tuple[Mapping[str, Any], str, bool] | None = None  # stored (metrics, finish, unfinished)
     revision: int = 0
     html_cache: tuple[int, bool, str] | None = field(default=None, repr=False)  # (revision, colour, html)
@@ -127,6 +146,8 @@ class ChatItem:
             return cached[2]
         if self.role == "user":
             html = render_user(self.text)
+            if self.queued:  # greyed: not sent yet
+                html = f'<div style="color: {current().muted}">{html}</div>'
         elif self.reply is not None:
             html = render_reply(self.reply.segments, colour_drafts=colour, streaming=self.reply.streaming)
         else:
@@ -141,7 +162,8 @@ class ChatItem:
             return
         self.text = reply.text
         self.stats_text, self.stats_source = reply.status_line(), None
-        self.notice = TRUNCATED_NOTICE if reply.truncated else ""
+        dropped = reply.metrics.dropped if reply.metrics is not None else ()
+        self.notice = truncated_notice(dropped) if reply.truncated else ""
         self.error = reply.error
         self.badge = cache_badge(reply.metrics)
         self.tool_calls = list(reply.tool_calls)
@@ -150,7 +172,13 @@ class ChatItem:
 
     @property
     def streaming(self) -> bool:
-        return self.reply is not None and self.reply.streaming
+        """A reply still streaming, or a queued message (neither is a place to branch from yet)."""
+        return self.queued or (self.reply is not None and self.reply.streaming)
+
+
+def queued_item(text: str) -> ChatItem:
+    """The row of a message sent while the reply streams: greyed, with :data:`QUEUED_NOTICE` above it."""
+    return ChatItem(QUEUED_ID, "user", text, notice=QUEUED_NOTICE, queued=True)
 
 
 def item_from_message(message: Message) -> ChatItem:
@@ -165,7 +193,7 @@ def item_from_message(message: Message) -> ChatItem:
         finish = str(row.get("finish_reason") or ("cancelled" if message.status == "cancelled" else ""))
         item.stats_source = (row, finish, message.status == "streaming")
         if row.get("truncated") is True:
-            notices.append(TRUNCATED_NOTICE)
+            notices.append(truncated_notice(row.get("dropped")))
         if message.status == "error":
             item.error = str(row.get("error") or ERROR_FALLBACK)
         item.badge = cache_badge(row)
@@ -229,6 +257,16 @@ class ChatModel(QAbstractListModel):
         for item in self.rows[first:]:
             self._rows.pop(item.message_id, None)
         del self.rows[first:]
+        self.endRemoveRows()
+
+    def remove(self, message_id: int) -> None:
+        """Drop the row of ``message_id`` alone (a queued message taken back or sent)."""
+        row = self._rows.get(message_id)
+        if row is None:
+            return
+        self.beginRemoveRows(QModelIndex(), row, row)
+        del self.rows[row]
+        self._rows = {item.message_id: n for n, item in enumerate(self.rows)}
         self.endRemoveRows()
 
     def replace(self, item: ChatItem) -> None:

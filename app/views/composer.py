@@ -5,6 +5,9 @@ caller clears the box with :meth:`clear` once the message is safely stored, so
 nothing is lost on failure) and ``stop_requested()`` for Esc or the Stop
 button.  Empty or whitespace-only text is never sent: a gentle hint appears and
 the box keeps what it had.  The button reads Send or Stop (:meth:`set_busy`);
+Enter while the reply streams still emits ``send_requested`` (the window
+queues the message); :meth:`set_queued` shows "Queued — sends when the reply
+ends" above the box with a Cancel button (``queue_cancel_requested``).
 Send is disabled with a tooltip while no model is ready (:meth:`set_ready`),
 but typing always works.  The box is as tall as its text, 1 to ``MAX_LINES``
 lines (wrapped lines count), growing and shrinking as the text does.
@@ -44,6 +47,7 @@ DRAFT_MAX_WAIT_MS = 300  # and at least this often while keys keep coming (a ste
 PASTE_CHARS = 20  # a change that adds more characters than this at once is a paste: sent at once
 EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
+QUEUED_TEXT = "Queued \u2014 sends when the reply ends"
 MAX_LINES = 8
 NOT_READY_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
 ATTACH_TIP = "Attach files to this chat (Ctrl+O); the menu attaches a folder. You can also drop files here."
@@ -100,6 +104,7 @@ class Composer(QWidget):
     draft_changed = Signal(str)  # the draft: DRAFT_PAUSE_MS after typing pauses, DRAFT_MAX_WAIT_MS into steady
     # typing at the latest, at once after a paste
     attach_requested = Signal(bool)  # the paperclip: True for a folder, False for files
+    queue_cancel_requested = Signal()  # Cancel beside "Queued": take the waiting message back
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -111,6 +116,18 @@ class Composer(QWidget):
         layout.setSpacing(4)
         self.chips = DocumentChips()  # the chat's attached documents, and the indexing progress
         layout.addWidget(self.chips)
+        self.queued = QWidget()  # "Queued — sends when the reply ends" and Cancel, while a message waits
+        queued_row = QHBoxLayout(self.queued)
+        queued_row.setContentsMargins(0, 0, 0, 0)
+        self.queued_label = QLabel(QUEUED_TEXT)
+        self.queued_label.setObjectName("hint")
+        self.queued_cancel = QPushButton("Cancel")
+        self.queued_cancel.setToolTip("Take the queued message back into the box; nothing is sent")
+        self.queued_cancel.clicked.connect(self.queue_cancel_requested.emit)
+        queued_row.addWidget(self.queued_label, 1)
+        queued_row.addWidget(self.queued_cancel, 0)
+        self.queued.hide()
+        layout.addWidget(self.queued)
         row = QHBoxLayout()
         row.setSpacing(8)
         self.attach_button = QToolButton()
@@ -202,6 +219,10 @@ class Composer(QWidget):
         self._not_ready_reason = reason
         self._update_button()
 
+    def set_queued(self, queued: bool) -> None:
+        """Show (or hide) that a message waits for the reply to end, with its Cancel."""
+        self.queued.setVisible(queued)
+
     def text(self) -> str:
         return self.editor.toPlainText()
 
@@ -248,9 +269,7 @@ class Composer(QWidget):
     # -- user actions ---------------------------------------------------------------------
     def submit(self) -> None:
         text = self.text()
-        if self.busy:
-            self.show_hint(BUSY_HINT)
-        elif not text.strip():
+        if not text.strip():
             self.show_hint(EMPTY_HINT)
         elif not self.ready:
             self.show_hint(self._not_ready_reason)
@@ -273,7 +292,7 @@ class Composer(QWidget):
             self.button.setText("Stop")
             self.button.setObjectName("stop")
             self.button.setEnabled(True)
-            self.button.setToolTip("Stop the reply (Esc); the text so far is kept")
+            self.button.setToolTip("Stop the reply (Esc); the text so far is kept. Enter queues a message")
         else:
             self.button.setText("Send")
             self.button.setObjectName("primary")

@@ -217,6 +217,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.chat_view.version_requested.connect(self.show_version)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(lambda: self.stop())  # the open chat's reply
+        self.composer.queue_cancel_requested.connect(self.cancel_queued)  # take a queued message back
 
         self.stop_action = self._action("Stop", QKeySequence(Qt.Key.Key_Escape), lambda: self.stop())
         self.stop_action.setEnabled(False)
@@ -489,10 +490,14 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         return self.about
 
     def open_settings(self) -> None:
-        dialog = SettingsDialog(self.settings, self, loaded=self.loaded, report=self.bridge.machine_report)
+        overflow = self.session.overflow()  # the open chat's policy: Settings' "This chat"
+        dialog = SettingsDialog(
+            self.settings, self, loaded=self.loaded, report=self.bridge.machine_report, overflow=overflow
+        )
         try:
             if dialog.exec() == QDialog.DialogCode.Accepted:
                 self.apply_settings(dialog.result_settings())
+                self.set_overflow(dialog.result_overflow())
         finally:
             dialog.deleteLater()  # not kept hidden under the window, one more each time Settings opens
 

@@ -14,6 +14,15 @@ the Stop action (Esc) and the greyed message actions follow the open chat
 ``stop()`` stops the open chat's reply, ``stop(conversation_id)`` another's,
 ``stop_all()`` every one (closing the window, another engine).
 
+A message sent while the open chat's reply streams is queued
+(``ChatSession.queue``): a greyed row "Queued — sends when the reply ends" at
+the end of the chat and the composer's Cancel (``cancel_queued`` puts the
+text back in the box); when that chat's reply ends (done, stopped, failed)
+it is sent at once (:meth:`TurnActions.send_queued`), whether or not the chat
+is open.  Its prompt holds the reply that just ended, so nothing of it can be
+computed before that reply's last token: it starts from the conversation's
+own cache entry, a warm follow-up.
+
 ``regenerate(message_id)`` streams a new, sampled reply into the same message,
 past the answer cache; the old text stays one of its versions, browsed with
 the "‹ 2/3 ›" in its header (``show_version``; each version keeps its own
@@ -31,6 +40,7 @@ from PySide6.QtWidgets import QInputDialog
 
 from app.bridge import EngineBridge
 from app.state.session import ChatSession, Turn
+from app.views.chat_model import QUEUED_ID, queued_item
 from app.views.chat_view import ChatView
 from app.views.composer import Composer
 from app.views.sidebar import Sidebar
@@ -79,6 +89,7 @@ class TurnActions:
             self.latency.panel.numbers.show_session(self.cache_tally.text())
         self.show_busy()
         self._refresh_entry(reply.conversation_id)
+        self.send_queued(reply.conversation_id)
         if shown and self.session.active is None:
             self.typing.reply_ended()  # what was typed meanwhile is prefilled now
 
@@ -93,6 +104,8 @@ class TurnActions:
                 "send without them."
             )
             return False
+        if self.session.active is not None:  # the open chat's reply streams: the message waits for its end
+            return self.queue(text)
         try:
             turn = self.session.send(text)
         except StoreError as exc:
@@ -112,8 +125,70 @@ class TurnActions:
         self._start(turn)
         return True
 
+    def queue(self, text: str) -> bool:
+        """Keep ``text`` to send when the open chat's streaming reply ends; shown greyed at the chat's end."""
+        try:
+            self.session.queue(text)
+        except RuntimeError as exc:  # one message waits already
+            self.composer.show_hint(str(exc))
+            return False
+        self.composer.clear()
+        self.show_queued()
+        self.chat_view.scroll_to_bottom()
+        return True
+
+    def cancel_queued(self) -> None:
+        """Take back the open chat's queued message: its text goes back into an empty composer."""
+        text = self.session.cancel_queued()
+        if text is not None and not self.composer.text().strip():
+            self.composer.set_text(text)
+        self.show_queued()
+
+    def send_queued(self, conversation_id: str) -> bool:
+        """Send the message queued in ``conversation_id`` now that its reply has ended (it may not be open)."""
+        text = self.session.queued(conversation_id)
+        if text is None or not self.model_ready:
+            return False
+        try:
+            turn = self.session.send_queued(conversation_id)
+        except StoreError as exc:
+            self._store_error(exc)
+            return False
+        if turn is None:
+            return False
+        shown = conversation_id == self.session.conversation_id
+        if shown:
+            self.show_queued()
+            if turn.user_message_id is not None:
+                self.chat_view.add_user_message(turn.user_message_id, text)
+        self._refresh_entry(conversation_id)
+        self._start(turn, shown=shown)
+        return True
+
+    def show_queued(self) -> None:
+        """The open chat's queued message as its last row and the composer's Cancel, or neither."""
+        text = self.session.queued()
+        model = self.chat_view.chat_model
+        row = model.item(QUEUED_ID)
+        if row is not None and (text is None or row.text != text or model.row_of(QUEUED_ID) != model.count - 1):
+            model.remove(QUEUED_ID)
+            row = None
+        if text is not None and row is None:
+            model.append(queued_item(text))
+        self.composer.set_queued(text is not None)
+
+    def set_overflow(self, policy: str | None) -> None:
+        """Keep the open chat's overflow policy (Settings' "This chat"); None or unchanged: nothing to do."""
+        if policy is None or policy == self.session.overflow():
+            return
+        try:
+            self.session.set_overflow(policy)
+        except (StoreError, ValueError) as exc:
+            self.show_banner("store-error", "error", str(exc))
+
     def stop(self, conversation_id: str | None = None) -> None:
-        """Stop the reply streaming in that chat (default: the open one), keeping its text."""
+        """Stop the reply streaming in that chat (default: the open one), keeping its text; a message queued
+        there is sent now."""
         reply = self.session.stop(conversation_id)
         if reply is None:
             return
@@ -122,10 +197,12 @@ class TurnActions:
             self.chat_view.reply_finished(reply)
         self.show_busy()
         self._refresh_entry(reply.conversation_id)
+        self.send_queued(reply.conversation_id)
 
     def stop_all(self) -> None:
-        """Stop every reply still streaming, in any chat (each keeps its text)."""
+        """Stop every reply still streaming, in any chat (each keeps its text); queued messages are dropped."""
         for reply in self.session.all_streaming():
+            self.session.cancel_queued(reply.conversation_id)
             self.stop(reply.conversation_id)
 
     def regenerate(self, message_id: int | None = None) -> bool:
@@ -195,8 +272,9 @@ class TurnActions:
             return False
         return True
 
-    def _start(self, turn: Turn) -> None:
-        self.chat_view.start_reply(turn.reply, version=turn.version)
+    def _start(self, turn: Turn, shown: bool = True) -> None:
+        if shown:
+            self.chat_view.start_reply(turn.reply, version=turn.version)
         self.show_busy()
         request = self.latency.begin(turn)  # the panel's switches, recorded on the reply
         if turn.version is not None:  # a Regenerate: past the answer cache whatever the panel's switch says
@@ -209,3 +287,4 @@ class TurnActions:
         self.composer.set_busy(busy)
         self.chat_view.set_busy(busy)
         self.stop_action.setEnabled(busy)
+        self.show_queued()

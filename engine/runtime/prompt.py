@@ -7,8 +7,9 @@ the chat's overflow policy decides (``OVERFLOW``, a chat option of
 whole documents it holds) and the newest turns and drops the turns between,
 ``"stop"`` refuses with :class:`ContextOverflow`, a message that says by how
 much the chat is over and what to do.  Dropping cuts at stable points: the
-first user turn of each ``DROP_STEP`` of the conversation's tokens, so the
-turns after a cut go on from the same kept prompt (the conversation's prefix
+first user turn past each ``1/DROP_STEP`` of the prompt budget in the
+conversation's tokens (counted from its start), so a cut drops that much at
+least, and the turns after it go on from the same kept prompt (the conversation's prefix
 cache entry stays valid) until the next cut is due, instead of one more turn
 dropped, and the whole kept prompt computed again, every reply.  When the
 last message alone is too long it keeps the start of it.  ``truncated`` says
@@ -319,8 +320,9 @@ def _drop_middle(
 ) -> tuple[list[int], int]:
     """(the prompt's ids, how many of the oldest turns it leaves out) for the first stable cut whose rest fits
     ``budget``.  A cut starts at a user turn (or leaves the last turn alone); the stable cuts are the first
-    of each ``budget / DROP_STEP`` tokens of the turns' contents, counted from the conversation's start, so
-    a conversation that grows keeps its cut until the rest no longer fits.  A binary search over the cuts
+    past each ``budget / DROP_STEP`` tokens of the turns' contents, counted from the conversation's start,
+    so a cut drops that much at least and a conversation that grows keeps its cut until the rest no longer
+    fits.  A binary search over the cuts
     takes a few renders however long the conversation (dropping one turn a render took 50,000 renders for
     50,000 short messages); fewer turns never render longer."""
     starts: list[int] = []
@@ -332,15 +334,15 @@ def _drop_middle(
         starts.append(at)
     sizes = tokenizer([str(m.get("content") or "") for m in turns], add_special_tokens=False)["input_ids"]
     step = max(1, budget // DROP_STEP)
-    # the first start of each step of tokens, and the last (one turn left) whatever its step
+    # the first start past each step of tokens (a cut drops a step at least), and the last (one turn left)
     cuts: list[int] = []
-    seen, position, block_of = -1, 0, {}
+    seen, position, block_of = 0, 0, {}
     for i, message_ids in enumerate(sizes):
         block_of[i] = position // step
         position += len(message_ids)
     for start in starts:
         block = block_of[start]
-        if block != seen or start == starts[-1]:
+        if block > seen or start == starts[-1]:
             cuts.append(start)
             seen = block
     rendered: dict[int, list[int]] = {}

@@ -36,6 +36,7 @@ from engine.runtime.reply_metrics import ReplyMeter
 from engine.runtime.speculative import Controller, Drafter
 from engine.runtime.steps import FORCED, Prefilled, generate_steps
 from engine.runtime.thinking import ThinkingSplit, prompt_opens_thinking
+from engine.runtime.token_bytes import piece_bytes
 
 
 @dataclass
@@ -50,18 +51,15 @@ class DecodeResult:
 
 
 class _Names:
-    """Token ids as ``Logprob``s: their text and bytes (llguidance's view of the tokenizer, as the grammar's)."""
+    """Token ids as ``Logprob``s: their text and exact bytes (``engine.runtime.token_bytes``)."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int]) -> None:
-        from engine.runtime.grammar import ll_tokenizer
-
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.ll = ll_tokenizer(tokenizer, vocab_size, eos_ids)
         self.known: dict[int, tuple[str, tuple[int, ...]]] = {}
 
     def name(self, token: int) -> tuple[str, tuple[int, ...]]:
         if token not in self.known:
-            raw = bytes(self.ll.decode_bytes([token]))
+            raw = piece_bytes(self.tokenizer, token)
             self.known[token] = (raw.decode("utf-8", "replace"), tuple(raw))
         return self.known[token]
 
@@ -134,7 +132,7 @@ class Decoder:
         generated: list[int] = []
         pending: list[int] = []  # ids whose text is not final yet
         numbers: list[Logprob] = []  # with params.logprobs: pending's log probabilities
-        names = _Names(self.tokenizer, self.vocab_size, self.eos_ids) if params.logprobs else None
+        names = _Names(self.tokenizer) if params.logprobs else None
         finish: str | None = None
         try:
             for item in steps:

@@ -54,7 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
-from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token
+from engine.api import Done, Error, Logprob, Metrics, Request, Sampling, Started, Token
 from engine.server import anthropic_api, llama_api, shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
@@ -324,6 +324,7 @@ class Handlers:
 
     # -- replies --------------------------------------------------------------------------
     async def answer(self, http: HttpRequest, req: Request, reply: Reply, endpoint: str, chat: bool) -> Response:
+        await self.biased_within_vocab(req.sampling)
         stream = self._chat_stream if chat else self._completion_stream
         headers = ignored_header(reply.ignored)
         out = await self.run(
@@ -333,13 +334,16 @@ class Handlers:
             return out
         done = out.done
         reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        numbers = shapes.logprobs_of(out.tokens) if req.sampling.logprobs else None
         if not chat:
             text = (req.messages[0]["content"] if reply.echo else "") + done.text
             finish = shapes.finish_reason(done.finish_reason)
-            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics)
+            lp = None if numbers is None else shapes.completion_logprobs(numbers)
+            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics, logprobs=lp)
             return JSONResponse(body, headers=headers)
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
-        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics)
+        lp = None if numbers is None else shapes.chat_logprobs(numbers)
+        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp)
         return JSONResponse(body, headers=headers)
 
     async def run(
@@ -390,6 +394,19 @@ class Handlers:
         done = dataclasses.replace(done, metrics=await self.counted(req, done.metrics))
         return Outcome(started, tokens, done)
 
+    async def biased_within_vocab(self, sampling: Sampling) -> None:
+        """A 400 for a ``logit_bias`` id past the loaded tokenizer's (the engine would fail the reply)."""
+        if not sampling.logit_bias or self.s.vocab is None:
+            return
+        model = await asyncio.to_thread(self.s.vocab.model)
+        size = len(model.tokenizer) if model is not None else 0
+        outside = [token for token, _ in sampling.logit_bias if size and token >= size]
+        if outside:
+            raise shapes.bad(
+                f"'logit_bias' names token {outside[0]}; this model's token ids go from 0 to {size - 1}.",
+                "logit_bias",
+            )
+
     async def counted(self, req: Request, metrics: Metrics) -> Metrics:
         """A reply's metrics with an answer-cache hit's prompt counted: the engine ran no prefill for it, so
         its ``Done`` says 0; the prompt the model would have read is counted here and, since none of it was
@@ -432,27 +449,30 @@ class Handlers:
         reply_id = shapes.new_id("chatcmpl")
         yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""})
         held = ""  # text that may open a tool call, not sent yet
+        numbers = Numbers(req.sampling.logprobs, shapes.chat_logprobs)  # go out with the next chunk sent
         while True:
             event = await events.get()
+            if isinstance(event, Token):
+                numbers.add(event)
             if isinstance(event, Token) and event.text:
                 if not reply.tools:
-                    yield shapes.chat_chunk(reply_id, reply, {"content": event.text})
+                    yield shapes.chat_chunk(reply_id, reply, {"content": event.text}, logprobs=numbers.take())
                     continue
                 held += event.text
                 send, held = sendable(held)
                 if send:
-                    yield shapes.chat_chunk(reply_id, reply, {"content": send})
+                    yield shapes.chat_chunk(reply_id, reply, {"content": send}, logprobs=numbers.take())
             elif isinstance(event, Done):
                 event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 calls: list[dict[str, Any]] = []
                 if reply.tools and held:
                     prose, calls = split_calls(held)
                     if prose:
-                        yield shapes.chat_chunk(reply_id, reply, {"content": prose})
+                        yield shapes.chat_chunk(reply_id, reply, {"content": prose}, logprobs=numbers.take())
                 for i, call in enumerate(calls):
                     yield shapes.chat_chunk(reply_id, reply, {"tool_calls": [{"index": i, **call}]})
                 finish = "tool_calls" if calls else shapes.finish_reason(event.finish_reason)
-                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics)
+                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics, numbers.take())
                 if reply.include_usage:
                     yield shapes.chat_chunk(reply_id, reply, None, None, event.metrics)
                 return
@@ -466,14 +486,29 @@ class Handlers:
         reply_id = shapes.new_id("cmpl")
         if reply.echo:
             yield shapes.completion_response(reply_id, reply, req.messages[0]["content"], None, None, chunk=True)
+        offset = 0  # characters of the completion sent: the next token's text_offset
+
+        def legacy(numbers: list[Logprob]) -> dict[str, Any]:
+            nonlocal offset
+            out = shapes.completion_logprobs(numbers, offset)
+            offset += sum(len(lp.token) for lp in numbers)
+            return out
+
+        numbers = Numbers(req.sampling.logprobs, legacy)
         while True:
             event = await events.get()
+            if isinstance(event, Token):
+                numbers.add(event)
             if isinstance(event, Token) and event.text:
-                yield shapes.completion_response(reply_id, reply, event.text, None, None, chunk=True)
+                yield shapes.completion_response(
+                    reply_id, reply, event.text, None, None, chunk=True, logprobs=numbers.take()
+                )
             elif isinstance(event, Done):
                 event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 finish = shapes.finish_reason(event.finish_reason)
-                yield shapes.completion_response(reply_id, reply, "", finish, event.metrics, chunk=True)
+                yield shapes.completion_response(
+                    reply_id, reply, "", finish, event.metrics, chunk=True, logprobs=numbers.take()
+                )
                 if reply.include_usage:
                     yield {
                         "id": reply_id,
@@ -487,6 +522,25 @@ class Handlers:
             elif isinstance(event, Error):
                 yield ApiError(500, event.message, code="engine_error").body()
                 return
+
+
+class Numbers:
+    """A stream's logprobs not sent yet (with ``Sampling.logprobs``): each chunk takes those gathered before
+    it, in the shape ``shape`` gives them (None when none were asked for, or none are waiting)."""
+
+    def __init__(self, wanted: bool, shape: Callable[[list[Logprob]], dict[str, Any]]) -> None:
+        self.wanted = wanted
+        self.shape = shape
+        self.waiting: list[Logprob] = []
+
+    def add(self, token: Token) -> None:
+        self.waiting.extend(token.logprobs)
+
+    def take(self) -> dict[str, Any] | None:
+        if not self.wanted or not self.waiting:
+            return None
+        numbers, self.waiting = self.waiting, []
+        return self.shape(numbers)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ A field sent as ``null`` counts as left out.  A field left out takes the window'
 repetition penalty 1.1, stop on a repeated block), so a client and the window
 get the same replies.  :func:`chat_response`, :func:`chat_chunk`,
 :func:`completion_response` and :func:`usage` build the answers from a ``Done``'s
-fields; :func:`brisk_figures` is Brisk's own timings in the one extra field
+fields, and :func:`chat_logprobs` / :func:`completion_logprobs` a reply's ``logprobs`` from its
+``Token.logprobs``; :func:`brisk_figures` is Brisk's own timings in the one extra field
 ``brisk``.  The field names follow the ``openai`` SDK's types
 (``openai.types.chat.ChatCompletion``, ``ChatCompletionChunk``,
 ``openai.types.Completion``, ``CreateEmbeddingResponse``).
@@ -29,12 +30,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.api import Metrics, Request, Sampling, reply_format
+from engine.api import MAX_TOP_LOGPROBS, Logprob, Metrics, Request, Sampling, Token, reply_format
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # finish reasons Brisk gives, as OpenAI's clients know them
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", "repetition": "stop"}
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
+MAX_BIAS = 300  # OpenAI's own limit on logit_bias entries
 MAX_N = 1  # choices per request: one (several would be the same greedy reply, or a batch the client can send)
 CHARS_PER_TOKEN = 32  # more than any tokenizer's tokens average: a prompt over context x this cannot fit
 
@@ -54,7 +56,7 @@ HABITS = frozenset(
         "reasoning_effort",
     }
 )
-# what sampling_from reads: honoured, or (penalties, n, logprobs, logit_bias) refused by value with a reason
+# what sampling_from reads: honoured, or (n) refused by value with a reason
 SAMPLING_FIELDS = frozenset(
     {
         "temperature",
@@ -189,21 +191,9 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> Sampling:
-    """The request's sampling; a field left out keeps ``defaults`` (the window's settings)."""
-    for name in ("frequency_penalty", "presence_penalty"):
-        value = number(body, name, -2.0, 2.0, 0.0)
-        if value:
-            raise bad(
-                f"'{name}' is not supported: Brisk's penalty is multiplicative; send 'repetition_penalty' "
-                "(1 = off, 1.1 = mild) instead, or leave it out.",
-                name,
-                "unsupported_value",
-            )
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise bad("'logprobs' is not supported by this server.", "logprobs", "unsupported_value")
-    if body.get("logit_bias"):
-        raise bad("'logit_bias' is not supported by this server.", "logit_bias", "unsupported_value")
+def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int, chat: bool = True) -> Sampling:
+    """The request's sampling; a field left out keeps ``defaults`` (the window's settings).  ``chat``: OpenAI's
+    chat ``logprobs`` (a flag, with ``top_logprobs``), else the legacy completions' (a count)."""
     n = whole(body, "n", 1, 128)
     if n is not None and n > MAX_N:
         raise bad(f"'n' must be 1 here; send {n} requests instead (they are served together).", "n")
@@ -225,7 +215,44 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int) -> 
         max_tokens=limit if limit is not None else defaults.max_tokens,
         stop=_stop(body),
         format=_format(body.get("response_format")),
+        logit_bias=_bias(body.get("logit_bias")),
+        presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+        **_logprobs(body, chat),
     )
+
+
+def _bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (``{"token id": bias}``, -100 to 100) as ``Sampling.logit_bias``."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise bad("'logit_bias' must be an object of token ids to biases.", "logit_bias", "invalid_type")
+    if len(value) > MAX_BIAS:
+        raise bad(f"'logit_bias' takes at most {MAX_BIAS} tokens, not {len(value)}.", "logit_bias")
+    out = []
+    for key, bias in value.items():
+        token = str(key).strip()
+        if not token.isdigit():
+            raise bad(f"'logit_bias' keys must be token ids (whole numbers), not {key!r}.", "logit_bias")
+        if isinstance(bias, bool) or not isinstance(bias, int | float) or not math.isfinite(bias):
+            raise bad(f"'logit_bias' values must be numbers, not {bias!r}.", "logit_bias", "invalid_type")
+        if not -100 <= bias <= 100:
+            raise bad(f"'logit_bias' values must be from -100 to 100, not {bias!r}.", "logit_bias")
+        out.append((int(token), float(bias)))
+    return tuple(sorted(out))
+
+
+def _logprobs(body: Mapping[str, Any], chat: bool) -> dict[str, Any]:
+    """``logprobs`` and ``top_logprobs`` (chat: a flag and a count; legacy completions: one count)."""
+    top = None if chat else whole(body, "logprobs", 0, MAX_TOP_LOGPROBS)
+    if not chat:
+        return {"logprobs": top is not None, "top_logprobs": top or 0}
+    wanted = _flag(body, "logprobs")
+    top = whole(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad("'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+    return {"logprobs": wanted, "top_logprobs": top or 0}
 
 
 def _penalty_name(body: Mapping[str, Any]) -> str:
@@ -423,6 +450,7 @@ def chat_request(
         sampling,
         speculative=speculative,
         client_tools=tools,
+        answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
         origin="server",
     )
     return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored)
@@ -445,7 +473,9 @@ def completion_request(
         raise bad("'suffix' is not supported by this server.", "suffix", "unsupported_value")
     if body.get("best_of") not in (None, 1):
         raise bad("'best_of' must be 1 here.", "best_of")
-    sampling = sampling_from(body, defaults, context)
+    sampling = sampling_from(body, defaults, context, chat=False)
+    if sampling.logprobs and _flag(body, "echo"):
+        raise bad("'echo' with 'logprobs' would need the prompt's logprobs, which Brisk does not give.", "echo")
     stream, include_usage = _streaming(body)
     request = Request(
         new_id("srv"),
@@ -453,6 +483,7 @@ def completion_request(
         sampling,
         speculative=speculative,
         raw=True,
+        answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
         origin="server",
     )
     return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored)
@@ -542,8 +573,44 @@ def tool_calls(calls: Any) -> list[dict[str, Any]]:
     ]
 
 
+def logprobs_of(tokens: list[Token]) -> list[Logprob]:
+    """The ``Logprob`` of every token of these events, in order."""
+    return [lp for token in tokens for lp in token.logprobs]
+
+
+def _choice(lp: Logprob) -> dict[str, Any]:
+    return {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.bytes)}
+
+
+def chat_logprobs(numbers: list[Logprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``content`` with each token's number and its ``top_logprobs``."""
+    content = [{**_choice(lp), "top_logprobs": [_choice(alt) for alt in lp.top]} for lp in numbers]
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(numbers: list[Logprob], offset: int = 0) -> dict[str, Any]:
+    """A legacy completion's ``logprobs``: parallel lists, ``top_logprobs`` as {token: logprob} with the
+    sampled token among them (OpenAI's "up to logprobs + 1"), ``text_offset`` from ``offset`` on."""
+    offsets = []
+    for lp in numbers:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return {
+        "tokens": [lp.token for lp in numbers],
+        "token_logprobs": [lp.logprob for lp in numbers],
+        "top_logprobs": [{alt.token: alt.logprob for alt in (*lp.top, lp)} for lp in numbers],
+        "text_offset": offsets,
+    }
+
+
 def chat_response(
-    reply_id: str, reply: Reply, text: str, calls: list[dict[str, Any]], finish: str, metrics: Metrics
+    reply_id: str,
+    reply: Reply,
+    text: str,
+    calls: list[dict[str, Any]],
+    finish: str,
+    metrics: Metrics,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if calls:
@@ -558,7 +625,7 @@ def chat_response(
                 "index": 0,
                 "message": message,
                 "finish_reason": "tool_calls" if calls else FINISH.get(finish, "stop"),
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         ],
         "usage": usage(metrics),
@@ -572,6 +639,7 @@ def chat_chunk(
     delta: dict[str, Any] | None,
     finish: str | None = None,
     metrics: Metrics | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One streamed chunk: a delta, a last delta with ``finish_reason``, or (``delta`` None) the usage chunk."""
     chunk: dict[str, Any] = {
@@ -579,7 +647,9 @@ def chat_chunk(
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": reply.model,
-        "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        "choices": []
+        if delta is None
+        else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
     }
     if metrics is not None:
         chunk["brisk"] = brisk_figures(metrics)
@@ -589,7 +659,13 @@ def chat_chunk(
 
 
 def completion_response(
-    reply_id: str, reply: Reply, text: str, finish: str | None, metrics: Metrics | None, chunk: bool = False
+    reply_id: str,
+    reply: Reply,
+    text: str,
+    finish: str | None,
+    metrics: Metrics | None,
+    chunk: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A ``text_completion`` answer, or one streamed piece of it (``chunk``; ``finish`` None until the last)."""
     out: dict[str, Any] = {
@@ -597,7 +673,7 @@ def completion_response(
         "object": "text_completion",
         "created": int(time.time()),
         "model": reply.model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}],
     }
     if metrics is not None:
         out["brisk"] = brisk_figures(metrics)

@@ -23,13 +23,13 @@ What it serves, each blocking (run it with ``asyncio.to_thread``):
 from __future__ import annotations
 
 import copy
-import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.api import Request
+from engine.runtime.token_bytes import piece_bytes
 
 
 @dataclass(frozen=True)
@@ -121,28 +121,3 @@ class Vocab:
 
         messages, tools = for_template(model.tokenizer, messages, tools)
         return render_chat(model.tokenizer, messages, True, tools)
-
-
-def piece_bytes(tokenizer: Any, token_id: int) -> bytes:
-    """A token's bytes: a byte-level BPE token's characters mapped back to the bytes they stand for (GPT-2's
-    table, which SmolLM2, Qwen and Llama 3 use); any other token, its decoded text as UTF-8."""
-    token = tokenizer.convert_ids_to_tokens(token_id)
-    table = _byte_of()
-    if isinstance(token, str) and token and all(c in table for c in token):
-        return bytes(table[c] for c in token)
-    return str(tokenizer.decode([token_id], skip_special_tokens=False)).encode("utf-8")
-
-
-@functools.cache
-def _byte_of() -> dict[str, int]:
-    """GPT-2's byte-to-character table turned round: the character a byte-level BPE vocabulary writes for each
-    byte, to that byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(printable)
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars, strict=True)}

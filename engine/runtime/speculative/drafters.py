@@ -117,7 +117,7 @@ class DraftModel:
         drafts: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
-            q = sampling.distribution(logits, params, None)
+            q = sampling.distribution(logits, params)
             token = int(logits.argmax()) if q is None else int(torch.multinomial(q, 1))
             drafts.append(token)
             if q is not None:

@@ -45,12 +45,15 @@ def test_fields_left_out_keep_the_windows_values() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"12": 101}}, "logit_bias"),
+        ({"logit_bias": {"word": 1}}, "logit_bias"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"max_tokens": 5000}, "max_tokens"),
         ({"top_p": 1.5}, "top_p"),
         ({"seed": "x"}, "seed"),
-        ({"logprobs": True}, "logprobs"),
         ({"response_format": {"type": "xml"}}, "response_format"),
     ],
 )

@@ -16,15 +16,22 @@ plain question, or that goes past a bound on any trial (with and without tools, 
 prompt and a reply), refuses the model with :class:`~engine.model.source.ModelLoadError`.
 Errors a template raises on purpose for richer conversations (a system role it does not take)
 are left for the reply that meets them.
+
+A thinking model's switch: :func:`takes_thinking_switch` says whether the template reads
+``enable_thinking`` (Qwen3's and SmolLM3's do); :func:`thinking_switches` turns a chat's choice
+("auto" | "on" | "off") into the variables to render with, and :func:`template_switches` sets them
+for every render inside its ``with`` (a context variable: each request's greenlet has its own), as
+``apply_chat_template(..., enable_thinking=False)`` passes its extra keywords to the template.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import json
 import weakref
-from collections.abc import Generator
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -35,6 +42,7 @@ from engine.model.source import ModelLoadError
 from engine.model.template_budget import BoundedEnvironment, Budget, TemplateBudgetError, budgeted
 
 UNNAMED = "the model's chat template"
+_SWITCHES: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("template_switches", default=())
 _origins: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
@@ -100,6 +108,7 @@ def render_chat(
                 tools=schemas,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
+                **dict(_SWITCHES.get()),
             )
     except TemplateBudgetError as exc:
         raise ChatTemplateError(_message(tokenizer, f"was stopped: {exc}"), stopped=True) from None
@@ -111,6 +120,32 @@ def render_chat(
         raise ChatTemplateError(_message(tokenizer, f"failed: {exc}"), stopped=False) from exc
     except Exception as exc:  # a template raises what its operations raise (TypeError, KeyError, ...)
         raise ChatTemplateError(_message(tokenizer, f"failed ({type(exc).__name__}: {exc})"), stopped=False) from exc
+
+
+@contextlib.contextmanager
+def template_switches(switches: Mapping[str, Any]) -> Iterator[None]:
+    """Render every chat template inside this ``with`` with ``switches`` as extra variables."""
+    token = _SWITCHES.set(tuple(switches.items()))
+    try:
+        yield
+    finally:
+        _SWITCHES.reset(token)
+
+
+def takes_thinking_switch(tokenizer: Any) -> bool:
+    """Whether the chat template reads ``enable_thinking`` (a thinking model whose thinking can be turned off)."""
+    try:
+        return "enable_thinking" in str(tokenizer.get_chat_template(None, None))
+    except Exception:  # noqa: BLE001 - no template (refused elsewhere) or a tokenizer without one: no switch
+        return False
+
+
+def thinking_switches(tokenizer: Any, choice: str) -> dict[str, bool]:
+    """The variables a chat's thinking ``choice`` renders with: ``enable_thinking`` for "on"/"off" where the
+    template reads it; none for "auto" (the template's default) or a template without the switch."""
+    if choice not in ("on", "off") or not takes_thinking_switch(tokenizer):
+        return {}
+    return {"enable_thinking": choice == "on"}
 
 
 def _generate(template: jinja2.Template, budget: Budget, largest: int, variables: dict[str, Any], **inputs: Any) -> str:

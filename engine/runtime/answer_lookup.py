@@ -228,7 +228,8 @@ class AnswerLookup:
             identity = self._expected
         if self.cache is None or identity is None or not request.answer_cache or request.fresh:
             return False
-        if request.raw or request.client_tools:  # not what an entry's key holds: never answered from it
+        # not what an entry's key holds (nor a chat's thinking switch): never answered from it
+        if request.raw or request.client_tools or request.thinking != "auto":
             return False
         if request.documents:  # a reply about documents lists its sources, which a cached answer does not hold
             return False

@@ -35,6 +35,7 @@ from engine.api import ModelInfo, ModelSpec, Warning
 from engine.model.kv import KVState, forward
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
 from engine.model.support import support
+from engine.model.template import takes_thinking_switch
 from engine.model.tool_template import template_renders_tools
 from engine.paths import cache_dir
 from engine.quant import native
@@ -115,6 +116,7 @@ def build(
     loaded.info["context_length"] = loaded.context_length
     loaded.info["fast_path"] = fast_path_text(loaded.model)
     loaded.info["tool_template"] = template_renders_tools(loaded.tokenizer)
+    loaded.info["thinking_switch"] = takes_thinking_switch(loaded.tokenizer)
     known = {f.name for f in dataclasses.fields(ModelInfo)}
     info = ModelInfo(**{k: v for k, v in loaded.info.items() if k in known})
     return Built(loaded, decoder, prefix_cache, draft, dtype, info, warnings)

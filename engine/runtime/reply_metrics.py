@@ -3,7 +3,9 @@
 :class:`ReplyMeter` is fed by the decode stream (``engine.runtime.decode``):
 ``prefilled(item)`` for each prefill chunk, ``step(step)`` for each decode
 step (the first one's arrival is the TTFT), ``token()`` when a token is taken
-into the reply (times are read then, with ``time.perf_counter()``); ``metrics(...)`` gives the decode's
+into the reply (times are read then, with ``time.perf_counter()``), ``split(...)`` once its text went through
+the thinking split (``engine.runtime.thinking``: thinking tokens, the thinking's end, the first answer text);
+``metrics(...)`` gives the decode's
 numbers (TTFT, TPOT mean/p50/p95 from each token's share of its step, tokens/s, per-source ``DraftStats``,
 the speed-up against the median plain step once enough were measured).
 :func:`request_metrics` adds the engine's own numbers (queue, prompt, cache
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from engine.api import DraftStats, Metrics, Span
 from engine.runtime.speculative import Controller
 from engine.runtime.steps import FORCED, Prefilled, Step
+from engine.runtime.thinking import ThinkingSplit
 
 
 @dataclass
@@ -33,6 +36,10 @@ class ReplyMeter:
     step_tokens: list[list[float]] = field(default_factory=list)  # the token times, grouped by the step that made them
     sources: dict[str, DraftStats] = field(default_factory=dict)
     forced: int = 0  # tokens the format forced and the model confirmed
+    thought: bool = False  # the reply had a thinking part (<think>...</think>)
+    thinking_tokens: int = 0  # tokens taken while the reply was (or could still be) in its thinking
+    thinking_end_s: float | None = None  # since t0: the thinking's closing tag was read
+    answer_s: float | None = None  # since t0: the first answer text went out
 
     def prefilled(self, item: Prefilled) -> None:
         self.prefill_s = (self.prefill_s or 0.0) + item.seconds
@@ -43,6 +50,17 @@ class ReplyMeter:
         if not self.step_tokens:
             self.step_tokens.append([])
         self.step_tokens[-1].append(now)
+
+    def split(self, was_inside: bool, split: ThinkingSplit, answered: bool) -> None:
+        """A token's text went through ``split``: ``was_inside`` before it (it counts as thinking; False for the
+        end's flush, no token), ``answered``: answer text went out."""
+        now = time.perf_counter() - self.t0
+        self.thought = split.thought
+        self.thinking_tokens += was_inside
+        if was_inside and not split.inside:
+            self.thinking_end_s = now
+        if answered and self.answer_s is None:
+            self.answer_s = now
 
     def step(self, step: Step) -> None:
         self.step_tokens.append([])
@@ -91,6 +109,9 @@ class ReplyMeter:
             forced=self.forced,
             plain_step_s=plain if speedup is not None else None,
             speedup=speedup,
+            thinking_tokens=self.thinking_tokens if self.thought else 0,
+            thinking_s=(self.thinking_end_s or end) - ttft if self.thought and ttft is not None else None,
+            answer_ttft_s=self.answer_s if self.thought else None,
         )
 
 
@@ -123,8 +144,12 @@ def request_metrics(
         spans.append(Span("prefill", lookup_at, lookup_at + m.prefill_s))
     if m.ttft_s is not None:
         spans.append(Span("first token", lookup_at + (m.prefill_s or 0.0), m.ttft_s))
-        if m.total_s is not None and m.completion_tokens > 1:
-            spans.append(Span("decode", m.ttft_s, m.total_s))
+        answer_at = m.ttft_s
+        if m.thinking_s is not None:  # the thinking's own bar; the decode bar is the answer's
+            answer_at = m.ttft_s + m.thinking_s
+            spans.append(Span("thinking", m.ttft_s, answer_at))
+        if m.total_s is not None and m.completion_tokens > 1 and m.total_s > answer_at:
+            spans.append(Span("decode", answer_at, m.total_s))
     return dataclasses.replace(
         m,
         queue_s=queue_s,

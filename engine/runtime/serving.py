@@ -34,6 +34,7 @@ from engine.answer_cache import ModelIdentity
 from engine.api import SOURCES, Done, Metrics, Request, Sampling, Started, Token, Warning
 from engine.model.kv import KVState, common_prefix
 from engine.model.loader import LoadedModel
+from engine.model.template import template_switches, thinking_switches
 from engine.runtime import batching, tool_turns
 from engine.runtime.answer_lookup import AnswerLookup, said
 from engine.runtime.answers import AnswerMemory
@@ -113,7 +114,8 @@ class Serving:
         """Serve ``request`` to its end; ``cancelled()`` says whether it was cancelled (looked at every step)."""
         try:
             if not reply.muted:  # the answer cache answered it while it waited
-                self._serve_checked(request, reply, cancelled)
+                with self._switches(request):  # the chat's thinking choice, for every render of its prompts
+                    self._serve_checked(request, reply, cancelled)
         except Exception as exc:  # whatever raised, the request ends with one Error
             traceback.print_exc()
             if self.res.draft is not None:
@@ -166,12 +168,14 @@ class Serving:
             drafters = self._drafters(request, len(prompt.ids))
         first: Metrics | None = None
         model_turns, as_text = 0, False
+        thinking: list[str] = []  # each round's thinking (Done.text holds the answers alone)
         while True:  # each round may write up to max_tokens; at most max_rounds rounds of tool calls
             result, lookup_at = self._decode(
                 request, reply, prompt, request.sampling, drafters, started, cancelled, schemas
             )
             started = True
             rounds.decodes.append((result.metrics, lookup_at))
+            thinking += [result.thinking] if result.thinking else []
             if first is None:
                 first = request_metrics(result.metrics, t_taken, t_prompt, lookup_at, 0, prompt.truncated)
                 first = dataclasses.replace(first, dropped=prompt.dropped)
@@ -210,10 +214,21 @@ class Serving:
         if applied is not None:  # an index write: after the reply's tokens, not before its first
             self.res.documents.touch(applied.found_ids)
         with self.res.answer_lookup.keeping():  # a process that ends on this Done waits until it is kept
-            reply.emit(Done(request.id, reply.since(), text, finish, metrics))
+            reply.emit(Done(request.id, reply.since(), text, finish, metrics, "\n\n".join(thinking)))
             self._keep_answer(request, result, finish, rounds, metrics)  # before the next request is taken in
 
     def hint_tokens(self, request: Request) -> list[int]:
+        """:meth:`_hint_tokens`, rendered with the chat's thinking choice (as its Send will be)."""
+        with self._switches(request):
+            return self._hint_tokens(request)
+
+    def _switches(self, request: Request) -> contextlib.AbstractContextManager[None]:
+        """The template's variables for ``request``'s thinking choice (``Request.thinking``), set while inside."""
+        if self.res.loaded is None or request.raw:
+            return contextlib.nullcontext()
+        return template_switches(thinking_switches(self.res.loaded.tokenizer, request.thinking))
+
+    def _hint_tokens(self, request: Request) -> list[int]:
         """The tokens of ``request``'s prompt that no keystroke in its last message can change (``Engine.hint``):
         none for an empty draft, one far longer than the context, or one that may not be sent.  Its rendering is
         kept for a Send of this very text (:meth:`_prepare`)."""
@@ -269,7 +284,7 @@ class Serving:
         assert self.res.loaded is not None
         budget = self.res.prefix_cache.budget_bytes if self.res.prefix_cache is not None else 0
         parts = [request.messages, request.documents, schemas, request.sampling.max_tokens,
-                 self.res.loaded.context_length, budget]  # fmt: skip
+                 self.res.loaded.context_length, budget, request.thinking]  # fmt: skip
         return json.dumps(parts, sort_keys=True, default=str)
 
     def _prepare(
@@ -467,6 +482,7 @@ class Serving:
             self.res.loaded.context_length,
             schemas,
             known,
+            thinking=not request.raw,
         ):
             if isinstance(item, DecodeResult):
                 result = item
@@ -525,6 +541,8 @@ class Serving:
         # a raw prompt or a client's tools are not what the answer cache keys on: not kept there
         # nor are replies about documents: their sources are not kept with an answer
         kept_elsewhere = request.raw or bool(request.client_tools) or bool(request.documents)
+        # nor a reply that thought, or one made with thinking switched: its key does not hold the choice
+        kept_elsewhere = kept_elsewhere or bool(result.thinking) or request.thinking != "auto"
         if (
             finish not in ("stop", "length", "repetition")
             or rounds.tools_ran

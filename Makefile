@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.brisk-installed
 
-.PHONY: run test test-fast lint bench clean-venv native package package-test
+.PHONY: run test test-fast test-durations lint bench clean-venv native package package-test
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,13 +34,18 @@ run: $(STAMP)
 
 # Tiers: the marks are given by rule in tests/conftest.py.  `make test-fast` is the inner loop (in-process
 # tests: tiny models, fake engines, storage, the server, the window, the CLI called in process; `build` tests
-# use the native step `native` built first); `make test` runs it first, then the rest (the hostile cases, the
-# CLI in child processes, the bundled model), with the slowest 30 printed.
-FAST_TIER := not hostile and not cli and not bundled
+# use the native step `native` built first; not the `slow` ones, those of 2 s or more in tests/durations.json);
+# `make test` runs it first, then the rest (the hostile cases, the CLI in child processes, the bundled model,
+# the slow ones), with the slowest 30 printed.  `make test-durations` records the in-process tests' times
+# (run it on a quiet machine; it rewrites tests/durations.json).
+FAST_TIER := not hostile and not cli and not bundled and not slow
 PYTEST := QT_QPA_PLATFORM=offscreen HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q
 
 test-fast: native
 	$(PYTEST) -m "$(FAST_TIER)" $(PYTEST_ARGS)
+
+test-durations: native
+	BRISK_RECORD_DURATIONS=1 $(PYTEST) -m "not hostile and not cli and not bundled" $(PYTEST_ARGS)
 
 test: native
 	$(PYTEST) -m "$(FAST_TIER)" $(PYTEST_ARGS) || [ $$? -eq 5 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ import pytest  # noqa: E402
 from tests.support.engine_runner import EngineRunner  # noqa: E402
 from tests.support.tiny import make_tiny_model  # noqa: E402
 
-# Tiers (``make test-fast`` runs what none of hostile, cli and bundled marks): marks given here by rule.
+# Tiers (``make test-fast`` runs what none of hostile, cli, bundled and slow marks): marks given here by rule.
 # A test that starts the real CLI in a child process says so in its own code (tests/support/brisk_cli.py).
 CHILD_CLI = re.compile(r"child=True|\[\*BRISK\b|\"app\.cli\"")  # brisk(..., child=True), [*BRISK, ...]
 _STARTS_CHILD: dict[object, bool] = {}
@@ -64,11 +65,51 @@ def _starts_child(item: pytest.Item) -> bool:
     return _STARTS_CHILD[function]
 
 
+# ``slow``: a test that took SLOW_S or more (set-up, call and tear-down) when the durations were last recorded
+# (``make test-durations`` writes DURATIONS from a quiet run of the in-process tests).  The fast tier leaves
+# them to ``make test``'s second run, so the inner loop's time is kept by measurement, not by memory.
+DURATIONS = Path(__file__).with_name("durations.json")
+SLOW_S = 2.0
+RECORD_MIN_S = 0.5  # shorter tests are not kept in the file
+_took: dict[str, float] = {}
+
+
+def recorded_durations(path: Path | None = None) -> dict[str, float]:
+    """The seconds each test took when last recorded ({} without a readable file: no test is ``slow``)."""
+    try:
+        seconds = json.loads((path or DURATIONS).read_text(encoding="utf-8")).get("seconds", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(seconds, dict):
+        return {}
+    return {k: float(v) for k, v in seconds.items() if isinstance(k, str) and isinstance(v, int | float)}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("BRISK_RECORD_DURATIONS"):
+        _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With ``BRISK_RECORD_DURATIONS=1``: the tests this run ran replace their entries in DURATIONS."""
+    if not os.environ.get("BRISK_RECORD_DURATIONS") or not _took:
+        return
+    kept = {k: v for k, v in recorded_durations().items() if k not in _took}
+    kept |= {k: round(v, 2) for k, v in _took.items() if v >= RECORD_MIN_S}
+    body = {"note": "written by `make test-durations`; tests/conftest.py marks those of SLOW_S or more slow"}
+    body["seconds"] = dict(sorted(kept.items(), key=lambda kv: -kv[1]))
+    DURATIONS.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``hostile``: tests/hostile/; ``cli``: a test that starts ``brisk`` in a child process; ``bundled``: a
     test on the bundled SmolLM2 model (its engine, or marked so by hand); ``build``: a test that needs the
-    native decode step built (it asks for ``native_step``)."""
+    native decode step built (it asks for ``native_step``); ``slow``: one that took SLOW_S s or more when
+    the durations were last recorded."""
+    took = recorded_durations()
     for item in items:
+        if took.get(item.nodeid, 0.0) >= SLOW_S:
+            item.add_marker(pytest.mark.slow)
         names = getattr(item, "fixturenames", ())
         if "hostile" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.hostile)

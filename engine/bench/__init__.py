@@ -18,7 +18,10 @@ later start, speed), ``defaults`` (which default sampling keeps the bundled mode
 ``first-question`` (``brisk ask`` in a new process, answer cache and speculation on and off),
 ``first-start`` (the window's first start: time to a usable chat), ``infill`` (code
 completion: an editing session replayed on ``/infill`` as llama.vim sends it), ``tools`` (how often the model calls the
-calculator with Brisk's own tool prompt and without), ``all``.  Variants are compared side by
+calculator with Brisk's own tool prompt and without), ``overflow`` (the first reply after a chat
+outgrows the context against the reply before it; ``--context``),
+``branch`` (a branched chat's first reply against a cold chat with the same history and a one-line follow-up),
+``all``.  Variants are compared side by
 side in one run; we report medians.  Each scenario lives in a module of its own.
 
 Every benchmark lives here, in ``engine/bench/``, and prints its tables with :mod:`engine.bench.common`'s
@@ -69,6 +72,8 @@ SCENARIOS: dict[str, str] = {
     "first-start": "engine.bench.first_start",
     "infill": "engine.bench.infill",
     "tools": "engine.bench.tools",
+    "overflow": "engine.bench.overflow",
+    "branch": "engine.bench.branch",
 }
 
 

@@ -3,7 +3,9 @@
 :class:`ReplyState` accepts the events of its own request (``Started``,
 ``PrefillProgress``, ``Token``, ``Done``, ``Error``) through :meth:`apply` and
 keeps everything a view needs: the text as segments flagged draft / not draft,
-the tool calls (``ToolCall`` events, saved as ``metrics["tool_calls"]``),
+the tool calls (``ToolCall`` events, saved as ``metrics["tool_calls"]``), a thinking model's thinking
+(``Thinking`` events: apart from the text, saved as ``metrics["thinking"]``; :func:`thinking_line` says how
+long it thought),
 the live timings taken from the events' ``t`` (TTFT, running tok/s), the final
 metrics, and the status (``streaming``, ``done``, ``cancelled`` or ``error``,
 the same words the store uses).
@@ -21,7 +23,7 @@ from typing import Any
 
 from app.state.config import ReplyConfig
 from app.state.tools import call_record
-from engine.api import Done, Error, Metrics, PrefillProgress, Started, Token, ToolCall, prompt_counts
+from engine.api import Done, Error, Metrics, PrefillProgress, Started, Thinking, Token, ToolCall, prompt_counts
 
 FORCED = "forced"  # a segment's provenance for text the reply's format forced (True: drafted and accepted)
 
@@ -49,6 +51,10 @@ class ReplyState:
     error: str = ""
     config: ReplyConfig | None = None  # the switches it ran with (saved as metrics["config"])
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record of each call
+    thinking: str = ""  # the text of its <think>...</think>, apart from ``text`` (the answer)
+    thinking_tokens: int = 0
+    thinking_t: float | None = None  # the last Thinking event's t
+    answer_t: float | None = None  # the first answer Token's t
 
     @property
     def text(self) -> str:
@@ -77,19 +83,26 @@ class ReplyState:
         elif isinstance(event, PrefillProgress):
             self.prefill = (event.done, event.total)
             self._note_cached(event)
-        elif isinstance(event, Token):
+        elif isinstance(event, Token | Thinking):
             count = len(event.ids) or 1
             if self.first_token_t is None:
                 self.first_token_t = event.t
                 self.tokens_at_first = count
             self.last_token_t = event.t
             self.tokens += count
-            self.append(event.text, FORCED if event.forced else event.draft)
+            if isinstance(event, Thinking):
+                self.thinking += event.text
+                self.thinking_tokens += count
+                self.thinking_t = event.t
+            else:
+                self.answer_t = event.t if self.answer_t is None else self.answer_t
+                self.append(event.text, FORCED if event.forced else event.draft)
         elif isinstance(event, ToolCall):
             self.tool_calls.append(call_record(event))
         elif isinstance(event, Done):
             if event.text and event.text != self.text:
                 self.segments = [(event.text, False)]
+            self.thinking = event.thinking or self.thinking
             self.metrics = event.metrics
             self.finish_reason = event.finish_reason
             self.truncated = self.truncated or event.metrics.truncated
@@ -129,6 +142,11 @@ class ReplyState:
             live["prompt_tokens"] = self.prompt_tokens
         if self.cached_tokens is not None:
             live["cached_tokens"] = self.cached_tokens
+        if self.thinking_t is not None and self.first_token_t is not None:
+            live["thinking_tokens"] = self.thinking_tokens
+            live["thinking_s"] = self.thinking_t - self.first_token_t
+            if self.answer_t is not None:
+                live["answer_ttft_s"] = self.answer_t
         return live
 
     def shown_metrics(self) -> dict[str, Any]:
@@ -148,7 +166,18 @@ class ReplyState:
             saved["config"] = self.config.to_dict()
         if self.tool_calls:
             saved["tool_calls"] = list(self.tool_calls)
+        if self.thinking:
+            saved["thinking"] = self.thinking
         return saved
+
+    @property
+    def thinking_now(self) -> bool:
+        """The reply is streaming and still inside its thinking (no answer text yet)."""
+        return self.streaming and self.thinking_t is not None and self.answer_t is None
+
+    def thinking_line(self) -> str:
+        """The line over the reply's thinking, right now ("" for a reply that did not think)."""
+        return thinking_line(self.shown_metrics(), self.thinking_now) if self.thinking_t or self.thinking else ""
 
     def status_line(self) -> str:
         """The grey line under the reply, right now."""
@@ -172,6 +201,19 @@ def _num(metrics: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value
+
+
+def thinking_line(metrics: Mapping[str, Any], thinking_now: bool = False) -> str:
+    """The clickable line over a reply's thinking, e.g. ``Thought for 4.2 s (310 tokens), first answer token at
+    4.3 s``; while it still thinks ``Thinking… 2.1 s``; "" without thinking numbers."""
+    seconds, tokens = _num(metrics, "thinking_s"), _num(metrics, "thinking_tokens")
+    if thinking_now:
+        return f"Thinking\u2026 {seconds or 0.0:.1f} s"
+    if not tokens:
+        return ""
+    line = f"Thought for {seconds:.1f} s ({int(tokens)} tokens)" if seconds is not None else "Thought"
+    first = _num(metrics, "answer_ttft_s")
+    return line + (f", first answer token at {first:.1f} s" if first is not None else "")
 
 
 def stats_line(metrics: Metrics | Mapping[str, Any], finish_reason: str = "") -> str:

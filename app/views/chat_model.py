@@ -38,7 +38,7 @@ from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelInde
 
 from app.state.answer_stats import cache_badge
 from app.state.attachments import sources_of
-from app.state.reply import ReplyState, stats_line
+from app.state.reply import ReplyState, stats_line, thinking_line
 from app.state.tools import calls_from_metrics, tools_header, tools_text
 from app.views.markdown_render import render_reply, render_user
 from app.views.style import current
@@ -81,6 +81,9 @@ class ChatItem:
     badge: str = ""  # the answer-cache hit this reply came from ("" for a generated reply)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # app.state.tools.call_record dicts
     tools_open: bool = False  # the tool section shows each result, not only the calls
+    thinking: str = ""  # a thinking model's thinking (metrics["thinking"]), shown collapsed under thinking_header
+    thinking_header: str = ""  # app.state.reply.thinking_line: "Thought for 4.2 s (310 tokens), ..."
+    thinking_open: bool = False
     sources: list[dict[str, Any]] = field(default_factory=list)  # Metrics.sources: what the reply drew on
     reply: ReplyState | None = None  # a reply of this session: rendered from its segments
     version: int = 1  # the version of the message shown (a reply asked for again has several), from 1
@@ -167,6 +170,7 @@ class ChatItem:
         self.error = reply.error
         self.badge = cache_badge(reply.metrics)
         self.tool_calls = list(reply.tool_calls)
+        self.thinking, self.thinking_header = reply.thinking, reply.thinking_line()
         self.sources = sources_of({"sources": reply.metrics.sources}) if reply.metrics is not None else []
         self.revision += 1
 
@@ -198,6 +202,8 @@ def item_from_message(message: Message) -> ChatItem:
             item.error = str(row.get("error") or ERROR_FALLBACK)
         item.badge = cache_badge(row)
         item.tool_calls = calls_from_metrics(row)
+        item.thinking = row["thinking"] if isinstance(row.get("thinking"), str) else ""
+        item.thinking_header = (thinking_line(row) or "Thought") if item.thinking else ""
         item.sources = sources_of(row)
     item.notice = " ".join(notices)
     return item

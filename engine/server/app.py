@@ -327,24 +327,127 @@ class Handlers:
         await self.biased_within_vocab(req.sampling)
         stream = self._chat_stream if chat else self._completion_stream
         headers = ignored_header(reply.ignored)
+        if reply.n > 1:
+            return await self.answer_siblings(http, shapes.siblings(req, reply.n), reply, endpoint, chat)
         out = await self.run(
             http, req, endpoint, (lambda _, events: stream(req, reply, events)) if reply.stream else None, headers
         )
         if isinstance(out, Response):
             return out
-        done = out.done
         reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        return JSONResponse(self.whole(req, reply, out, chat, reply_id), headers=headers)
+
+    @staticmethod
+    def whole(req: Request, reply: Reply, out: Outcome, chat: bool, reply_id: str) -> dict[str, Any]:
+        """A reply that is not streamed: the answer's body."""
+        done = out.done
         numbers = shapes.logprobs_of(out.tokens) if req.sampling.logprobs else None
         if not chat:
             text = (req.messages[0]["content"] if reply.echo else "") + done.text
             finish = shapes.finish_reason(done.finish_reason)
             lp = None if numbers is None else shapes.completion_logprobs(numbers)
-            body = shapes.completion_response(reply_id, reply, text, finish, done.metrics, logprobs=lp)
-            return JSONResponse(body, headers=headers)
+            return shapes.completion_response(reply_id, reply, text, finish, done.metrics, logprobs=lp)
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
         lp = None if numbers is None else shapes.chat_logprobs(numbers)
-        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp)
+        return shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp)
+
+    async def answer_siblings(
+        self, http: HttpRequest, reqs: list[Request], reply: Reply, endpoint: str, chat: bool
+    ) -> Response:
+        """``n`` choices: the siblings run as requests of their own, submitted at once so the engine decodes
+        them together; choice i is sibling i's reply.  ``usage`` counts the prompt once (as OpenAI does) and
+        the completions of all."""
+        headers = ignored_header(reply.ignored)
+        reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
+        if reply.stream:
+            return await self.stream_siblings(http, reqs, reply, endpoint, chat, reply_id, headers)
+        outs = await asyncio.gather(*(self.run(http, r, endpoint, None) for r in reqs), return_exceptions=True)
+        for out in outs:
+            if isinstance(out, BaseException):
+                raise out
+            if isinstance(out, Response):
+                return out
+        bodies = [self.whole(r, reply, o, chat, reply_id) for r, o in zip(reqs, outs, strict=True)]  # type: ignore[arg-type]
+        body = bodies[0]
+        body["choices"] = [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]
+        body["usage"] = shapes.usage_of([o.done.metrics for o in outs])  # type: ignore[union-attr]
         return JSONResponse(body, headers=headers)
+
+    async def stream_siblings(
+        self,
+        http: HttpRequest,
+        reqs: list[Request],
+        reply: Reply,
+        endpoint: str,
+        chat: bool,
+        reply_id: str,
+        headers: Mapping[str, str],
+    ) -> Response:
+        """``n`` streamed choices: each sibling's chunks as it makes them, under one id with its index; the
+        response starts once every sibling has started (a refusal is a plain 4xx/5xx), and one usage chunk
+        for them all ends it when asked for."""
+        queues = [self.s.hub.open(r, Entry(r.id, client_name(http), endpoint, time.time())) for r in reqs]
+        ids = tuple(r.id for r in reqs)
+        watch = Watch(http)
+        streaming = False
+        try:
+            for events in queues:
+                first = await self._until(watch, events, Started | Error | Done)
+                if first is None:
+                    return Response(status_code=499)
+                if isinstance(first, Error):
+                    raise engine_error(first.message)
+                if isinstance(first, Done):
+                    events.put_nowait(first)
+            one = dataclasses.replace(reply, include_usage=True)  # each sibling's usage, summed here
+            make = self._chat_stream if chat else self._completion_stream
+            merged = self._merged([make(r, one, q) for r, q in zip(reqs, queues, strict=True)], reply, reply_id)
+            streaming = True
+            return EventSourceResponse(self._guarded(ids, merged), ping=15, send_timeout=None, headers=headers)
+        finally:
+            watch.stop()
+            if not streaming:
+                for request_id in ids:
+                    self.s.hub.close(request_id)
+
+    @staticmethod
+    async def _merged(
+        streams: list[AsyncIterator[dict[str, Any]]], reply: Reply, reply_id: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The siblings' chunks as they come, choice i's ``index`` i, all under ``reply_id``; their usage
+        chunks held back and summed into one at the end (when ``reply.include_usage``)."""
+        queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
+
+        async def pump(i: int, chunks: AsyncIterator[dict[str, Any]]) -> None:
+            try:
+                async for chunk in chunks:
+                    await queue.put((i, chunk))
+            finally:
+                await queue.put((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, chunks)) for i, chunks in enumerate(streams)]
+        usages: list[dict[str, Any]] = []
+        left = len(tasks)
+        try:
+            while left:
+                i, chunk = await queue.get()
+                if chunk is None:
+                    left -= 1
+                    continue
+                if "error" in chunk:
+                    yield chunk
+                    return
+                if not chunk["choices"] and "usage" in chunk:
+                    usages.append(chunk)
+                    continue
+                chunk["id"] = reply_id
+                chunk["choices"] = [{**c, "index": i} for c in chunk["choices"]]
+                yield chunk
+            if reply.include_usage and usages:
+                yield {**usages[0], "id": reply_id, "usage": shapes.summed(u["usage"] for u in usages)}
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def run(
         self,
@@ -377,7 +480,7 @@ class Handlers:
             if stream is not None:  # from here sse-starlette watches the connection and the stream closes it
                 streaming = True
                 return EventSourceResponse(
-                    self._guarded(req.id, stream(started, events), marker, named),
+                    self._guarded((req.id,), stream(started, events), marker, named),
                     ping=15,
                     send_timeout=None,
                     headers=headers,
@@ -430,7 +533,11 @@ class Handlers:
                 tokens.append(event)
 
     async def _guarded(
-        self, request_id: str, chunks: AsyncIterator[dict[str, Any]], marker: bool = True, named: bool = False
+        self,
+        request_ids: tuple[str, ...],
+        chunks: AsyncIterator[dict[str, Any]],
+        marker: bool = True,
+        named: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """The stream's events (``named``: each with its chunk's ``type`` as the SSE event), then ``[DONE]``
         (``marker``); the request is cancelled when the client stops reading."""
@@ -441,7 +548,8 @@ class Handlers:
             if marker:
                 yield {"data": "[DONE]"}
         finally:
-            self.s.hub.close(request_id)
+            for request_id in request_ids:
+                self.s.hub.close(request_id)
 
     async def _chat_stream(
         self, req: Request, reply: Reply, events: asyncio.Queue[Any]

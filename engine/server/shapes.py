@@ -26,7 +26,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +37,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 FINISH = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop", "repetition": "stop"}
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
 MAX_BIAS = 300  # OpenAI's own limit on logit_bias entries
-MAX_N = 1  # choices per request: one (several would be the same greedy reply, or a batch the client can send)
+MAX_N = 8  # choices per request: siblings decoded together, each a request of its own (engine.server.app)
 CHARS_PER_TOKEN = 32  # more than any tokenizer's tokens average: a prompt over context x this cannot fit
 
 # Fields that the openai SDK, LangChain, litellm and agents send by habit and that change nothing in a reply
@@ -56,7 +56,7 @@ HABITS = frozenset(
         "reasoning_effort",
     }
 )
-# what sampling_from reads: honoured, or (n) refused by value with a reason
+# what sampling_from reads, each honoured (n: checked here, the siblings are the app's; see Reply.n)
 SAMPLING_FIELDS = frozenset(
     {
         "temperature",
@@ -128,6 +128,7 @@ class Reply:
     include_usage: bool = False  # stream_options.include_usage: a last chunk with usage and no choices
     tools: bool = False  # the client sent tools: tool calls come back as ``tool_calls``
     echo: bool = False  # /v1/completions: the prompt before the completion
+    n: int = 1  # choices: siblings of the request, seeds seed + i when it has one (siblings())
     ignored: tuple[str, ...] = ()  # fields of HABITS the request sent: the answer's X-Brisk-Ignored header
 
 
@@ -196,7 +197,7 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int, cha
     chat ``logprobs`` (a flag, with ``top_logprobs``), else the legacy completions' (a count)."""
     n = whole(body, "n", 1, 128)
     if n is not None and n > MAX_N:
-        raise bad(f"'n' must be 1 here; send {n} requests instead (they are served together).", "n")
+        raise bad(f"'n' must be at most {MAX_N} here; send several requests (they are served together).", "n")
     limit = whole(body, "max_completion_tokens", 1, 1 << 30)
     if limit is None:
         limit = whole(body, "max_tokens", 1, 1 << 30)
@@ -453,7 +454,7 @@ def chat_request(
         answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
         origin="server",
     )
-    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored)
+    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body))
 
 
 def completion_request(
@@ -486,7 +487,26 @@ def completion_request(
         answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
         origin="server",
     )
-    return request, Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored)
+    reply = Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored, n=_n(body))
+    return request, reply
+
+
+def _n(body: Mapping[str, Any]) -> int:
+    return whole(body, "n", 1, MAX_N) or 1
+
+
+def siblings(request: Request, n: int) -> list[Request]:
+    """``request`` and ``n - 1`` copies of it, each an id of its own; with a seed, the i-th draws with seed + i
+    (so each choice equals the request sent alone with that seed)."""
+    seed = request.sampling.seed
+    return [request] + [
+        replace(
+            request,
+            id=new_id("srv"),
+            sampling=replace(request.sampling, seed=None if seed is None else (seed + i) % 2**63),
+        )
+        for i in range(1, n)
+    ]
 
 
 def within_context(count: int, chars: int, context: int, param: str) -> None:
@@ -541,6 +561,20 @@ def usage(metrics: Metrics) -> dict[str, Any]:
         "total_tokens": metrics.prompt_tokens + metrics.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
     }
+
+
+def usage_of(metrics: list[Metrics]) -> dict[str, Any]:
+    """The ``usage`` of ``n`` sibling replies to one prompt: the prompt once (the first's), every completion."""
+    return summed(usage(m) for m in metrics)
+
+
+def summed(usages: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sibling ``usage`` objects as one: the first's prompt, the completions added up."""
+    items = list(usages)
+    first = dict(items[0])
+    first["completion_tokens"] = sum(u["completion_tokens"] for u in items)
+    first["total_tokens"] = first["prompt_tokens"] + first["completion_tokens"]
+    return first
 
 
 def brisk_figures(metrics: Metrics) -> dict[str, Any]:

@@ -234,3 +234,41 @@ def test_echo_with_logprobs_is_refused_and_logprobs_skip_the_answer_cache(served
     assert request.answer_cache is False and request.sampling.logprobs
     request, _ = shapes.chat_request({"messages": HELLO}, "m", Sampling(), 2048, "off")
     assert request.answer_cache is True
+
+
+def choice_bytes(choice: Any) -> list[bytes]:
+    return [bytes(c.bytes) for c in choice.logprobs.content]
+
+
+def test_n_siblings_equal_the_request_sent_n_times_with_their_seeds(served: Served) -> None:
+    fields = {"messages": QUOTE, "max_tokens": 12, "temperature": 1.0, "logprobs": True}
+    many = chat(served, n=3, seed=10, **fields)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    alone = [chat(served, seed=10 + i, **fields) for i in range(3)]
+    assert [choice_bytes(c) for c in many.choices] == [said(a) for a in alone]
+    assert len({tuple(choice_bytes(c)) for c in many.choices}) == 3  # three seeds, three replies
+    assert many.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    assert many.usage.prompt_tokens == alone[0].usage.prompt_tokens  # the prompt counted once, as OpenAI does
+    streamed: dict[int, list[bytes]] = {}
+    usage = None
+    ids = set()
+    for chunk in chat(served, n=3, seed=10, stream=True, stream_options={"include_usage": True}, **fields):
+        ids.add(chunk.id)
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.logprobs is not None:
+                streamed.setdefault(c.index, []).extend(bytes(n.bytes) for n in c.logprobs.content)
+    assert [streamed[i] for i in range(3)] == [said(a) for a in alone]
+    assert usage is not None and usage.completion_tokens == many.usage.completion_tokens
+    assert len(ids) == 1  # one id for every choice
+
+
+def test_legacy_completions_take_n(served: Served) -> None:
+    api = served.openai()
+    fields = {"model": served.service.model, "prompt": "The cat sat on", "max_tokens": 8, "temperature": 1.0}
+    many = api.completions.create(n=2, seed=3, logprobs=0, **fields)
+    alone = [api.completions.create(seed=3 + i, logprobs=0, **fields) for i in range(2)]
+    assert [c.logprobs.tokens for c in many.choices] == [a.choices[0].logprobs.tokens for a in alone]
+    greedy = api.completions.create(n=2, **{**fields, "temperature": 0})
+    assert greedy.choices[0].text == greedy.choices[1].text and greedy.usage.completion_tokens == 16

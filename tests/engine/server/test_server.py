@@ -117,7 +117,7 @@ def test_sampling_fields_are_honoured(served: Served) -> None:
     ("body", "status", "param"),
     [
         ({"messages": HELLO, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
-        ({"messages": HELLO, "n": 3}, 400, "n"),
+        ({"messages": HELLO, "n": 9}, 400, "n"),
         ({"messages": HELLO, "temperature": "hot"}, 400, "temperature"),
         ({"messages": []}, 400, "messages"),
         ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0]"),

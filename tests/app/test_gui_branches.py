@@ -112,3 +112,34 @@ def test_keep_last_turns_and_deleting_the_parent_keeps_the_branches(
     assert window.delete_conversation(parent, confirm=False)
     assert sidebar_rows(window) == [(tail, 0, "One (last 1 turn)")], "the branch stays, as a chat of its own"
     assert window.store.get_conversation(tail).parent_id is None
+
+
+def test_the_list_nests_branches_and_keeps_the_selected_row_through_a_move(qtbot: QtBot) -> None:
+    from app.views.conversation_list import nested
+    from app.views.sidebar import Sidebar
+    from engine.storage import Conversation
+
+    def chat(cid: str, parent: str | None = None) -> Conversation:
+        return Conversation(cid, cid.upper(), "", 0.0, 0.0, parent_id=parent)
+
+    # a family is as recent as its newest member; a lost parent or a loop (a damaged file) shows at the top
+    listed = [chat("b2", "a"), chat("c"), chat("a"), chat("b1", "a"), chat("x", "gone"), chat("p", "q"), chat("q", "p")]
+    assert [(c.id, depth) for c, depth in nested(listed)] == [
+        ("a", 0),
+        ("b2", 1),
+        ("b1", 1),
+        ("c", 0),
+        ("x", 0),
+        ("p", 0),
+        ("q", 1),
+    ]
+    sidebar = Sidebar()
+    qtbot.addWidget(sidebar)
+    sidebar.set_conversations([chat("c"), chat("b", "a"), chat("a")])
+    assert sidebar.model.ids() == ["c", "a", "b"]
+    sidebar.select("b")
+    moves: list[object] = []
+    sidebar.model.rowsMoved.connect(lambda *args: moves.append(args))
+    sidebar.upsert(chat("b", "a"), to_top=True)  # a reply in the branch: parent and branch move up, as one block
+    assert sidebar.model.ids() == ["a", "b", "c"] and len(moves) == 1
+    assert sidebar.list_view.currentIndex().data() == f"{BRANCH_MARK}B"

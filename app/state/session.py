@@ -340,6 +340,7 @@ class ChatSession:
             fresh=regenerated,
             documents=self.sent_ids(docs),
             overflow=params.option(own, "overflow"),
+            thinking=params.option(own, "thinking"),  # a thinking model's switch (Request.thinking)
         )
 
     def sent_ids(self, docs: Sequence[dict[str, Any]] | None = None) -> tuple[str, ...]:

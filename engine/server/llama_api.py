@@ -13,9 +13,14 @@ handlers: the API key, the model rule, the hub):
   ``temperature`` (below 0: greedy, as llama.cpp), ``top_k``, ``top_p``,
   ``seed`` (-1: random), ``repeat_penalty``, ``cache_prompt`` (False: this reply
   neither reads nor keeps prompt KV), ``json_schema``, ``grammar`` (GBNF or
-  Lark, through llguidance's converter), ``return_tokens``, ``model``.  The
+  Lark, through llguidance's converter), ``return_tokens``, ``model``,
+  ``presence_penalty`` / ``frequency_penalty`` (OpenAI's meaning: over the
+  whole reply, not llama.cpp's last ``repeat_last_n`` tokens), ``logit_bias``
+  (token ids; ``false`` bans) and ``n_probs`` (``completion_probabilities``:
+  each token's ``logprob`` and its ``n_probs`` likeliest, as the OpenAI paths
+  give them; at most 20).  The
   sampler fields Brisk lacks are taken only at the value that turns them off
-  (:data:`OFF`, e.g. ``min_p: 0``, ``n_probs: 0``); any other value, and any
+  (:data:`OFF`, e.g. ``min_p: 0``, ``mirostat: 0``); any other value, and any
   other field, is a 400 that names it.  Streamed, each piece is
   ``data: {"content", "tokens", "stop": false, ...}`` and the last one carries
   ``stop: true`` with ``timings``, ``tokens_predicted``, ``tokens_evaluated``,
@@ -50,7 +55,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.api import Done, Error, Metrics, Request, Sampling, Started, Token, reply_format
+from engine.api import MAX_TOP_LOGPROBS, Done, Error, Logprob, Metrics, Request, Sampling, Started, Token, reply_format
 from engine.server import infill, shapes
 from engine.server.shapes import ApiError, bad
 from engine.server.vocab import Model, Vocab
@@ -93,6 +98,10 @@ TAKEN = frozenset(
         "grammar",
         "return_tokens",
         "model",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "n_probs",
     }
 )
 # llama.cpp's fields for what Brisk does not have, each at the value that turns it off: a client that sends
@@ -104,13 +113,10 @@ OFF: dict[str, Any] = {
     "tfs_z": 1,
     "top_n_sigma": -1,
     "mirostat": 0,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
     "dry_multiplier": 0,
     "xtc_probability": 0,
     "dynatemp_range": 0,
     "ignore_eos": False,
-    "n_probs": 0,
     "n_keep": 0,
     "n_indent": 0,
     "n_cmpl": 1,
@@ -119,11 +125,9 @@ OFF: dict[str, Any] = {
     "timings_per_token": False,
     "return_progress": False,
     "post_sampling_probs": False,
-    "logit_bias": [],
     "lora": [],
 }
 _OFF_WHY = {
-    "n_probs": "token probabilities are not returned yet",
     "min_p": "Brisk's sampler has temperature, top_k and top_p",
     "n_cmpl": "send one request per completion (they are decoded together)",
 }
@@ -371,6 +375,8 @@ class LlamaApi:
             return out
         ids = [i for t in out.tokens for i in t.ids]
         result = await self.result(asked, name, out.done, ids, stream=False)
+        if asked.request.sampling.logprobs:
+            result["completion_probabilities"] = probabilities(shapes.logprobs_of(out.tokens))
         if edit is not None:
             edit.apply(result)
         if fields is not None:  # llama.cpp: only the fields asked for, each keyed by its path
@@ -401,6 +407,7 @@ class LlamaApi:
                 )
         shapes.within_context(1, len(text), self.s.context, "prompt")
         sampling = await self._sampling(body, model, text)
+        await self.h.biased_within_vocab(sampling)
         if prompt_ids is not None and self.s.context and len(prompt_ids) + sampling.max_tokens > self.s.context:
             raise bad(
                 f"The infill prompt is {len(prompt_ids)} tokens and 'n_predict' {sampling.max_tokens}: more "
@@ -416,6 +423,7 @@ class LlamaApi:
             prefix_cache=_flag(body, "cache_prompt", True),
             speculative=self.s.speculative,
             raw=True,
+            answer_cache=not sampling.logprobs,  # a cached answer keeps no probabilities
             origin="server",
             prompt_ids=tuple(prompt_ids or ()),
         )
@@ -437,6 +445,7 @@ class LlamaApi:
                 "unsupported_value",
             )
         top_k = shapes.whole(body, "top_k", 0, 1 << 20)
+        probs = shapes.whole(body, "n_probs", 0, MAX_TOP_LOGPROBS)
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise bad(f"'seed' must be a whole number, not {seed!r}.", "seed", "invalid_type")
@@ -450,6 +459,11 @@ class LlamaApi:
             max_tokens=await self._limit(body, model, text),
             stop=_stops(body.get("stop")),
             format=_format(body),
+            presence_penalty=shapes.number(body, "presence_penalty", -2.0, 2.0, 0.0),
+            frequency_penalty=shapes.number(body, "frequency_penalty", -2.0, 2.0, 0.0),
+            logit_bias=_bias(body.get("logit_bias")),
+            logprobs=bool(probs),
+            top_logprobs=probs or 0,
         )
 
     async def _limit(self, body: Mapping[str, Any], model: Model | None, text: str) -> int:
@@ -480,7 +494,7 @@ class LlamaApi:
                 event = await events.get()
                 if isinstance(event, Token) and (event.text or event.ids):
                     ids.extend(event.ids)
-                    yield {
+                    chunk = {
                         "index": 0,
                         "content": event.text,
                         "tokens": list(event.ids),
@@ -489,6 +503,9 @@ class LlamaApi:
                         "tokens_predicted": len(ids),
                         "tokens_evaluated": evaluated,
                     }
+                    if asked.request.sampling.logprobs:
+                        chunk["completion_probabilities"] = probabilities(list(event.logprobs))
+                    yield chunk
                 elif isinstance(event, Done):
                     event = replace(event, metrics=await self.h.counted(asked.request, event.metrics))
                     yield await self.result(asked, name, event, ids, stream=True)
@@ -553,18 +570,43 @@ def generation_settings(sampling: Sampling, context: int, stream: bool, model: s
         "typical_p": 1.0,
         "repeat_penalty": sampling.repetition_penalty,
         "repeat_last_n": REPEAT_WINDOW,
-        "presence_penalty": 0.0,
-        "frequency_penalty": 0.0,
+        "presence_penalty": sampling.presence_penalty,
+        "frequency_penalty": sampling.frequency_penalty,
         "mirostat": 0,
         "stop": list(sampling.stop),
         "max_tokens": sampling.max_tokens,
         "n_keep": 0,
         "ignore_eos": False,
         "stream": stream,
-        "n_probs": 0,
+        "n_probs": sampling.top_logprobs,
+        "logit_bias": [[token, bias] for token, bias in sampling.logit_bias],
         "grammar": "",
         "samplers": ["penalties", "top_k", "top_p", "temperature"],
     }
+
+
+def probabilities(numbers: list[Logprob]) -> list[dict[str, Any]]:
+    """llama.cpp's ``completion_probabilities`` (``n_probs``): each token with its ``top_logprobs``."""
+
+    def one(lp: Logprob) -> dict[str, Any]:
+        return {"id": lp.id, "token": lp.token, "bytes": list(lp.bytes), "logprob": lp.logprob}
+
+    return [{**one(lp), "top_logprobs": [one(alt) for alt in lp.top]} for lp in numbers]
+
+
+def _bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's ``logit_bias``: ``[[id, bias], ...]`` or ``{"id": bias}``, a bias of ``false`` a ban (-100)."""
+    if value is None:
+        return ()
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, list) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
+        raise bad("'logit_bias' must be [[token id, bias], ...] or {\"token id\": bias}.", "logit_bias")
+    as_openai = {}
+    for token, bias in pairs:
+        if isinstance(token, str) and not token.strip().isdigit():
+            raise bad(f"'logit_bias' takes token ids here, not texts ({token!r}): see /tokenize.", "logit_bias")
+        as_openai[str(token)] = -100 if bias is False else bias
+    return shapes.bias_from(as_openai)
 
 
 def timings(m: Metrics) -> dict[str, float | int]:

@@ -216,14 +216,14 @@ def sampling_from(body: Mapping[str, Any], defaults: Sampling, context: int, cha
         max_tokens=limit if limit is not None else defaults.max_tokens,
         stop=_stop(body),
         format=_format(body.get("response_format")),
-        logit_bias=_bias(body.get("logit_bias")),
+        logit_bias=bias_from(body.get("logit_bias")),
         presence_penalty=number(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=number(body, "frequency_penalty", -2.0, 2.0, 0.0),
         **_logprobs(body, chat),
     )
 
 
-def _bias(value: Any) -> tuple[tuple[int, float], ...]:
+def bias_from(value: Any) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``logit_bias`` (``{"token id": bias}``, -100 to 100) as ``Sampling.logit_bias``."""
     if value is None:
         return ()

@@ -146,7 +146,8 @@ def test_grammar_and_json_schema_constrain_the_reply(served: Served) -> None:
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/completion", {"prompt": PROMPT, "n_probs": 3}, "n_probs"),
+        ("/completion", {"prompt": PROMPT, "n_probs": 21}, "n_probs"),
+        ("/completion", {"prompt": PROMPT, "logit_bias": [["hello", 1]]}, "logit_bias"),
         ("/completion", {"prompt": PROMPT, "min_p": 0.05}, "min_p"),
         ("/completion", {"prompt": PROMPT, "samplers": ["top_k", "min_p"]}, "samplers"),
         ("/completion", {"prompt": PROMPT, "mirostat": 2}, "mirostat"),

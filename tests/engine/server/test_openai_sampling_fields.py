@@ -6,6 +6,7 @@ speculation off and on (``auto`` drafts each reply from the earlier ones, so dra
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -272,3 +273,23 @@ def test_legacy_completions_take_n(served: Served) -> None:
     assert [c.logprobs.tokens for c in many.choices] == [a.choices[0].logprobs.tokens for a in alone]
     greedy = api.completions.create(n=2, **{**fields, "temperature": 0})
     assert greedy.choices[0].text == greedy.choices[1].text and greedy.usage.completion_tokens == 16
+
+
+def test_llama_cpps_completion_maps_the_same_fields(served: Served) -> None:
+    body = {"prompt": "The cat sat on", "n_predict": 6, "n_probs": 2, "return_tokens": True}
+    plain = httpx.post(served.root + "/completion", json=body).json()
+    probs = plain["completion_probabilities"]
+    assert [p["id"] for p in probs] == plain["tokens"] and all(len(p["top_logprobs"]) == 2 for p in probs)
+    assert all(p["top_logprobs"][0]["id"] == p["id"] for p in probs)  # greedy: the likeliest is said
+    with httpx.stream("POST", served.root + "/completion", json={**body, "stream": True}) as response:
+        lines = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    streamed = [p for chunk in map(json.loads, lines) for p in chunk.get("completion_probabilities", [])]
+    assert [p["id"] for p in streamed] == plain["tokens"]
+    assert [p["logprob"] for p in streamed] == pytest.approx([p["logprob"] for p in probs], abs=1e-4)
+    banned = httpx.post(served.root + "/completion", json={**body, "logit_bias": [[plain["tokens"][0], False]]})
+    assert banned.json()["tokens"][0] != plain["tokens"][0]
+    forced = httpx.post(served.root + "/completion", json={**body, "logit_bias": {"70": 100}}).json()
+    assert forced["tokens"] == [70] * 6 and forced["generation_settings"]["logit_bias"] == [[70, 100.0]]
+    penalised = {**body, "frequency_penalty": 2.0, "presence_penalty": 1.0, "n_probs": 0}
+    got = httpx.post(served.root + "/completion", json=penalised).json()
+    assert got["generation_settings"]["frequency_penalty"] == 2.0 and "completion_probabilities" not in got

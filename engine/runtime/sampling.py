@@ -114,8 +114,8 @@ def logprobs(
 ) -> tuple[float, list[tuple[int, float]]]:
     """``token``'s log probability after ``reply``, and the ``params.top_logprobs`` likeliest (id, log
     probability) pairs, best first: the log-softmax of the processed logits over the temperature (1 when
-    greedy), as OpenAI's logprobs follow ``logit_bias`` and the penalties; top-k and top-p are left out, so
-    every token keeps a finite number (llama.cpp and vLLM give the model's raw softmax by default)."""
+    greedy), the distribution the sampler draws from; top-k and top-p are left out, so every token keeps a
+    finite number (llama.cpp and vLLM give the model's raw softmax by default: docs/features/server.md)."""
     scaled = processed(logits.float(), params, reply)
     if params.temperature > 0:
         scaled = scaled / params.temperature

@@ -313,13 +313,13 @@ class ConversationActions:
                 if known is None and reply is not None and reply.request_id == request_id:
                     self._fresh_branches[branch_id] = request_id
             return
-        branch_id = next((b for b, r in self._fresh_branches.items() if r == request_id), None)
-        if branch_id is None:
+        found = next((b for b, r in self._fresh_branches.items() if r == request_id), None)
+        if found is None:
             return
         if isinstance(event, Error):  # it failed: the next reply is the first one
-            self._fresh_branches[branch_id] = None
+            self._fresh_branches[found] = None
         elif isinstance(event, Done):
-            del self._fresh_branches[branch_id]
+            del self._fresh_branches[found]
             m = event.metrics
             if m.prompt_tokens and m.answer_cache is None:  # an answer-cache hit read no prompt
                 ttft = f" (TTFT {m.ttft_s:.2f} s)" if m.ttft_s is not None else ""

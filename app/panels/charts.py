@@ -39,6 +39,7 @@ SPAN_COLOURS = {
     "cache lookup": "#12b5cb",
     "prefill": "#e8710a",
     "first token": "#f9ab00",
+    "thinking": "#9334e6",
     "decode": "#1a73e8",
 }
 TOOL_COLOUR = "#1e8e3e"

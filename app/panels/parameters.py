@@ -16,6 +16,10 @@ or read from a file) is one more value of the chat: a schema that is not JSON,
 or that the grammar library refuses (``check_format``), is said under the box
 in the library's words and not kept.
 
+A thinking model's switch ("Thinking": as the model does, on, off; the chat option ``thinking`` of
+``engine.storage.params.CHAT_OPTIONS``, kept only when not "auto") shows only while the loaded model's
+template takes one (:meth:`set_thinking_switch`, from ``ModelInfo.thinking_switch``).
+
 Presets (``engine.storage.params``): choosing one in the list emits
 ``preset_chosen(name)``; "Save as…" asks for a name and emits
 ``save_requested(name)``; "Delete" emits ``delete_requested(name)`` for a
@@ -57,6 +61,7 @@ from engine.storage.params import Preset
 
 CUSTOM = "Custom"
 FORMATS = (("Free text", "text"), ("JSON (any object)", "json_object"), ("JSON matching a schema", "json_schema"))
+THINKING = (("As the model does", "auto"), ("On", "on"), ("Off", "off"))  # params.CHAT_OPTIONS["thinking"]
 FIELD_MIN_WIDTH = 80
 SAVE_DELAY_MS = 600
 LOOP_STOP = 3  # stop_repeats when "End a reply that repeats itself" is on (Settings' default)
@@ -205,6 +210,7 @@ class ParametersPanel(QWidget):
         loops.toggled.connect(self._edited)
 
         self._build_format(column)
+        self._build_thinking(column)
 
         self.summary = QLabel()
         self.summary.setObjectName("hint")
@@ -257,6 +263,28 @@ class ParametersPanel(QWidget):
         self.format_problem.hide()
         column.addWidget(self.format_problem)
         self._format = ""  # the format in use (a valid one: what was typed and refused is not kept)
+
+    def _build_thinking(self, column: QVBoxLayout) -> None:
+        """A thinking model's switch (the template's enable_thinking), hidden until a model has one."""
+        self.thinking_label = QLabel("Thinking")
+        self.thinking_box = QComboBox()
+        for text, value in THINKING:
+            self.thinking_box.addItem(text, value)
+        self.thinking_box.setAccessibleName("Thinking")
+        self.thinking_box.setToolTip(
+            "Whether a thinking model thinks before it answers (its template's switch); the thinking shows "
+            "collapsed over the reply, and later turns leave it out"
+        )
+        self.thinking_label.setBuddy(self.thinking_box)
+        self.thinking_box.activated.connect(self._edited)
+        column.addWidget(self.thinking_label)
+        column.addWidget(self.thinking_box)
+        self.set_thinking_switch(False)
+
+    def set_thinking_switch(self, available: bool) -> None:
+        """Show the thinking switch only while the loaded model's template takes one."""
+        self.thinking_label.setVisible(available)
+        self.thinking_box.setVisible(available)
 
     def _show_format(self, value: str) -> None:
         self._format = value
@@ -333,6 +361,8 @@ class ParametersPanel(QWidget):
             if self.system_edit.toPlainText() != system_prompt:
                 self.system_edit.setPlainText(system_prompt)
         self._show_format(str(values.get("format") or ""))
+        with QSignalBlocker(self.thinking_box):
+            self.thinking_box.setCurrentIndex(max(0, self.thinking_box.findData(own.get("thinking", "auto"))))
         for name, widget in self.fields.items():
             with QSignalBlocker(widget):
                 value = values.get(name)
@@ -351,7 +381,8 @@ class ParametersPanel(QWidget):
             font = label.font()
             font.setBold(name in self.own)
             label.setFont(font)
-        for name, widget in (("stop_repeats", self.fields["stop_repeats"]), ("format", self.format_label)):
+        shown = (("stop_repeats", self.fields["stop_repeats"]), ("format", self.format_label))
+        for name, widget in (*shown, ("thinking", self.thinking_label)):
             font = widget.font()
             font.setBold(name in self.own)
             widget.setFont(font)
@@ -409,6 +440,8 @@ class ParametersPanel(QWidget):
         if out.get("stop_repeats") and self.defaults.get("stop_repeats"):
             out["stop_repeats"] = self.defaults["stop_repeats"]  # on keeps the defaults' count
         out["format"] = self._format
+        if self.thinking_box.currentData() != "auto":  # a chat option, kept only when it is not the default
+            out["thinking"] = self.thinking_box.currentData()
         return out
 
     def _edited(self, *_args: object) -> None:

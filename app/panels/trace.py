@@ -9,7 +9,8 @@ every figure the panel shows: while streaming, timings measured on the token
 events themselves (TTFT is the first token's ``t``; TPOT the gaps between
 tokens); once ``Done`` arrives, the engine's own figures.  :meth:`spans` is the
 waterfall: ``Metrics.spans`` when the reply is done, else the bars known so
-far (the wait for the first token, and decode up to the last token).
+far (the wait for the first token, a thinking model's thinking (``Thinking`` events, counted as tokens:
+from the first token to the first answer token) and decode up to the last token).
 ``version`` grows with every change, so a view can redraw only when it moved.
 """
 
@@ -19,7 +20,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import Done, Error, Metrics, PrefillProgress, Span, Started, Token, ToolCall
+from engine.api import Done, Error, Metrics, PrefillProgress, Span, Started, Thinking, Token, ToolCall
 
 
 @dataclass
@@ -48,6 +49,9 @@ class ReplyTrace:
     tools: list[ToolCall] = field(default_factory=list)
     metrics: Metrics | None = None
     last_t: float = 0.0
+    thinking_tokens: int = 0
+    thinking_t: float | None = None  # the last Thinking event's t
+    answer_t: float | None = None  # the first answer Token's t
     version: int = 0
     _gaps: list[float] = field(default_factory=list, repr=False)
     _numbers: tuple[int, dict[str, Any]] = (-1, {})
@@ -66,11 +70,15 @@ class ReplyTrace:
             self.started_t = event.t
         elif isinstance(event, PrefillProgress):
             self.prefill = (event.done, event.total)
-        elif isinstance(event, Token):
+        elif isinstance(event, Token | Thinking):
             count = len(event.ids) or 1
+            if isinstance(event, Thinking):
+                self.thinking_t, self.thinking_tokens = event.t, self.thinking_tokens + count
+            elif self.answer_t is None:
+                self.answer_t = event.t
             if self.points:  # seconds per token since the last event (a drafted burst spreads over its tokens)
                 self._gaps.extend([(event.t - self.points[-1].t) / count] * count)
-            self.points.append(TokenPoint(event.t, self.tokens + count, event.draft))
+            self.points.append(TokenPoint(event.t, self.tokens + count, isinstance(event, Token) and event.draft))
         elif isinstance(event, ToolCall):
             self.tools.append(event)
         elif isinstance(event, Done):
@@ -120,6 +128,11 @@ class ReplyTrace:
             drafted = self._drafted()
             if drafted:
                 live["draft_events"] = drafted
+        if self.thinking_t is not None and self.points:
+            live["thinking_tokens"] = self.thinking_tokens
+            live["thinking_s"] = (self.answer_t or self.thinking_t) - self.points[0].t
+            if self.answer_t is not None:
+                live["answer_ttft_s"] = self.answer_t
         if self.tools:
             live["tools_wall_s"] = max(c.end for c in self.tools) - min(c.start for c in self.tools)
         if self.metrics is not None:
@@ -142,6 +155,9 @@ class ReplyTrace:
         if self.points:
             first = self.points[0].t
             bars.append(Span("first token", start, first))
+            if self.thinking_t is not None:  # the thinking's own bar; decode is the answer's
+                first = self.answer_t or self.points[-1].t
+                bars.append(Span("thinking", self.points[0].t, first))
             if self.points[-1].t > first:
                 bars.append(Span("decode", first, self.points[-1].t))
         elif self.status == "streaming" and self.last_t > start:

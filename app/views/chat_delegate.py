@@ -20,7 +20,8 @@ Clicks on an action emit ``action_triggered(name, message_id)`` (``copy``,
 ``newer``, and ``tools`` for the tool section's header; only those
 :func:`~app.views.message_geometry.action_enabled` allows: none of
 ``BUSY_BLOCKED`` while ``busy``, never the version label); a click on a web
-link opens it (only ``http(s)``, see :func:`~app.views.markdown_render.safe_url`).
+link opens it (only ``http(s)``, see :func:`~app.views.markdown_render.safe_url`).  A click on a
+reply's thinking line opens or closes its thinking here (:meth:`MessageDelegate.toggle_thinking`).
 The editor is a read-only ``QTextBrowser`` over the content, opened on demand
 (double-click or "Select text"), so any message's text can be selected and
 copied; nothing goes back into the conversation.
@@ -180,7 +181,9 @@ class MessageDelegate(QStyledItemDelegate):
         action = box.action_at(pos.x(), pos.y())
         if action is not None:
             released = kind == QEvent.Type.MouseButtonRelease and event.button() == Qt.MouseButton.LeftButton
-            if released and action_enabled(item, action, self.busy):
+            if released and action == "thinking":
+                self.toggle_thinking(item.message_id)
+            elif released and action_enabled(item, action, self.busy):
                 self.action_triggered.emit(action, item.message_id)
             return True  # a click on an action never opens the text editor
         anchor = self.anchor_at(item, box, pos.x(), pos.y())
@@ -188,6 +191,16 @@ class MessageDelegate(QStyledItemDelegate):
             self._follow(anchor, item.message_id)
             return True
         return bool(anchor) and anchor.startswith(COPY_LINK)  # a press on "Copy code" opens no text editor
+
+    def toggle_thinking(self, message_id: int) -> bool:
+        """Open or close a reply's thinking; returns whether it is open now."""
+        item = self._model.item(message_id)
+        if item is None or not item.thinking_header:
+            return False
+        item.thinking_open = not item.thinking_open
+        item.revision += 1
+        self._model.touch(message_id)
+        return item.thinking_open
 
     def _follow(self, anchor: str, message_id: int) -> None:
         if anchor.startswith(COPY_LINK):

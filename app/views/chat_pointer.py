@@ -14,7 +14,8 @@ tooltip (the view's ``tooltip_for``), else none.
 actions (greyed out as the buttons are; the version arrows as "Previous
 version" and "Next version"), which trigger
 exactly as a click on the button does (the delegate's ``action_triggered``),
-then the reply's sources (each opens its passage), then "Select text".  Apart
+then "Show thinking"/"Hide thinking" for a reply that thought, then the reply's sources (each opens its
+passage), then "Select text".  Apart
 from that menu this changes only the hover, the cursor and the tooltip; clicks
 are the delegate's.
 """
@@ -123,6 +124,9 @@ class ChatPointer:
             action.setToolTip(action_tip(item, name))
             action.setEnabled(action_enabled(item, name, delegate.busy))
             action.triggered.connect(lambda _=False, n=name: delegate.action_triggered.emit(n, message_id))
+        if item.thinking_header:  # the thinking line, for the keyboard too
+            words = "Hide thinking" if item.thinking_open else "Show thinking"
+            menu.addAction(words).triggered.connect(lambda: delegate.toggle_thinking(message_id))
         for n in range(len(item.sources)):  # the sources, for the keyboard too
             source = menu.addAction(item.source_menu_text(n))
             source.setToolTip(action_tip(item, f"{SOURCE}{n}"))

@@ -15,6 +15,11 @@ they depend on: revision, width, draft colouring); laid-out documents are kept
 for the most recently used rows only (``DOC_CACHE`` of them), so memory does
 not grow with the conversation.
 
+A thinking model's reply has a line over its text ("\u25b8 Thought for 4.2 s (310 tokens), first answer
+token at 4.3 s"; "Thinking\u2026 2.1 s" while it thinks: :func:`thinking_title`); a click on it
+(``RowLayout.thinking_header``, the action ``"thinking"``) opens the thinking text under it
+(``RowLayout.thinking``) or closes it.
+
 A reply that drew on attached documents lists them under its text
 ("Sources: handbook.md · [1] notes.md, part 3"), each label a target of its
 own (``RowLayout.sources``; :meth:`RowLayout.action_at` answers
@@ -62,6 +67,7 @@ ACTION_TIPS = {
     "copy": "Copy this message to the clipboard",
     "regenerate": "A new reply from the model, sampled, never from the answer cache; this one is kept as a version",
     "tools": "Show or hide the tool results",
+    "thinking": "Show or hide the model's thinking (never sent back to it in later turns)",
     "edit": "Edit this message; the replies after it are replaced",
     "compare": "Run this message again under other settings and compare",
     "older": "The previous version of this reply",
@@ -77,6 +83,11 @@ SOURCE_PAD = 4  # either side of a source's label: its hover box
 def action_text(item: ChatItem, action: str) -> str:
     """The words of an action's button (the version label: "2/3")."""
     return f"{item.version}/{item.versions}" if action == "version" else ACTION_TEXT[action]
+
+
+def thinking_title(item: ChatItem) -> str:
+    """The line over a reply's thinking, with an arrow that says whether it is open."""
+    return ("\u25be " if item.thinking_open else "\u25b8 ") + item.thinking_header
 
 
 def action_enabled(item: ChatItem, action: str, busy: bool) -> bool:
@@ -121,6 +132,8 @@ class RowLayout:
     actions: list[tuple[str, QRect]] = field(default_factory=list)
     notice: QRect | None = None
     badge: QRect | None = None
+    thinking_header: QRect | None = None  # "Thought for 4.2 s (310 tokens)": opens and closes the thinking
+    thinking: QRect | None = None  # the thinking text, when open
     tools_header: QRect | None = None
     tools: QRect | None = None
     content: QRect = field(default_factory=QRect)
@@ -130,6 +143,8 @@ class RowLayout:
     stats: QRect | None = None
 
     def action_at(self, x: int, y: int) -> str | None:
+        if self.thinking_header is not None and self.thinking_header.contains(x, y):
+            return "thinking"
         if self.tools_header is not None and self.tools_header.contains(x, y):
             return "tools"
         source = next((n for n, rect in self.sources if rect.contains(x, y)), None)
@@ -218,6 +233,16 @@ class MessageGeometry:
             h = self._wrapped(self.small_fm, item.badge, inner_w, exact)
             box.badge = QRect(inner_x, y + PART_GAP, inner_w, h)
             y += PART_GAP + h
+        if item.thinking_header:
+            title = thinking_title(item)
+            w = min(inner_w, self.small_fm.horizontalAdvance(title) + 8) if exact else inner_w
+            h = self.small_fm.height() + 4
+            box.thinking_header = QRect(inner_x, y + PART_GAP, w, h)
+            y += PART_GAP + h
+            if item.thinking_open:
+                h = self._wrapped(self.small_fm, item.thinking, inner_w - 12, exact)
+                box.thinking = QRect(inner_x + 12, y, inner_w - 12, h)
+                y += h
         if item.tool_calls:
             header = item.tools_header
             w = min(inner_w, self.small_fm.horizontalAdvance(header) + 8) if exact else inner_w
@@ -271,6 +296,11 @@ class MessageGeometry:
         for text, (avg, line) in ((item.notice, small), (item.error, normal), (item.badge, small)):
             if text:
                 height += PART_GAP + (1 + len(text) * avg // inner) * line
+        if item.thinking_header:
+            height += PART_GAP + self.small_fm.height() + 4
+            if item.thinking_open:
+                text = item.thinking
+                height += (1 + text.count("\n") + len(text) * small[0] // max(1, inner - 12)) * small[1]
         if item.tool_calls:
             text = item.tools_text
             height += PART_GAP + self.small_fm.height() + 4

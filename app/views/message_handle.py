@@ -3,7 +3,8 @@
 :class:`MessageHandle` (returned by ``ChatView.bubble`` / ``bubbles`` and when
 a turn is added) reads its item each time it is asked, so it always shows the
 row now: ``plain_text``, ``tooltip``, and the parts ``stats``, ``notice``,
-``error``, ``badge`` (the answer-cache badge), ``tools`` (the tool section's
+``error``, ``badge`` (the answer-cache badge), ``thinking`` (a thinking model's line, and its text when
+open), ``tools`` (the tool section's
 header and lines), ``sources`` (the documents a reply drew on: "Sources: …")
 and ``content`` (the rendered HTML).  Each part answers
 ``text()`` and ``isVisible()`` like the ``QLabel`` it stands for.  Nothing
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from app.views.chat_model import ChatItem
+from app.views.message_geometry import thinking_title
 
 
 class _View(Protocol):
@@ -53,9 +55,16 @@ class MessageHandle:
         self.notice = _Part(lambda: item.notice)
         self.error = _Part(lambda: item.error)
         self.badge = _Part(lambda: item.badge)
+        self.thinking = _Part(lambda: self._thinking())
         self.tools = _Part(lambda: item.tools_header + "\n" + item.tools_text if item.tool_calls else "")
         self.sources = _Part(lambda: item.sources_text)
         self.content = _Part(lambda: item.html(view.colour_drafts))
+
+    def _thinking(self) -> str:
+        item = self._item
+        if not item.thinking_header:
+            return ""
+        return thinking_title(item) + ("\n" + item.thinking if item.thinking_open else "")
 
     @property
     def plain_text(self) -> str:

@@ -5,8 +5,9 @@ for a reply), the role name (elided, never an action), the action buttons
 (the one under the mouse highlighted; those :func:`~app.views.message_geometry.action_enabled`
 refuses greyed out: ``BUSY_BLOCKED`` while the chat's reply streams, an arrow
 past the first or last version; the version label "2/3" in the muted colour),
-the notice (warning colour), the answer-cache badge (accent colour), the
-tool section (header line, highlighted under the mouse, and one line per
+the notice (warning colour), the answer-cache badge (accent colour), a
+thinking model's thinking line (highlighted under the mouse) and, when open, its
+text (muted), the tool section (header line, highlighted under the mouse, and one line per
 call), the content (its laid-out ``QTextDocument``, clipped to its
 rectangle), the sources (each label a link, highlighted under the
 mouse), the error and the stats line.  It reads the fonts and the
@@ -28,6 +29,7 @@ from app.views.message_geometry import (
     RowLayout,
     action_enabled,
     action_text,
+    thinking_title,
 )
 from app.views.style import current
 
@@ -75,6 +77,8 @@ def paint_row(
         painter.setFont(geometry.small)
         painter.setPen(QColor(theme.badge))
         painter.drawText(box.badge, wrap, item.badge)
+    if box.thinking_header is not None:
+        _paint_thinking(painter, geometry, item, box, wrap, hover)
     if box.tools_header is not None and box.tools is not None:
         _paint_tools(painter, geometry, item, box.tools_header, box.tools, wrap, hover)
     _paint_content(painter, geometry, item, box.content, palette)
@@ -128,6 +132,25 @@ def _paint_tools(
     )
     painter.setPen(QColor(theme.muted))
     painter.drawText(body, wrap, item.tools_text)
+
+
+def _paint_thinking(
+    painter: QPainter, geometry: MessageGeometry, item: ChatItem, box: RowLayout, wrap: Qt.AlignmentFlag, hover: Hover
+) -> None:
+    theme = current()
+    header = box.thinking_header
+    assert header is not None
+    painter.setFont(geometry.small)
+    if hover == (item.message_id, "thinking"):
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(theme.hover))
+        painter.drawRoundedRect(header, 4, 4)
+    painter.setPen(QColor(theme.muted))
+    middle = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+    title = geometry.small_fm.elidedText(thinking_title(item), Qt.TextElideMode.ElideRight, header.width() - 2)
+    painter.drawText(header.adjusted(2, 0, 0, 0), middle, title)
+    if box.thinking is not None:
+        painter.drawText(box.thinking, wrap, item.thinking)
 
 
 def _paint_sources(painter: QPainter, geometry: MessageGeometry, item: ChatItem, box: RowLayout, hover: Hover) -> None:

@@ -6,7 +6,8 @@ thread; ``load``/``submit``/``cancel`` return at once and the worker calls
 ``Started``/``Token``.../``Done`` | ``Error`` events, in that order, from its own
 thread.  The script is plain attributes set by the test:
 
-* ``tokens``: the text deltas of every reply; ``draft_every``: mark every n-th
+* ``tokens``: the text deltas of every reply; ``thinking``: deltas sent before them as ``Thinking``
+  events (a thinking model's), joined in ``Done.thinking``; ``draft_every``: mark every n-th
   token as drafted (0: none); ``forced_every``: likewise as forced by the reply's format;
 * ``hold_after``: after that many tokens the stream waits until
   :meth:`release` (or a cancel), so a test can look at a reply mid-way;
@@ -56,6 +57,7 @@ from engine.api import (
     Request,
     Span,
     Started,
+    Thinking,
     Token,
     ToolCall,
     Warning,
@@ -79,6 +81,7 @@ class FakeEngine:
     def __init__(self, on_event: Callable[[object], None], *, load_error: str | None = None) -> None:
         self.on_event = on_event
         self.tokens: list[str] = ["Hello", " there", ",", " friend", "."]
+        self.thinking: list[str] = []
         self.draft_every = 0
         self.forced_every = 0
         self.hints: list[Request] = []  # the drafts the window sent to be prefilled while typed
@@ -197,14 +200,19 @@ class FakeEngine:
             metrics = self.cached
         elif self.tool_calls:
             metrics = self._run_tools(request, since(), since, metrics)
-        text = ""
-        for n, delta in enumerate(self.tokens, start=1):
+        text, thought = "", ""
+        script = [(d, True) for d in self.thinking] + [(d, False) for d in self.tokens]
+        for n, (delta, thinking) in enumerate(script, start=1):
             if self._cancelled(request.id):
                 break
             draft = bool(self.draft_every) and n % self.draft_every == 0
             forced = bool(self.forced_every) and n % self.forced_every == 0
-            self.on_event(Token(request.id, since(), delta, (n,), draft, forced))
-            text += delta
+            if thinking:
+                self.on_event(Thinking(request.id, since(), delta, (n,)))
+                thought += delta
+            else:
+                self.on_event(Token(request.id, since(), delta, (n,), draft, forced))
+                text += delta
             if self.hold_after is not None and n == self.hold_after:
                 self.held.set()
                 while not self._release.wait(0.01) and not self._cancelled(request.id):
@@ -219,7 +227,7 @@ class FakeEngine:
         with self._lock:
             self._cancel.clear()
             self._cancel_id = None
-        self.on_event(Done(request.id, since(), text, reason, metrics))
+        self.on_event(Done(request.id, since(), text, reason, metrics, thought))
 
     def _run_tools(self, request: Request, start: float, since: Callable[[], float], metrics: Metrics) -> Metrics:
         spans = []

@@ -433,6 +433,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
                 self.about.set_loaded(event)
             self.server_switch.on_event(event)
             self.documents.model_loaded(event)  # the chips' token counts in this model's tokenizer
+            self.parameters.panel.set_thinking_switch(bool(event.info.thinking_switch))  # the template has one
             self._seed_answers()
         elif isinstance(event, DraftPrefill):
             self.typing.on_event(event)

@@ -21,6 +21,11 @@ empty replaces or drops the job, and a request whose prompt holds the draft (its
 (:meth:`Hints.sent`); a Send in another chat leaves it be. Hint
 entries are never saved to disk and are the first the prefix cache evicts.
 
+A chat that outgrew the context is hinted too: its prompt drops the middle turns at cuts that stay put
+while the chat grows (``engine.runtime.prompt``), so the kept turns after the system prompt are stable
+like the rest, and the first reply after a truncation starts from them (a draft whose length moves the cut
+shares only the system prompt with its probes, and that is all it prefills).
+
 Hints also say a Send is coming: while they come in (``engine.runtime.engine.TYPING_HOLD_S``), a first
 start's background measurement of the weight modes starts no step, so no build holds the Send.
 
@@ -57,23 +62,29 @@ Render = Callable[[list[dict[str, Any]]], Prompt]
 
 def _stable(render: Render, messages: list[dict[str, Any]]) -> tuple[list[int], int]:
     """(the prompt's ids as sent now, how many of them no further keystroke can change); ([], 0) when the
-    prompt does not fit the context (older turns would be dropped at Send, so nothing is stable)."""
+    draft itself is cut to fit the context.  A prompt that drops middle turns to fit counts like any other:
+    where a keystroke would move the cut, the probes share only what comes before it."""
     prompt = render(messages)
-    if prompt.truncated:
+    if _draft_cut(prompt):
         return [], 0
     ids, draft = prompt.ids, messages[-1]
     stable = len(ids)
     for probe in PROBES:
         longer = render([*messages[:-1], {**draft, "content": str(draft.get("content", "")) + probe}])
-        if longer.truncated:
+        if _draft_cut(longer):
             return [], 0
         stable = min(stable, common_prefix(ids, longer.ids))
     return ids, max(0, stable - HOLD_BACK)
 
 
+def _draft_cut(prompt: Prompt) -> bool:
+    """The prompt left out part of the draft (it alone is too long), not only earlier turns."""
+    return prompt.truncated and not prompt.dropped
+
+
 def stable_prefix(render: Render, messages: list[dict[str, Any]]) -> list[int]:
     """The prompt tokens of ``messages`` (the draft last) that no further keystroke can change; none when
-    the prompt does not fit the context."""
+    the draft itself does not fit the context."""
     ids, stable = _stable(render, messages)
     return ids[:stable]
 
@@ -81,14 +92,14 @@ def stable_prefix(render: Render, messages: list[dict[str, Any]]) -> list[int]:
 def hint_tokens(render: Render, messages: list[dict[str, Any]]) -> list[int]:
     """What a hint prefills: the stable prefix, then the rest of the prompt as a Send of this text would have
     it (:meth:`Hints.step` keeps its last token's logits, the reply's first token's).  None when nothing is
-    stable (the draft's text is not yet past the prompt's first tokens, or the prompt does not fit).
+    stable (the draft's text is not yet past the prompt's first tokens).
 
     Only a short draft is probed: past ``PROBE_CHARS`` characters something is stable whatever is typed next,
     and the prompt is rendered once (a 1,500-token draft's five renderings took some 80 ms of the engine's
     time each hint, in front of the next Send)."""
     if len(str(messages[-1].get("content", ""))) > PROBE_CHARS:
         prompt = render(messages)
-        return [] if prompt.truncated else prompt.ids
+        return [] if _draft_cut(prompt) else prompt.ids
     ids, stable = _stable(render, messages)
     return ids if stable else []
 

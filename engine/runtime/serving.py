@@ -242,10 +242,13 @@ class Serving:
             return []
         _view, schemas = self._tool_view(request)
         max_tokens = request.sampling.max_tokens
+        refuses = request.overflow != OVERFLOW[0]  # a "stop" chat: a prompt that does not fit is never sent
         request = dataclasses.replace(request, overflow=OVERFLOW[0])  # a prompt that fits is the same either way
         # whole documents only: the passages depend on the words still being typed
         messages = list(request.messages)
         applied, prompt = self._render(request, messages, schemas, passages=False)
+        if refuses and prompt.truncated:
+            return []
         messages, whole = with_applied(applied, messages)
         tokens = hint_tokens(lambda m: prompt if m is messages else self._prompt(m, max_tokens, schemas, whole),
                              messages)  # fmt: skip

@@ -96,3 +96,18 @@ def test_the_engine_refuses_a_stop_chat_with_the_message(tiny_engine: EngineRunn
     events = tiny_engine.run(chat(41), sampling=Sampling(max_tokens=4), overflow="stop")
     error = events[-1]
     assert isinstance(error, Error) and "no longer fits the model's context" in error.message
+
+
+def test_a_draft_in_a_chat_past_the_context_is_prefilled_with_its_kept_turns(tokenizer: Any) -> None:
+    """Prefill while typing works after a truncation: the kept turns are stable while the draft is typed, so
+    the first reply after the truncation starts from them, not from the system prompt alone."""
+    from engine.runtime.hints import hint_tokens, stable_prefix
+
+    def prompt_of(messages: list[dict[str, Any]]) -> Any:
+        return build_prompt(tokenizer, messages, 512, 64)
+
+    messages = [*chat(40, repeat=0), {"role": "user", "content": "And the moon"}]
+    sent = prompt_of(messages)
+    assert sent.truncated
+    assert hint_tokens(prompt_of, messages) == sent.ids
+    assert len(stable_prefix(prompt_of, messages)) > sent.system_tokens + 100, "the kept turns are stable too"

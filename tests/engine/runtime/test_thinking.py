@@ -153,10 +153,11 @@ def test_a_reply_that_starts_inside_its_thinking(tmp_path: Path) -> None:
 def test_the_next_turn_leaves_the_thinking_out_and_reuses_only_what_it_renders(thinker: EngineRunner) -> None:
     first = thinker.run(ASK, **scripted(THOUGHT, conversation_id="c-think"))
     prompt1 = next(e for e in first if isinstance(e, Started)).prompt_tokens
+    assert done(first).text == "Paris."  # what the history keeps: the answer alone
     history = [*ASK, {"role": "assistant", "content": done(first).text}, {"role": "user", "content": "And Italy?"}]
     tokenizer = thinker.engine.serving.res.loaded.tokenizer  # type: ignore[attr-defined]
     assert "<think>" not in render_chat(tokenizer, history)
-    greedy = {"sampling": Sampling(max_tokens=12), "answer_cache": False, "speculative": "off"}
+    greedy = {"sampling": Sampling(max_tokens=8), "answer_cache": False, "speculative": "off"}
     warm = thinker.run(history, conversation_id="c-think", **greedy)
     cold = thinker.run(history, prefix_cache=False, **greedy)
     # the kept KV holds the thinking after the first prompt: only the first prompt is reused, never the thinking

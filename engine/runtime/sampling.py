@@ -60,17 +60,15 @@ def penalise(logits: torch.Tensor, history: torch.Tensor | None, penalty: float)
 
 def processed(logits: torch.Tensor, params: Sampling, reply: Sequence[int] = ()) -> torch.Tensor:
     """1-D ``logits`` after bias and penalties (the very same tensor when none applies)."""
-    if params.logit_bias:
-        logits = logits.clone()
-        for token, bias in params.logit_bias:
-            if token < logits.numel():  # Decoder.stream refuses ids past the vocabulary before any step
-                logits[token] += bias
+    if params.logit_bias:  # ids past the vocabulary are left out: Decoder.stream refuses them before any step
+        pairs = [(token, bias) for token, bias in params.logit_bias if token < logits.numel()]
+        ids = torch.tensor([token for token, _ in pairs], dtype=torch.long)
+        logits = logits.index_add(-1, ids, torch.tensor([bias for _, bias in pairs], dtype=logits.dtype))
     logits = penalise(logits, recent(reply, params.repetition_penalty), params.repetition_penalty)
     if (params.presence_penalty or params.frequency_penalty) and reply:
         ids, counts = torch.tensor(list(reply), dtype=torch.long).unique(return_counts=True)
         minus = counts.to(logits.dtype) * params.frequency_penalty + params.presence_penalty
-        logits = logits.clone()
-        logits.index_add_(-1, ids, -minus)
+        logits = logits.index_add(-1, ids, -minus)
     return logits
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import random
 import re
+import threading
+import time
+import uuid
 from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
-from engine.api import Done, Sampling, Started, Thinking, Token, reply_format
+from engine.api import Done, Request, Sampling, Started, Thinking, Token, reply_format
 from engine.model.template import render_chat, takes_thinking_switch, template_switches, thinking_switches
 from engine.runtime.prompt import render
 from engine.runtime.thinking import ThinkingSplit, prompt_opens_thinking
@@ -168,6 +171,30 @@ def test_the_next_turn_leaves_the_thinking_out_and_reuses_only_what_it_renders(t
         return [i for e in events if isinstance(e, Token | Thinking) for i in e.ids]
 
     assert ids(warm) == ids(cold) and done(warm).text == done(cold).text  # greedy output unchanged
+
+
+def test_a_draft_typed_is_prefilled_with_the_chats_switch(thinker: EngineRunner) -> None:
+    """The prefill while typing renders like its Send: with the switch, and never taken for another choice."""
+    engine = thinker.engine
+
+    def hinted_send(hint_choice: str, send_choice: str, conversation: str) -> Done:
+        args = scripted("Paris.", conversation_id=conversation)
+        draft = Request(uuid.uuid4().hex, tuple(ASK), args["sampling"], conversation, thinking=hint_choice)  # type: ignore[arg-type]
+        engine.hint(draft)  # type: ignore[attr-defined]
+        reached = threading.Event()
+        engine.call(lambda _engine: reached.set())  # type: ignore[attr-defined]  # queued after the hint
+        assert reached.wait(60)
+        began = time.monotonic()
+        while engine.hints.pending():  # type: ignore[attr-defined]
+            assert time.monotonic() - began < 60, "the hint did not finish"
+            time.sleep(0.01)
+        return done(thinker.run(ASK, **args, thinking=send_choice))
+
+    auto = done(thinker.run(ASK, **scripted("Paris.", prefix_cache=False))).metrics.prompt_tokens
+    off = hinted_send("off", "off", "typed-off")
+    assert off.metrics.prompt_tokens == auto + len("<think>\n\n</think>\n\n") and off.metrics.typed_tokens > 0
+    other = hinted_send("auto", "off", "typed-auto")  # a draft rendered without the switch is not this prompt
+    assert other.metrics.prompt_tokens == off.metrics.prompt_tokens
 
 
 def test_a_done_event_carries_the_thinking_in_json() -> None:

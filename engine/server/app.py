@@ -498,12 +498,26 @@ class Handlers:
         return Outcome(started, tokens, done)
 
     async def biased_within_vocab(self, sampling: Sampling) -> None:
-        """A 400 for a ``logit_bias`` id past the loaded tokenizer's (the engine would fail the reply)."""
-        if not sampling.logit_bias or self.s.vocab is None:
+        """A 400 for a ``logit_bias`` id past the loaded tokenizer's (the engine would fail the reply), and for
+        the fields only the local engine honours when the server answers from a remote one."""
+        local = {
+            "logit_bias": sampling.logit_bias,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "logprobs": sampling.logprobs,
+        }
+        asked = [name for name, value in local.items() if value]
+        if not asked or self.s.vocab is None:
             return
         model = await asyncio.to_thread(self.s.vocab.model)
-        size = len(model.tokenizer) if model is not None else 0
-        outside = [token for token, _ in sampling.logit_bias if size and token >= size]
+        if model is None:
+            raise shapes.bad(
+                f"'{asked[0]}' needs Brisk's own engine; this server answers from a remote one. Leave it out.",
+                asked[0],
+                "unsupported_value",
+            )
+        size = len(model.tokenizer)
+        outside = [token for token, _ in sampling.logit_bias if token >= size]
         if outside:
             raise shapes.bad(
                 f"'logit_bias' names token {outside[0]}; this model's token ids go from 0 to {size - 1}.",

@@ -293,3 +293,24 @@ def test_llama_cpps_completion_maps_the_same_fields(served: Served) -> None:
     penalised = {**body, "frequency_penalty": 2.0, "presence_penalty": 1.0, "n_probs": 0}
     got = httpx.post(served.root + "/completion", json=penalised).json()
     assert got["generation_settings"]["frequency_penalty"] == 2.0 and "completion_probabilities" not in got
+
+
+def test_fields_only_the_local_engine_honours_are_refused_over_a_remote_one() -> None:
+    from starlette.testclient import TestClient
+
+    from engine.server.app import Service, build_app
+    from engine.server.hub import Hub
+    from engine.server.vocab import Vocab
+
+    submitted: list[Request] = []
+
+    def submit(request: Request) -> None:  # the remote engine: never reached by these requests
+        submitted.append(request)
+        raise RuntimeError("the remote engine was asked")
+
+    service = Service(Hub(submit, lambda _: None), model="m", vocab=Vocab(lambda: object()))
+    with TestClient(build_app(service), raise_server_exceptions=False) as http:
+        for field, value in (("logprobs", True), ("logit_bias", {"5": 1}), ("frequency_penalty", 0.5)):
+            refused = http.post("/v1/chat/completions", json={"messages": HELLO, field: value})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+    assert submitted == []  # refused before the engine saw them

@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--also-quant", default=None, metavar="MODE", help="versus: also a local engine in this mode, speculation off"
     )
     bench.add_argument("--text-file", default=None, help="typing: also replay this file as a typed message")
+    bench.add_argument("--context", type=int, default=None, help="overflow: the model's context, in tokens (1536)")
     bench.add_argument("--json", action="store_true", help="typing: also print one JSON object for the file")
     bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")
     bench.add_argument("--api-key", default=None, help="the peer's API key (or set BRISK_API_KEY)")

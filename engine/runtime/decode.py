@@ -183,6 +183,7 @@ class Decoder:
         if thought:
             yield Thinking(request_id, time.perf_counter() - t0, thought, tuple(pending))
             pending.clear()
+            numbers.clear()  # a thought's tokens have no logprobs in the answer
         if tail or pending:
             yield Token(request_id, time.perf_counter() - t0, tail, tuple(pending), logprobs=tuple(numbers))
         if (

@@ -21,7 +21,7 @@ what was held back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 OPEN = "<think>"
@@ -38,8 +38,7 @@ class ThinkingSplit:
     enabled: bool = True  # False: all the text is answer (a raw prompt's completion)
     state: str = UNDECIDED
     held: str = ""  # text not given out yet: a tag may be starting
-    thinking: str = ""  # all the thinking given out so far
-    answer: str = ""  # all the answer given out so far
+    pieces: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))  # (thinking, answer) given out
     thought: bool = False  # the reply had a thinking part (it may still be inside it)
 
     def __post_init__(self) -> None:
@@ -49,14 +48,26 @@ class ThinkingSplit:
             self.state, self.thought = INSIDE, True
 
     @property
+    def thinking(self) -> str:
+        """All the thinking given out so far."""
+        return "".join(self.pieces[0])
+
+    @property
+    def answer(self) -> str:
+        """All the answer given out so far."""
+        return "".join(self.pieces[1])
+
+    @property
     def inside(self) -> bool:
         """The text is (or may still be) thinking: the answer has not begun."""
         return self.state != ANSWER
 
     def add(self, text: str) -> tuple[str, str]:
         """Take the next piece of the reply's text; return the (thinking, answer) text that is final now."""
-        if self.state == ANSWER and (self.answer or not self.thought):
-            return self._give("", text)
+        if self.state == ANSWER and (self.pieces[1] or not self.thought):  # the answer, as it comes
+            if text:
+                self.pieces[1].append(text)
+            return "", text
         self.held += text
         thinking = answer = ""
         if self.state == UNDECIDED:
@@ -80,7 +91,7 @@ class ThinkingSplit:
                 self.held = self.held[len(thinking) :]
                 return self._give(thinking, "")
         if self.state == ANSWER and self.held:  # the whitespace after "</think>" is no part of the answer
-            if not self.answer:
+            if not self.pieces[1]:
                 self.held = self.held.lstrip()
             answer, self.held = self.held, ""
         return self._give(thinking, answer)
@@ -90,13 +101,14 @@ class ThinkingSplit:
         held, self.held = self.held, ""
         if self.state == INSIDE:
             return self._give(held.rstrip(), "")
-        return self._give("", held if self.answer or self.state == UNDECIDED else held.lstrip())
+        return self._give("", held if self.pieces[1] or self.state == UNDECIDED else held.lstrip())
 
     def _give(self, thinking: str, answer: str) -> tuple[str, str]:
-        if not self.thinking:
+        if not self.pieces[0]:
             thinking = thinking.lstrip("\n")
-        self.thinking += thinking
-        self.answer += answer
+        for kept, piece in zip(self.pieces, (thinking, answer), strict=True):
+            if piece:  # only pieces with text: an empty list is "none given out yet"
+                kept.append(piece)
         return thinking, answer
 
 

@@ -342,6 +342,9 @@ class Serving:
         tokenizer, context = self.res.loaded.tokenizer, self.res.loaded.context_length
         budget = prompt_budget(context, request.sampling.max_tokens)
         base_ids = self._base_ids(messages, schemas)
+        if len(base_ids) > budget and request.overflow == OVERFLOW[0]:  # the middle turns go for the documents
+            newest = [m for m in messages[:-1][:1] if m["role"] == "system"] + messages[-1:]
+            base_ids = self._base_ids(newest, schemas)
         room = budget - len(base_ids) - MARGIN
         whole_limit = min(int(budget * PROMPT_SHARE), self._cache_tokens(WHOLE_SHARE))
         try:

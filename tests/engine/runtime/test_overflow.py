@@ -111,3 +111,18 @@ def test_a_draft_in_a_chat_past_the_context_is_prefilled_with_its_kept_turns(tok
     assert sent.truncated
     assert hint_tokens(prompt_of, messages) == sent.ids
     assert len(stable_prefix(prompt_of, messages)) > sent.system_tokens + 100, "the kept turns are stable too"
+
+
+def test_attached_documents_stay_when_the_middle_turns_go(tiny_dir: Any, brisk_data_dir: Any) -> None:
+    """A chat past its context keeps its attached document whole: the middle turns give way to it."""
+    from engine.api import Sampling
+    from tests.engine.runtime.test_prompt_documents import NOTE, FakeIndex, engine_on
+
+    index = FakeIndex()
+    doc = index.add("rules.md", NOTE)
+    with engine_on(tiny_dir, index) as engine:
+        events = engine.run(chat(41), sampling=Sampling(max_tokens=4), answer_cache=False, documents=(doc,))
+        metrics = done(events).metrics
+    assert metrics.truncated and metrics.dropped[0] == 1
+    assert metrics.document_tokens >= len(NOTE), "the document is in the prompt, whole"
+    assert [s["name"] for s in metrics.sources] == ["rules.md"]

@@ -187,8 +187,10 @@ class ChatSession:
         return conversation.system_prompt, params.checked(conversation.params)[0]
 
     def set_chat_params(self, own: dict[str, Any], system_prompt: str | None = None) -> None:
-        """Keep ``own`` (and the system prompt, if given) for the open chat, or for the next new one."""
-        good, problems = params.checked(own)
+        """Keep ``own`` (and the system prompt, if given) for the open chat, or for the next new one.  The
+        chat's options (``params.CHAT_OPTIONS``: its overflow policy...) that ``own`` does not name are kept."""
+        options = {k: v for k, v in self.chat_params()[1].items() if k in params.CHAT_OPTIONS}
+        good, problems = params.checked({**options, **own})
         if problems:
             raise ValueError("; ".join(problems))
         if self.conversation_id is None:

@@ -54,7 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
-from engine.api import Done, Error, Logprob, Metrics, Request, Sampling, Started, Token
+from engine.api import Done, Error, Logprob, Metrics, Request, Sampling, Started, Thinking, Token
 from engine.server import anthropic_api, llama_api, shapes
 from engine.server.hub import Entry, Hub
 from engine.server.shapes import ApiError, Reply
@@ -349,7 +349,7 @@ class Handlers:
             return shapes.completion_response(reply_id, reply, text, finish, done.metrics, logprobs=lp)
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
         lp = None if numbers is None else shapes.chat_logprobs(numbers)
-        return shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp)
+        return shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp, done.thinking)
 
     async def answer_siblings(
         self, http: HttpRequest, reqs: list[Request], reply: Reply, endpoint: str, chat: bool
@@ -572,8 +572,19 @@ class Handlers:
         yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""})
         held = ""  # text that may open a tool call, not sent yet
         numbers = Numbers(req.sampling.logprobs, shapes.chat_logprobs)  # go out with the next chunk sent
+        thinking = ""  # a thinking model's: "open" while its thinking is sent as content (reasoning_format none)
         while True:
             event = await events.get()
+            if isinstance(event, Thinking) and event.text:
+                if reply.reasoning_apart:
+                    yield shapes.chat_chunk(reply_id, reply, {"reasoning_content": event.text})
+                else:
+                    yield shapes.chat_chunk(reply_id, reply, {"content": ("" if thinking else "<think>") + event.text})
+                    thinking = "open"
+                continue
+            if thinking == "open" and isinstance(event, Token | Done):
+                yield shapes.chat_chunk(reply_id, reply, {"content": "</think>"})
+                thinking = "closed"
             if isinstance(event, Token):
                 numbers.add(event)
             if isinstance(event, Token) and event.text:

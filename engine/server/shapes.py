@@ -77,7 +77,17 @@ SAMPLING_FIELDS = frozenset(
         "logit_bias",
     }
 )
-CHAT_FIELDS = SAMPLING_FIELDS | {"model", "messages", "stream", "stream_options", "tools", "tool_choice"}
+CHAT_FIELDS = SAMPLING_FIELDS | {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "tools",
+    "tool_choice",
+    "chat_template_kwargs",  # llama.cpp's and vLLM's: {"enable_thinking": bool} is the template's switch
+    "reasoning_format",  # llama.cpp's: "none" keeps the thinking in content; else it is reasoning_content
+}
+REASONING_FORMATS = ("auto", "deepseek", "none")
 COMPLETION_FIELDS = (SAMPLING_FIELDS - {"response_format", "max_completion_tokens", "top_logprobs"}) | {
     "model",
     "prompt",
@@ -130,6 +140,9 @@ class Reply:
     echo: bool = False  # /v1/completions: the prompt before the completion
     n: int = 1  # choices: siblings of the request, seeds seed + i when it has one (siblings())
     ignored: tuple[str, ...] = ()  # fields of HABITS the request sent: the answer's X-Brisk-Ignored header
+    # a thinking model's thinking: apart as ``reasoning_content`` (llama.cpp's and vLLM's field), or (False:
+    # reasoning_format "none") left in ``content`` inside <think>...</think> as the model wrote it
+    reasoning_apart: bool = True
 
 
 def new_id(prefix: str) -> str:
@@ -453,8 +466,42 @@ def chat_request(
         client_tools=tools,
         answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
         origin="server",
+        thinking=thinking_switch(body),
     )
-    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body))
+    apart = reasoning_apart(body)
+    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body), reasoning_apart=apart)
+
+
+def thinking_switch(body: Mapping[str, Any]) -> str:
+    """``chat_template_kwargs.enable_thinking`` as ``Request.thinking``: "on", "off", or "auto" when not sent."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return "auto"
+    if not isinstance(kwargs, Mapping):
+        field = "chat_template_kwargs"
+        raise bad(f"'{field}' must be an object, e.g. {{\"enable_thinking\": false}}.", field)
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise bad(
+            f"'chat_template_kwargs' may hold only 'enable_thinking' here, not {unknown[0]!r}.", "chat_template_kwargs"
+        )
+    value = kwargs.get("enable_thinking")
+    if value is None:
+        return "auto"
+    if not isinstance(value, bool):
+        raise bad("'chat_template_kwargs.enable_thinking' must be true or false.", "chat_template_kwargs")
+    return "on" if value else "off"
+
+
+def reasoning_apart(body: Mapping[str, Any]) -> bool:
+    """Whether the thinking goes out as ``reasoning_content`` (``reasoning_format`` other than "none")."""
+    value = body.get("reasoning_format")
+    if value is None:
+        return True
+    if value not in REASONING_FORMATS:
+        allowed = ", ".join(REASONING_FORMATS)
+        raise bad(f"'reasoning_format' must be one of {allowed}, not {value!r}.", "reasoning_format")
+    return value != "none"
 
 
 def completion_request(
@@ -645,8 +692,15 @@ def chat_response(
     finish: str,
     metrics: Metrics,
     logprobs: dict[str, Any] | None = None,
+    thinking: str = "",
 ) -> dict[str, Any]:
+    """A whole chat reply; ``thinking`` (a thinking model's, apart from ``text``) as ``reasoning_content``, or
+    before the text inside <think>...</think> when ``reply.reasoning_apart`` is false."""
+    if thinking and not reply.reasoning_apart:
+        text, thinking = f"<think>{thinking}</think>{text}", ""
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if thinking:
+        message["reasoning_content"] = thinking
     if calls:
         message["tool_calls"] = calls
     return {

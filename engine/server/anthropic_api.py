@@ -10,7 +10,12 @@ the hub), so a greedy reply is the same text on both paths.
 * ``system`` (a text, or text blocks) is the first, system turn; ``messages`` are ``user`` / ``assistant``
   turns whose content is a text or blocks: ``text``, ``tool_use`` (an assistant's call: its ``input`` the
   arguments) and ``tool_result`` (a user turn's answer to a call: a tool turn; ``is_error`` says
-  ``Error:`` before its text).  Other blocks (images, documents, thinking) are a 400 that names them.
+  ``Error:`` before its text).  An assistant turn's ``thinking`` and ``redacted_thinking`` blocks are left
+  out of the prompt (as thinking models' templates leave earlier thinking out).  Other blocks (images,
+  documents) are a 400 that names them.
+* ``thinking`` ``{"type": "enabled", "budget_tokens": N}`` or ``{"type": "disabled"}`` is a thinking model's
+  template switch (``enable_thinking``); a reply's thinking comes back as a ``thinking`` block before the
+  text (streamed as ``thinking_delta`` events), its ``signature`` empty (nothing signs it here).
 * ``tools`` (``name``, ``description``, ``input_schema``) are the client's tools; ``tool_choice`` ``auto``,
   ``any`` (a call is forced), ``tool`` (that tool's call is forced) or ``none``.
 * ``max_tokens`` is required (as Anthropic's API has it); ``temperature`` (0 to 1), ``top_p``, ``top_k`` and
@@ -50,7 +55,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.api import Done, Error, Metrics, Request, Started, Token
+from engine.api import Done, Error, Metrics, Request, Started, Thinking, Token
 from engine.server import shapes
 from engine.server.shapes import ApiError, bad
 
@@ -60,7 +65,7 @@ if TYPE_CHECKING:
 MAX_STOPS = 16
 HABITS = frozenset({"metadata", "service_tier"})  # taken, changing nothing here; said in X-Brisk-Ignored
 PROMPT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice"})
-FIELDS = PROMPT_FIELDS | {"max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream"}
+FIELDS = PROMPT_FIELDS | {"max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "thinking"}
 STOP_REASONS = {"length": "max_tokens", "context": "max_tokens"}  # the rest end the turn
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -163,6 +168,7 @@ class AnthropicApi:
             speculative=self.s.speculative,
             client_tools=tools,
             origin="server",
+            thinking=_thinking(body.get("thinking")),
         )
         return Asked(request, model, bool(stream), bool(tools), ignored)
 
@@ -186,7 +192,8 @@ class AnthropicApi:
             return out
         done = out.done
         text, calls = _split(done.text) if asked.tools else (done.text, [])
-        content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text or not calls else []
+        content: list[dict[str, Any]] = [_thought(done.thinking)] if done.thinking else []
+        content += [{"type": "text", "text": text}] if text or not calls else []
         content += [_tool_use(call) for call in calls]
         reason, sequence = await self._stop(asked, done, [i for t in out.tokens for i in t.ids], bool(calls))
         message = _message(asked, content, reason, sequence, usage(done.metrics))
@@ -207,8 +214,20 @@ class AnthropicApi:
             text_open = False
             held = ""  # text that may open a tool call, not sent yet
             ids: list[int] = []
+            thinking_open = False
             while True:
                 event = await queue.get()
+                if isinstance(event, Thinking) and event.text:
+                    if not thinking_open:
+                        yield _block_start(index, _thought(""))
+                        thinking_open = True
+                    yield _delta(index, {"type": "thinking_delta", "thinking": event.text})
+                    continue
+                if thinking_open and isinstance(event, Token | Done):
+                    yield _delta(index, {"type": "signature_delta", "signature": ""})
+                    yield {"type": "content_block_stop", "index": index}
+                    index += 1
+                    thinking_open = False
                 if isinstance(event, Token):
                     ids.extend(event.ids)
                     send = event.text
@@ -299,6 +318,8 @@ def _messages(system: Any, messages: Any) -> list[dict[str, Any]]:
             kind = block.get("type") if isinstance(block, Mapping) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # earlier thinking is not part of the next prompt
             elif kind == "tool_use" and role == "assistant":
                 calls.append(_call(block, at))
             elif kind == "tool_result" and role == "user":
@@ -321,6 +342,21 @@ def _messages(system: Any, messages: Any) -> list[dict[str, Any]]:
         elif texts or not content:
             out.append({"role": "user", "content": "".join(texts)})
     return out
+
+
+def _thinking(value: Any) -> str:
+    """Anthropic's ``thinking`` field as ``Request.thinking``: "on", "off", or "auto" when not sent."""
+    if value is None:
+        return "auto"
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind not in ("enabled", "disabled"):
+        raise bad('thinking: must be {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}.', "thinking")
+    return "on" if kind == "enabled" else "off"
+
+
+def _thought(text: str) -> dict[str, Any]:
+    """A ``thinking`` content block (its ``signature`` empty: nothing signs a local model's thinking)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def _texts(value: Any, where: str) -> str:

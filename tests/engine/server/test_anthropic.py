@@ -195,7 +195,7 @@ def test_count_tokens_is_the_prompt_the_engine_builds(served: Served) -> None:
     ("body", "words"),
     [
         ({"model": "m", "messages": HELLO}, "max_tokens"),
-        ({"model": "m", "max_tokens": 8, "messages": HELLO, "thinking": {"type": "enabled"}}, "'thinking'"),
+        ({"model": "m", "max_tokens": 8, "messages": HELLO, "thinking": {"type": "sometimes"}}, "thinking: must be"),
         ({"model": "m", "max_tokens": 8, "messages": [{"role": "system", "content": "hi"}]}, "role"),
         ({"model": "m", "max_tokens": 8, "messages": HELLO, "temperature": 1.5}, "temperature"),
         (

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -83,3 +82,28 @@ def test_enable_thinking_is_the_templates_switch_and_bad_values_are_refused(serv
         with pytest.raises(openai.BadRequestError) as refused:
             ask(served, extra_body=extra)
         assert refused.value.body["param"] == field  # type: ignore[index]
+
+
+def test_anthropic_messages_give_a_thinking_block_and_take_the_switch(served: Served, scripted: None) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=served.root, api_key="x", max_retries=0, timeout=120)
+    message = client.messages.create(model="local", max_tokens=40, messages=ASK)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert (message.content[0].thinking, message.content[1].text) == ("I ponder.", "Paris.")
+    with client.messages.stream(model="local", max_tokens=40, messages=ASK) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in final.content] == [
+        ("thinking", "I ponder."),
+        ("text", "Paris."),
+    ]
+    # the thinking block sent back in history is left out of the prompt; the switch is the template's
+    history = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in message.content]}]
+    history.append({"role": "user", "content": "And of Italy?"})
+    counted = client.messages.count_tokens(model="local", messages=history).input_tokens
+    without = [*ASK, {"role": "assistant", "content": "Paris."}, history[-1]]
+    assert counted == client.messages.count_tokens(model="local", messages=without).input_tokens
+    off = client.messages.create(model="local", max_tokens=40, messages=ASK, thinking={"type": "disabled"})
+    assert off.usage.input_tokens + off.usage.cache_read_input_tokens == message.usage.input_tokens + (
+        message.usage.cache_read_input_tokens
+    ) + len("<think>\n\n</think>\n\n")

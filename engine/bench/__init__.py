@@ -21,6 +21,7 @@ completion: an editing session replayed on ``/infill`` as llama.vim sends it), `
 calculator with Brisk's own tool prompt and without), ``overflow`` (the first reply after a chat
 outgrows the context against the reply before it; ``--context``),
 ``branch`` (a branched chat's first reply against a cold chat with the same history and a one-line follow-up),
+``peer-suite`` (llama.cpp's own server tests against its ``llama-server`` and against Brisk; ``--suite``),
 ``all``.  Variants are compared side by
 side in one run; we report medians.  Each scenario lives in a module of its own.
 
@@ -74,6 +75,7 @@ SCENARIOS: dict[str, str] = {
     "tools": "engine.bench.tools",
     "overflow": "engine.bench.overflow",
     "branch": "engine.bench.branch",
+    "peer-suite": "engine.bench.peer_suite",
 }
 
 

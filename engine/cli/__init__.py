@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--text-file", default=None, help="typing: also replay this file as a typed message")
     bench.add_argument("--context", type=int, default=None, help="overflow: the model's context, in tokens (1536)")
     bench.add_argument("--json", action="store_true", help="typing: also print one JSON object for the file")
+    bench.add_argument("--suite", default=None, help="peer-suite: llama.cpp's tools/server/tests folder")
+    bench.add_argument("--suite-python", default=None, help="peer-suite: a Python with the suite's requirements")
     bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")
     bench.add_argument("--api-key", default=None, help="the peer's API key (or set BRISK_API_KEY)")
     add_model_args(bench)

@@ -1,0 +1,48 @@
+"""``brisk bench peer-suite``'s reading of the suite's JUnit report and its comparison of the two servers."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from engine.bench import peer_suite
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="unit.test_tokenize" name="test_tokenize_detokenize" time="0.1"/>
+<testcase classname="unit.test_tokenize" name="test_tokenize_with_bos" time="0.1">
+  <failure message="assert 1780 == 1&#10;second line">trace</failure></testcase>
+<testcase classname="unit.test_completion" name="test_stream[a]" time="0.1"><error message="boom">x</error></testcase>
+<testcase classname="unit.test_completion" name="test_lora" time="0.0"><skipped message="no lora"/></testcase>
+</testsuite></testsuites>"""
+
+
+def test_the_report_lists_what_passes_on_the_peer_and_fails_on_brisk(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    brisk = peer_suite.read_junit(path)
+    assert brisk == {
+        "test_tokenize.py::test_tokenize_detokenize": ("passed", ""),
+        "test_tokenize.py::test_tokenize_with_bos": ("failed", "assert 1780 == 1"),
+        "test_completion.py::test_stream[a]": ("error", "boom"),
+        "test_completion.py::test_lora": ("skipped", "no lora"),
+    }
+    peer = dict(brisk) | {"test_completion.py::test_stream[a]": ("passed", "")}
+    args = argparse.Namespace(model=None, out=str(tmp_path / "out.json"))
+    data = peer_suite.report(["test_tokenize.py", "test_completion.py"], {"peer": peer, "brisk": brisk}, args)
+    out = capsys.readouterr().out
+    assert "| test_completion.py | 2     | 1                    | 0             | 1" in out
+    assert data["missed"] == ["test_completion.py::test_stream[a]"]
+    assert "- test_completion.py::test_stream[a]: error: boom" in out
+    assert data["totals"]["pass on llama-server only"] == 1 and (tmp_path / "out.json").is_file()
+
+
+def test_it_says_what_it_needs(tmp_path: Path) -> None:
+    args = argparse.Namespace(scenario="peer-suite", suite=str(tmp_path), peer=None, suite_python=None, only="")
+    with pytest.raises(SystemExit, match="tools/server/tests"):
+        peer_suite.run(args)
+    skipped = peer_suite.run(argparse.Namespace(**{**vars(args), "scenario": "all"}))
+    assert skipped == {"skipped": "no --suite or --peer"}

@@ -1,16 +1,18 @@
 """``brisk bench serve``: the server under concurrent clients, against another server (``--peer URL``).
 
-Starts ``brisk serve`` in a process of its own (the bundled model or ``--model``, ``--quant`` as asked,
-default fp16-cpu; speculation off; the answer cache off, since the rounds repeat prompts on purpose) on a
-free port, and drives it over HTTP from this process, as other programs would: for each client count
+Starts ``brisk serve`` twice, each in a process of its own on a free port (the bundled model or ``--model``,
+``--quant`` as asked, default fp16-cpu; the answer cache off, since the rounds repeat prompts on purpose):
+"Brisk" as installed (``--speculative auto``) and "Brisk off" (``--speculative off``), and drives both over
+HTTP from this process, as other programs would: for each client count
 of ``--clients`` (default 1,2,4,8) and each arrival pattern (``together``: all at once; ``staggered``: one
 every 0.25 s), that many streamed chat requests (greedy, ``--max-tokens`` new tokens, default 128,
 repetition penalty off) on open prompts of many kinds and lengths, not chosen to draft well.  Per
 request: TTFT (to the first content), TPOT (first to last content over the tokens between), tokens (the
 server's ``usage``).  Per run: aggregate tokens/s (all completion tokens over the time from the first
-request to the last answer).  Each round runs Brisk and the peer one after the other at every client
-count, interleaved; the table gives medians with ranges over ``--runs`` rounds (default 3), and the
-JSON every request.  ``--peer URL`` is e.g. llama.cpp's ``llama-server --parallel 8`` on the same GGUF.
+request to the last answer).  Each round runs the servers one after the other at every client count,
+interleaved (Brisk, Brisk off, the peer); the table gives medians with ranges over ``--runs`` rounds
+(default 3), and the JSON every request.  ``--peer URL`` is e.g. llama.cpp's ``llama-server --parallel 8``
+on the same GGUF.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_brisk(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, str]:
-    """``brisk serve`` in a child process; (process, base URL, model id) once it answers."""
+def start_brisk(args: argparse.Namespace, speculative: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``brisk serve --speculative SPECULATIVE`` in a child process; (process, base URL, model id) once it answers."""
     import httpx2
 
     port = free_port()
     command = [*BRISK, "serve", "--port", str(port), "--quiet", "--no-answer-cache"]
-    command += ["--speculative", "off", "--quant", args.quant or "fp16-cpu"]
+    command += ["--speculative", speculative, "--quant", args.quant or "fp16-cpu"]
     if args.model:
         command += ["--model", args.model]
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -178,9 +180,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     counts = [int(c) for c in str(getattr(args, "clients", None) or "1,2,4,8").split(",") if c.strip()]
     key = getattr(args, "api_key", None) or os.environ.get("BRISK_API_KEY") or None
     servers: list[tuple[str, str, str, str | None, dict[str, Any]]] = []
-    child, url, model = start_brisk(args)
+    children: list[subprocess.Popen[bytes]] = []
     try:
-        servers.append(("Brisk", url, model, None, {"repetition_penalty": 1.0}))
+        for name, speculative in (("Brisk", "auto"), ("Brisk off", "off")):  # as installed, and speculation off
+            child, url, model = start_brisk(args, speculative)
+            children.append(child)
+            servers.append((name, url, model, None, {"repetition_penalty": 1.0}))
         if getattr(args, "peer", None):
             servers.append(
                 ("peer", args.peer, args.peer_model or peer_model(args.peer, key), key, {"repeat_penalty": 1.0})
@@ -200,11 +205,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             flush=True,
                         )
     finally:
-        child.terminate()
-        try:
-            child.wait(20)
-        except subprocess.TimeoutExpired:
-            child.kill()
+        for child in children:
+            child.terminate()
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                child.kill()
     rows, summary = [], {}
     for key_name, runs in raw.items():
         name, pattern, how_many = key_name.split("|")

@@ -14,13 +14,14 @@ from engine.paths import atomic_write, data_dir, database_path
 from engine.storage import params
 from engine.storage.db import NotFoundError, Schema, SQLiteFile, StoreError, connect
 from engine.storage.settings import LOCAL, Settings
-from engine.storage.store import Conversation, Message, SearchHit, Store, StreamSaver
+from engine.storage.store import Conversation, Message, Project, SearchHit, Store, StreamSaver
 
 __all__ = [
     "LOCAL",
     "Conversation",
     "Message",
     "NotFoundError",
+    "Project",
     "SQLiteFile",
     "Schema",
     "SearchHit",

@@ -1,4 +1,4 @@
-"""The history's records as plain frozen values: a conversation, a message, a search hit."""
+"""The history's records as plain frozen values: a conversation, a project, a message, a search hit."""
 
 from __future__ import annotations
 
@@ -21,6 +21,20 @@ class Conversation:
     # whose parent was deleted; ``branched_after`` is also None for a branch made before any message)
     parent_id: str | None = None
     branched_after: int | None = None
+    project_id: str | None = None  # the project the chat is in (None: none)
+
+
+@dataclass(frozen=True)
+class Project:
+    """A folder of chats: a new chat in it starts with its system prompt, sampling values and documents."""
+
+    id: str
+    name: str
+    system_prompt: str
+    created: float
+    updated: float
+    params: dict[str, Any] = field(default_factory=dict)  # sampling values, as a chat's own (engine.storage.params)
+    documents: list[dict[str, Any]] = field(default_factory=list)  # engine.storage.chat_documents entries
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,24 @@ def _add_branches(db: Database) -> None:
     db.execute("CREATE INDEX conversations_parent ON conversations (parent_id)")
 
 
+def _add_projects(db: Database) -> None:
+    # a folder of chats with its own system prompt, sampling values (params JSON, as a chat's) and documents (as
+    # engine.storage.chat_documents checks them), which a new chat in it starts with; a chat's project, NULL for
+    # none (deleting a project keeps its chats, outside any project)
+    db.execute(
+        """CREATE TABLE projects (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            params TEXT NOT NULL DEFAULT '{}',
+            documents TEXT NOT NULL DEFAULT '[]',
+            created REAL NOT NULL,
+            updated REAL NOT NULL)"""
+    )
+    db.execute("ALTER TABLE conversations ADD COLUMN project_id TEXT REFERENCES projects (id) ON DELETE SET NULL")
+    db.execute("CREATE INDEX conversations_project ON conversations (project_id)")
+
+
 MIGRATIONS: list[Migration] = [
     _create_tables,
     _add_search,
@@ -86,6 +104,7 @@ MIGRATIONS: list[Migration] = [
     _add_documents,
     _add_versions,
     _add_branches,
+    _add_projects,
 ]
 HISTORY_SCHEMA = Schema(HISTORY, MIGRATIONS)
 SCHEMA_VERSION = HISTORY_SCHEMA.version

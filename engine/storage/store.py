@@ -27,6 +27,13 @@ branched after (``Conversation.branched_after``).  Listing returns branches
 beside the others with their parent, so a list can nest them.  Deleting a
 chat keeps its branches: they become chats of their own (no parent).
 
+A project (:meth:`Store.create_project`, ``Project``) is a folder of chats
+with its own system prompt, sampling values and documents, which a new chat in
+it starts with (``create_conversation(..., project_id=)``; the chat then keeps
+its own copies).  A chat is in at most one project (``Conversation.project_id``;
+:meth:`Store.move_to_project` moves it in or out, a branch starts in its
+parent's).  Deleting a project keeps its chats, outside any project.
+
 A reply asked for again keeps every answer as a version of the same message
 (:meth:`Store.new_version`): the message row holds the version shown, the one
 later turns continue from (``Message.version`` of ``Message.versions``), the
@@ -60,7 +67,7 @@ from sqlite_utils import Database
 from engine.storage import chat_documents
 from engine.storage.db import NotFoundError, StoreError, connect
 from engine.storage.export import to_markdown
-from engine.storage.records import Conversation, Message, SearchHit
+from engine.storage.records import Conversation, Message, Project, SearchHit
 from engine.storage.schema import HISTORY_SCHEMA, MIGRATIONS, SCHEMA_VERSION
 
 ROLES = ("system", "user", "assistant")
@@ -75,6 +82,7 @@ __all__ = [
     "Conversation",
     "Message",
     "NotFoundError",
+    "Project",
     "SearchHit",
     "Store",
     "StoreError",
@@ -82,7 +90,10 @@ __all__ = [
 ]
 
 
-_CONVERSATION_COLUMNS = "id, title, system_prompt, created, updated, params, documents, parent_id, branched_after"
+_CONVERSATION_COLUMNS = (
+    "id, title, system_prompt, created, updated, params, documents, parent_id, branched_after, project_id"
+)
+_PROJECT_COLUMNS = "id, name, system_prompt, created, updated, params, documents"
 # a message row as :func:`_message` reads it: the version shown, and how many versions it has
 _MESSAGE_SELECT = (
     "SELECT m.id, m.conversation_id, m.role, m.content, m.status, m.metrics, m.created, m.version, "
@@ -97,19 +108,34 @@ def _params_json(params: dict[str, Any]) -> str:
     return json.dumps(params, allow_nan=False)
 
 
-def _conversation(row: tuple[Any, ...]) -> Conversation:
-    """A conversation row; parameters that are not a JSON object read as none set (the defaults), documents
-    that cannot be read as none attached."""
-    conversation_id, title, system_prompt, created, updated, raw, attached, parent_id, after = row
+def _own_params(raw: object) -> dict[str, Any]:
+    """A params column: what is not a JSON object reads as none set (the defaults)."""
     try:
         params = json.loads(raw) if isinstance(raw, str) else {}
     except ValueError:
         params = {}
-    own = params if isinstance(params, dict) else {}
+    return params if isinstance(params, dict) else {}
+
+
+def _conversation(row: tuple[Any, ...]) -> Conversation:
+    """A conversation row; parameters that are not a JSON object read as none set (the defaults), documents
+    that cannot be read as none attached."""
+    conversation_id, title, system_prompt, created, updated, raw, attached, parent_id, after, project = row
+    own = _own_params(raw)
     docs = chat_documents.checked(attached)
     parent = parent_id if isinstance(parent_id, str) and parent_id != conversation_id else None
     branched_after = after if parent is not None and isinstance(after, int) and not isinstance(after, bool) else None
-    return Conversation(conversation_id, title, system_prompt, created, updated, own, docs, parent, branched_after)
+    project_id = project if isinstance(project, str) and project else None
+    return Conversation(
+        conversation_id, title, system_prompt, created, updated, own, docs, parent, branched_after, project_id
+    )
+
+
+def _project(row: tuple[Any, ...]) -> Project:
+    project_id, name, system_prompt, created, updated, raw, attached = row
+    return Project(
+        project_id, name, system_prompt, created, updated, _own_params(raw), chat_documents.checked(attached)
+    )
 
 
 # Keeps ``updated`` strictly increasing, so "most recent first" holds even when the clock ties.
@@ -138,19 +164,24 @@ class Store:
         system_prompt: str = "",
         params: dict[str, Any] | None = None,
         attached: list[dict[str, Any]] | None = None,
+        project_id: str | None = None,
     ) -> str:
+        """A new chat (``project_id``: in that project; the caller gives it the project's prompt and values)."""
         conversation_id = uuid.uuid4().hex
         now = time.time()
         with self._op("create a conversation", write=True) as db:
+            if project_id is not None:
+                self._require_project(db, project_id)
             db.execute(
-                "INSERT INTO conversations (id, title, system_prompt, params, documents, created, updated) "
-                f"VALUES (?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
+                "INSERT INTO conversations (id, title, system_prompt, params, documents, project_id, created, "
+                f"updated) VALUES (?, ?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
                 [
                     conversation_id,
                     title,
                     system_prompt,
                     _params_json(params or {}),
                     chat_documents.to_json(attached or []),
+                    project_id,
                     now,
                     now,
                 ],
@@ -283,7 +314,7 @@ class Store:
         now = time.time()
         db.execute(
             "INSERT INTO conversations (id, title, system_prompt, params, documents, parent_id, branched_after, "
-            f"created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
+            f"project_id, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {_NEXT_UPDATED})",
             [
                 branch_id,
                 title,
@@ -292,6 +323,7 @@ class Store:
                 chat_documents.to_json(parent.documents),
                 parent.id,
                 after,
+                parent.project_id,
                 now,
                 now,
             ],
@@ -304,6 +336,101 @@ class Store:
                 [branch_id, message_id],
             )
         return branch_id
+
+    # -- projects -------------------------------------------------------------------
+
+    def create_project(
+        self,
+        name: str,
+        system_prompt: str = "",
+        params: dict[str, Any] | None = None,
+        attached: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """A new project (a folder of chats with its own system prompt, values and documents); returns its id."""
+        project_id = uuid.uuid4().hex
+        now = time.time()
+        with self._op("create a project", write=True) as db:
+            db.execute(
+                f"INSERT INTO projects ({_PROJECT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    project_id,
+                    _project_name(name),
+                    system_prompt,
+                    now,
+                    now,
+                    _params_json(params or {}),
+                    chat_documents.to_json(attached or []),
+                ],
+            )
+        return project_id
+
+    def get_project(self, project_id: str) -> Project:
+        with self._op("read a project") as db:
+            row = db.execute(f"SELECT {_PROJECT_COLUMNS} FROM projects WHERE id = ?", [project_id]).fetchone()
+        if row is None:
+            raise NotFoundError(f"No project with id {project_id!r}; was it deleted?")
+        return _project(row)
+
+    def list_projects(self) -> list[Project]:
+        """Every project, by name."""
+        with self._op("list projects") as db:
+            rows = db.execute(f"SELECT {_PROJECT_COLUMNS} FROM projects ORDER BY name COLLATE NOCASE, created")
+            return [_project(row) for row in rows.fetchall()]
+
+    def project_chats(self, project_id: str) -> list[Conversation]:
+        """The chats in the project (branches among them), most recent first."""
+        with self._op("list the project's chats") as db:
+            self._require_project(db, project_id)
+            rows = db.execute(
+                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE project_id = ? "
+                "ORDER BY updated DESC, seq DESC",
+                [project_id],
+            ).fetchall()
+        return [_conversation(row) for row in rows]
+
+    def rename_project(self, project_id: str, name: str) -> None:
+        with self._op("rename the project", write=True) as db:
+            self._set_project(db, project_id, "name", _project_name(name))
+
+    def set_project_prompt(self, project_id: str, text: str) -> None:
+        """The system prompt new chats in the project start with (its chats keep their own)."""
+        with self._op("save the project's system prompt", write=True) as db:
+            self._set_project(db, project_id, "system_prompt", text)
+
+    def set_project_params(self, project_id: str, params: dict[str, Any]) -> None:
+        """The sampling values new chats in the project start with (``engine.storage.params``); ``{}``: defaults."""
+        with self._op("save the project's parameters", write=True) as db:
+            self._set_project(db, project_id, "params", _params_json(params))
+
+    def set_project_documents(self, project_id: str, attached: list[dict[str, Any]]) -> None:
+        """The documents new chats in the project start with (``engine.storage.chat_documents``); ``[]``: none."""
+        with self._op("save the project's documents", write=True) as db:
+            self._set_project(db, project_id, "documents", chat_documents.to_json(attached))
+
+    def delete_project(self, project_id: str) -> None:
+        """Delete the project; its chats stay, outside any project."""
+        with self._op("delete the project", write=True) as db:
+            db.execute("UPDATE conversations SET project_id = NULL WHERE project_id = ?", [project_id])
+            if not db.execute("DELETE FROM projects WHERE id = ?", [project_id]).rowcount:
+                raise NotFoundError(f"No project with id {project_id!r}; was it deleted?")
+
+    def move_to_project(self, conversation_id: str, project_id: str | None) -> None:
+        """Put the chat in the project (None: out of any); its prompt, values and documents stay its own."""
+        with self._op("move the chat to the project", write=True) as db:
+            if project_id is not None:
+                self._require_project(db, project_id)
+            sql = "UPDATE conversations SET project_id = ? WHERE id = ?"
+            if not db.execute(sql, [project_id, conversation_id]).rowcount:
+                raise NotFoundError(f"No conversation with id {conversation_id!r}; was it deleted?")
+
+    def _set_project(self, db: Database, project_id: str, column: str, value: str) -> None:
+        sql = f"UPDATE projects SET {column} = ?, updated = ? WHERE id = ?"
+        if not db.execute(sql, [value, time.time(), project_id]).rowcount:
+            raise NotFoundError(f"No project with id {project_id!r}; was it deleted?")
+
+    def _require_project(self, db: Database, project_id: str) -> None:
+        if not db.execute("SELECT 1 FROM projects WHERE id = ?", [project_id]).fetchone():
+            raise NotFoundError(f"No project with id {project_id!r}; was it deleted?")
 
     # -- messages -----------------------------------------------------------------
 
@@ -557,6 +684,14 @@ class StreamSaver:
     def finish(self, status: str = "done", metrics: dict[str, Any] | None = None) -> None:
         self._store.update_message(self._message_id, self.text, status=status, metrics=metrics)
         self._finished = True
+
+
+def _project_name(name: str) -> str:
+    """A project's name on one line; an empty one is refused."""
+    tidy = " ".join(str(name).split())
+    if not tidy:
+        raise ValueError("A project needs a name.")
+    return tidy
 
 
 def _branch_title(title: str, what: str) -> str:

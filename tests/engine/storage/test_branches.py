@@ -154,5 +154,5 @@ def test_a_history_file_of_schema_5_gains_branches_with_its_chats_as_they_were(t
         branch = store.branch_conversation("old", store.messages("old")[0].id)
         assert store.get_conversation(branch).parent_id == "old"
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
+    assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 6
     raw.close()

@@ -25,7 +25,9 @@ def long_chat(store: Store, turns: int, params: dict[str, str] | None = None) ->
 
 
 def open_window(qtbot: QtBot, store: Store, tiny_dir: Path) -> MainWindow:
-    settings = Settings(model=str(tiny_dir), device="cpu", dtype="float32", quant="none", max_tokens=8, answer_cache=False)
+    settings = Settings(
+        model=str(tiny_dir), device="cpu", dtype="float32", quant="none", max_tokens=8, answer_cache=False
+    )
     bridge = EngineBridge(local_backend(persist_prefixes=False))
     window = MainWindow(store, bridge, settings)
     qtbot.addWidget(window)

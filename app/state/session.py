@@ -129,6 +129,7 @@ class ChatSession:
         self.pending_system: str | None = None
         self.pending_params: dict[str, Any] = {}
         self.pending_documents: list[dict[str, Any]] = []  # attached before the new chat's first message
+        self.pending_project: str | None = None  # the project the next new chat goes in (app.window.projects)
         self.skip_documents: set[str] = set()  # ids no longer in the document index: kept on the chat, not sent
         self.created: dict[str, str] = {}  # draft id -> the chat its first message made (attaching meanwhile)
         self._draft_id = f"draft-{uuid.uuid4().hex}"  # the next new chat's id for prefill while typing
@@ -138,6 +139,7 @@ class ChatSession:
         """Open a chat (None: a new one).  Documents attached to the next new chat stay with it meanwhile."""
         self.conversation_id = conversation_id
         self.pending_system, self.pending_params = None, {}
+        self.pending_project = None
         return self.messages()
 
     @property
@@ -222,9 +224,14 @@ class ChatSession:
         if new:
             system, own = self.chat_params()  # what the parameters panel set for the next new chat
             self.conversation_id = self.store.create_conversation(
-                make_title(text), system_prompt=system, params=own, attached=self.pending_documents
+                make_title(text),
+                system_prompt=system,
+                params=own,
+                attached=self.pending_documents,
+                project_id=self.pending_project,
             )
             self.pending_system, self.pending_params, self.pending_documents = None, {}, []
+            self.pending_project = None
             self.created[self._draft_id] = self.conversation_id
             self._draft_id = f"draft-{uuid.uuid4().hex}"
         conversation_id = self._current()

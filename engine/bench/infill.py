@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lines = path.read_text(encoding="utf-8").splitlines()
     requests = session(lines, path.name, args.max_tokens or 24)
     servers: list[tuple[str, str]] = []
-    child, url, _model = start_brisk(args)
+    child, url, _model = start_brisk(args, "off")
     try:
         servers.append(("Brisk", url.removesuffix("/v1")))
         if getattr(args, "peer", None):

@@ -24,7 +24,9 @@ when is decided in ``engine.runtime.scheduler``; this module only steps the ones
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +36,12 @@ import torch
 from greenlet import greenlet
 
 from engine.model.kv import KVState, forward, forward_many
+from engine.runtime.speculative.controller import StepShape
 
 MAX_ACTIVE = 8  # requests decoding together; more wait their turn
 _START = object()  # Batch._resume's value for a request's first run
+_numbers = itertools.count(1)  # model steps, numbered: a batched step's rows all report the same one
+_alone = threading.local()  # the last step run alone on this thread (``last_step``)
 
 
 @dataclass
@@ -67,8 +72,24 @@ def decode(
     batch, else at once.  A step that runs alone is ``run`` itself."""
     batch = _mine()
     if batch is None:
-        return run(model, state, ids, all_logits, decode=True)
+        t = time.perf_counter()
+        logits = run(model, state, ids, all_logits, decode=True)
+        _alone.shape = StepShape(next(_numbers), 1, len(ids), time.perf_counter() - t)
+        return logits
     return batch.wait(Job(model, state, ids, all_logits, run))
+
+
+def last_step() -> StepShape | None:
+    """The calling request's last decode step as measured: its number, rows, tokens fed and model time."""
+    batch = _mine()
+    return getattr(_alone, "shape", None) if batch is None else batch.last
+
+
+def width() -> int:
+    """The rows the calling request's next decode step is likely to have: the requests in flight that are not
+    away (1 when it is served alone)."""
+    batch = _mine()
+    return 1 if batch is None else max(1, len(batch.active) - len(batch.gone))
 
 
 def away(work: Callable[[], Any]) -> Any:
@@ -111,6 +132,7 @@ class Batch:
         self.steps = 0  # batched steps run (for the benchmarks and tests)
         self.widest = 0  # the most requests one step advanced
         self.last_width = 0  # the requests the last step advanced
+        self.last: StepShape | None = None  # the last step as measured (the speculation controller learns from it)
 
     def start(self, serve: Callable[[], None]) -> None:
         """Begin serving a request (``serve()``): it runs now, up to its first step (or to its end)."""
@@ -160,6 +182,7 @@ class Batch:
         waiting, self._waiting = self._waiting, {}
         jobs = [(runner, job) for runner, job in waiting.items() if job is not None]
         if jobs:
+            t = time.perf_counter()
             try:
                 if len(jobs) == 1:
                     one = jobs[0][1]
@@ -170,6 +193,8 @@ class Batch:
                 for runner, _ in jobs:
                     self._resume(runner, exc, throw=True)
             else:
+                fed = sum(len(job.ids) for _, job in jobs)
+                self.last = StepShape(next(_numbers), len(jobs), fed, time.perf_counter() - t)
                 self.steps += 1
                 self.last_width = len(jobs)
                 self.widest = max(self.widest, len(jobs))

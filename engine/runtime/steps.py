@@ -133,6 +133,9 @@ def generate_steps(
         drafts, probs, source = _constrained_drafts(grammar, drafters, controller, prompt + generated, room, params)
         t = time.perf_counter()
         logits = batching.decode(model, state, [token, *drafts], bool(drafts), forward)  # with the others in flight
+        shape = batching.last_step()
+        if shape is not None:
+            controller.observe(shape)  # what a plain step and a drafted token cost at this batch width
         if drafts:
             assert source is not None
             if grammar is not None:
@@ -140,8 +143,11 @@ def generate_steps(
             accepted, token = verify(logits, drafts, probs, params, generated, generator)
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
             seconds = time.perf_counter() - t_draft
-            if source != FORCED and batching.stepped_alone():  # forced tokens are the format's; a batched
-                controller.record(source, len(drafts), accepted, seconds)  # step's time is not this request's
+            if source != FORCED:  # forced tokens are the format's
+                if batching.stepped_alone():
+                    controller.record(source, len(drafts), accepted, seconds)
+                else:  # a batched step's time is not this request's (``observe`` has the batch's)
+                    controller.record_accepted(source, len(drafts), accepted)
             ids = (*drafts[:accepted], token)
             if grammar is not None:
                 grammar.accept(ids)
@@ -206,13 +212,16 @@ def _constrained_drafts(
 def _draft(
     drafters: Sequence[Drafter], controller: Controller, context: list[int], room: int, params: Sampling
 ) -> tuple[list[int], torch.Tensor | None, str | None]:
-    """The first source (best first) that proposes something within ``room`` tokens, with its drafts."""
+    """The first source (best first) that proposes something within ``room`` tokens, with its drafts; how
+    many each may propose depends on the rows the step will have (``Controller.draft_length``)."""
+    width = batching.width() if drafters else 1
     for drafter in drafters:
-        k = min(controller.draft_length(drafter.name), room)
+        k = min(controller.draft_length(drafter.name, width), room)
         if k > 0:
             t = time.perf_counter()
             drafts, probs = drafter.propose(context, k, params)
             if drafts:
+                controller.record_made(drafter.name, len(drafts[:k]), time.perf_counter() - t)
                 return drafts[:k], probs, drafter.name
             controller.record_empty(drafter.name, time.perf_counter() - t)
     return [], None, None

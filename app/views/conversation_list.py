@@ -1,4 +1,4 @@
-"""The sidebar's list of conversations as a Qt item model: most recent first, branches under their parent.
+"""The sidebar's list of conversations as a Qt item model: projects, most recent first, branches under their parent.
 
 :class:`ConversationListModel` holds plain ``Conversation`` records in the
 order of their last activity (``set_conversations`` takes them most recent
@@ -9,6 +9,13 @@ as recent as its most recent member), each level indented one step
 (``DEPTH_ROLE``; a branch's title reads "↳ title").  A branch whose parent
 is not in the list (deleted: the store made it a chat of its own) is shown
 at the top level.
+
+Projects (``set_projects``) come first, by name, each a header row
+(``KIND_ROLE`` is ``PROJECT``, ``ID_ROLE`` its id) with its chats under it
+(``Conversation.project_id``), nested as above one level in (``LEVEL_ROLE``:
+how far a row is indented; ``DEPTH_ROLE`` stays the branch depth); then the
+chats in no project (or in one not listed).  :meth:`row_of` finds chats only,
+:meth:`project_row` project headers.
 
 The model is changed only through begin/end calls (insert, move, remove, and a
 layout change where rows move in ways one move cannot say) and ``dataChanged``,
@@ -23,14 +30,34 @@ import time
 from collections.abc import Sequence
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QFont
 
-from engine.storage import Conversation
+from engine.storage import Conversation, Project
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 DEPTH_ROLE = Qt.ItemDataRole.UserRole + 1  # how many branch steps below a chat of its own (0: one of those)
+KIND_ROLE = Qt.ItemDataRole.UserRole + 2  # CHAT or PROJECT
+LEVEL_ROLE = Qt.ItemDataRole.UserRole + 3  # how many steps the row is indented (a project's chats: one more)
+CHAT, PROJECT = "chat", "project"
 BRANCH_MARK = "\u21b3 "  # before a branch's title
+PROJECT_MARK = "\u25a4 "  # before a project's name
 Index = QModelIndex | QPersistentModelIndex
 Row = tuple[Conversation, int]  # a conversation and its depth
+Shown = tuple[Conversation | Project, int, int]  # a row as shown: chat or project, branch depth, indent level
+
+
+def grouped(projects: Sequence[Project], conversations: Sequence[Conversation]) -> list[Shown]:
+    """The rows as shown: each project (in the order given) and its chats nested under it, then the chats in
+    no listed project, nested (:func:`nested`)."""
+    known = {p.id for p in projects}
+    rows: list[Shown] = []
+    for project in projects:
+        rows.append((project, 0, 0))
+        inside = [c for c in conversations if c.project_id == project.id]
+        rows.extend((c, depth, depth + 1) for c, depth in nested(inside))
+    loose = [c for c in conversations if c.project_id not in known]
+    rows.extend((c, depth, depth) for c, depth in nested(loose))
+    return rows
 
 
 def nested(conversations: Sequence[Conversation]) -> list[Row]:
@@ -78,7 +105,8 @@ class ConversationListModel(QAbstractListModel):
     def __init__(self) -> None:
         super().__init__()
         self._order: list[Conversation] = []  # most recent first
-        self._items: list[Row] = []  # as shown
+        self._projects: list[Project] = []  # by name
+        self._items: list[Shown] = []  # as shown
 
     # -- Qt model API ---------------------------------------------------------------
     def rowCount(self, parent: Index = QModelIndex()) -> int:  # noqa: B008, N802
@@ -87,7 +115,13 @@ class ConversationListModel(QAbstractListModel):
     def data(self, index: Index, role: int = Qt.ItemDataRole.DisplayRole) -> object:
         if not index.isValid() or not 0 <= index.row() < len(self._items):
             return None
-        item, depth = self._items[index.row()]
+        item, depth, level = self._items[index.row()]
+        if isinstance(item, Project):
+            return self._project_data(item, role)
+        if role == LEVEL_ROLE:
+            return level
+        if role == KIND_ROLE:
+            return CHAT
         if role == Qt.ItemDataRole.DisplayRole:
             return f"{BRANCH_MARK}{item.title}" if depth else item.title
         if role == Qt.ItemDataRole.EditRole:
@@ -103,16 +137,40 @@ class ConversationListModel(QAbstractListModel):
             return depth
         return None
 
+    def _project_data(self, project: Project, role: int) -> object:
+        chats = sum(1 for c in self._order if c.project_id == project.id)
+        if role == Qt.ItemDataRole.DisplayRole:
+            return f"{PROJECT_MARK}{project.name}"
+        if role == Qt.ItemDataRole.ToolTipRole:
+            prompt = project.system_prompt.strip()
+            cut = prompt[:120] + ("\u2026" if len(prompt) > 120 else "")
+            said = f"\nSystem prompt: {cut}" if prompt else ""
+            docs = f"\n{len(project.documents)} document(s)" if project.documents else ""
+            return f"Project \u201c{project.name}\u201d: {chats} chat{'s' if chats != 1 else ''}{said}{docs}"
+        if role == Qt.ItemDataRole.FontRole:
+            font = QFont()
+            font.setBold(True)
+            return font
+        if role == ID_ROLE:
+            return project.id
+        if role == KIND_ROLE:
+            return PROJECT
+        if role in (DEPTH_ROLE, LEVEL_ROLE):
+            return 0
+        return None
+
     def flags(self, index: Index) -> Qt.ItemFlag:
         base = super().flags(index)
-        return base | Qt.ItemFlag.ItemIsEditable if index.isValid() else base
+        if not index.isValid() or isinstance(self._items[index.row()][0], Project):
+            return base
+        return base | Qt.ItemFlag.ItemIsEditable
 
     def setData(self, index: Index, value: object, role: int = Qt.ItemDataRole.EditRole) -> bool:  # noqa: N802
         if role != Qt.ItemDataRole.EditRole or not index.isValid():
             return False
         title = " ".join(str(value).split())
         item = self._items[index.row()][0]
-        if not title or title == item.title:
+        if isinstance(item, Project) or not title or title == item.title:
             return False
         self.title_edited.emit(item.id, title)
         return True
@@ -121,8 +179,19 @@ class ConversationListModel(QAbstractListModel):
     def set_conversations(self, conversations: Sequence[Conversation]) -> None:
         self.beginResetModel()
         self._order = list(conversations)
-        self._items = nested(self._order)
+        self._items = grouped(self._projects, self._order)
         self.endResetModel()
+
+    def set_projects(self, projects: Sequence[Project]) -> None:
+        """Show these projects (in this order) with their chats under them."""
+        self._projects = list(projects)
+        self._apply(self._order)
+
+    def project(self, project_id: str) -> Project | None:
+        return next((p for p in self._projects if p.id == project_id), None)
+
+    def projects(self) -> list[Project]:
+        return list(self._projects)
 
     def upsert(self, conversation: Conversation, to_top: bool = False) -> None:
         """Add or refresh ``conversation``; new ones and ``to_top`` ones become the most recent (a chat of its
@@ -140,22 +209,34 @@ class ConversationListModel(QAbstractListModel):
 
     # -- queries ----------------------------------------------------------------------
     def row_of(self, conversation_id: str) -> int | None:
-        for row, (item, _depth) in enumerate(self._items):
-            if item.id == conversation_id:
+        """The row of that chat (never a project's header)."""
+        for row, (item, _depth, _level) in enumerate(self._items):
+            if item.id == conversation_id and isinstance(item, Conversation):
+                return row
+        return None
+
+    def project_row(self, project_id: str) -> int | None:
+        for row, (item, _depth, _level) in enumerate(self._items):
+            if item.id == project_id and isinstance(item, Project):
                 return row
         return None
 
     def conversation_at(self, row: int) -> Conversation:
-        return self._items[row][0]
+        item = self._items[row][0]
+        if not isinstance(item, Conversation):
+            raise IndexError(f"row {row} is a project's header, not a chat")
+        return item
 
     def depth_at(self, row: int) -> int:
         return self._items[row][1]
 
     def ids(self) -> list[str]:
-        return [item.id for item, _depth in self._items]
+        """Every row's id, as shown (a project's header: the project's id)."""
+        return [item.id for item, _depth, _level in self._items]
 
     def titles(self) -> list[str]:
-        return [item.title for item, _depth in self._items]
+        """Every row's title (a project's header: its name)."""
+        return [item.name if isinstance(item, Project) else item.title for item, _depth, _level in self._items]
 
     # -- internals --------------------------------------------------------------------
     def _parent_title(self, item: Conversation) -> str | None:
@@ -166,20 +247,20 @@ class ConversationListModel(QAbstractListModel):
     def _apply(self, order: list[Conversation]) -> None:
         """Show ``order`` (most recent first): rows removed, moved, inserted and refreshed, in that order."""
         self._order = order
-        new = nested(order)
-        new_ids = [c.id for c, _depth in new]
+        new = grouped(self._projects, order)
+        new_ids = [row[0].id for row in new]
         wanted = set(new_ids)
         for row in reversed(range(len(self._items))):
             if self._items[row][0].id not in wanted:
                 self.beginRemoveRows(QModelIndex(), row, row)
                 del self._items[row]
                 self.endRemoveRows()
-        present = {c.id for c, _depth in self._items}
+        present = {shown[0].id for shown in self._items}
         self._reorder([i for i in new_ids if i in present])
-        for row, (item, depth) in enumerate(new):
-            if item.id not in present:
+        for row, shown in enumerate(new):
+            if shown[0].id not in present:
                 self.beginInsertRows(QModelIndex(), row, row)
-                self._items.insert(row, (item, depth))
+                self._items.insert(row, shown)
                 self.endInsertRows()
         for row, shown in enumerate(new):
             if self._items[row] != shown:
@@ -189,7 +270,7 @@ class ConversationListModel(QAbstractListModel):
     def _reorder(self, ids: list[str]) -> None:
         """Put the rows (the same ones) in the order of ``ids``: one block move where that says it, else a
         layout change that carries the views' persistent indexes (selection, current row) along."""
-        old = [c.id for c, _depth in self._items]
+        old = [shown[0].id for shown in self._items]
         if old == ids:
             return
         first = next(i for i, (a, b) in enumerate(zip(old, ids, strict=True)) if a != b)
@@ -198,7 +279,7 @@ class ConversationListModel(QAbstractListModel):
         while start + length < len(old) and first + length < len(ids) and old[start + length] == ids[first + length]:
             length += 1
         moved = old[:first] + old[start : start + length] + old[first:start] + old[start + length :]
-        by_id = {c.id: (c, depth) for c, depth in self._items}
+        by_id = {shown[0].id: shown for shown in self._items}
         if moved == ids:
             self.beginMoveRows(QModelIndex(), start, start + length - 1, QModelIndex(), first)
             self._items = [by_id[i] for i in ids]

@@ -13,6 +13,14 @@ The owner answers a search with :meth:`show_results`.
 Branches (``Conversation.parent_id``) are listed under their parent, each
 level indented by ``INDENT_PX`` (:mod:`app.views.conversation_list` orders them).
 
+Projects (``set_projects``) are header rows with their chats under them,
+indented one level.  "New project…" (under New chat) emits
+``new_project_requested``; selecting a project's header emits
+``project_selected(id)`` (the owner opens a new chat in it); its context menu
+emits ``new_chat_in_project_requested(id)``, ``project_settings_requested(id)``
+and ``project_delete_requested(id)``; a chat's menu has "Move to project…"
+(``move_to_project_requested(conversation_id)``: the owner asks where).
+
 Neither list ever scrolls sideways: :class:`FitWidthDelegate` sizes every row
 to the list's width, so a long title is elided with "…" (its tooltip
 shows it in full) and a long search snippet wraps.
@@ -51,8 +59,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.views.conversation_list import DEPTH_ROLE, ID_ROLE, ConversationListModel
-from engine.storage import Conversation, SearchHit
+from app.views.conversation_list import ID_ROLE, KIND_ROLE, LEVEL_ROLE, PROJECT, ConversationListModel
+from engine.storage import Conversation, Project, SearchHit
 
 SEARCH_DEBOUNCE_MS = 200
 WIDTH = 240
@@ -61,8 +69,8 @@ MAX_INDENT_LEVELS = 4  # deeper branches line up with the fourth level (the titl
 
 
 def indent_of(index: QModelIndex | QPersistentModelIndex) -> int:
-    """How far a row is indented: ``INDENT_PX`` per branch level (rows without a depth: none)."""
-    depth = index.data(DEPTH_ROLE)
+    """How far a row is indented: ``INDENT_PX`` per level (a branch, a project's chat; rows without one: none)."""
+    depth = index.data(LEVEL_ROLE)
     return INDENT_PX * min(depth, MAX_INDENT_LEVELS) if isinstance(depth, int) else 0
 
 
@@ -126,6 +134,12 @@ class Sidebar(QWidget):
     search_changed = Signal(str)
     hit_chosen = Signal(str, object)
     settings_requested = Signal()
+    new_project_requested = Signal()
+    project_selected = Signal(str)
+    new_chat_in_project_requested = Signal(str)
+    project_settings_requested = Signal(str)
+    project_delete_requested = Signal(str)
+    move_to_project_requested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -142,6 +156,12 @@ class Sidebar(QWidget):
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_chat_requested)
         layout.addWidget(self.new_button)
+        self.new_project_button = QPushButton("New project\u2026")
+        self.new_project_button.setToolTip(
+            "A folder of chats with its own system prompt, documents and values; its new chats start warm"
+        )
+        self.new_project_button.clicked.connect(self.new_project_requested)
+        layout.addWidget(self.new_project_button)
 
         self.search_box = QLineEdit()
         self.search_box.setPlaceholderText("Search history")
@@ -194,6 +214,17 @@ class Sidebar(QWidget):
     def set_conversations(self, conversations: Sequence[Conversation]) -> None:
         with self._quiet():
             self.model.set_conversations(conversations)
+
+    def set_projects(self, projects: Sequence[Project]) -> None:
+        with self._quiet():
+            self.model.set_projects(projects)
+
+    def select_project(self, project_id: str) -> None:
+        """Highlight a project's header without emitting ``project_selected``."""
+        with self._quiet():
+            row = self.model.project_row(project_id)
+            if row is not None:
+                self.list_view.setCurrentIndex(self.model.index(row))
 
     def upsert(self, conversation: Conversation, to_top: bool = False) -> None:
         with self._quiet():
@@ -252,7 +283,10 @@ class Sidebar(QWidget):
 
     def _current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
         if not self._syncing and current.isValid():
-            self.conversation_selected.emit(current.data(ID_ROLE))
+            if current.data(KIND_ROLE) == PROJECT:
+                self.project_selected.emit(current.data(ID_ROLE))
+            else:
+                self.conversation_selected.emit(current.data(ID_ROLE))
 
     def _hit_clicked(self, item: QListWidgetItem) -> None:
         conversation_id, message_id = item.data(ID_ROLE)
@@ -262,12 +296,24 @@ class Sidebar(QWidget):
         index = self.list_view.indexAt(pos)
         if not index.isValid():
             return
-        conversation_id = index.data(ID_ROLE)
         menu = QMenu(self)
+        self.fill_menu(menu, index)
+        menu.exec(self.list_view.viewport().mapToGlobal(pos))
+
+    def fill_menu(self, menu: QMenu, index: QModelIndex | QPersistentModelIndex) -> None:
+        """The context menu of a row: a project's or a chat's."""
+        row_id = index.data(ID_ROLE)
+        if index.data(KIND_ROLE) == PROJECT:
+            menu.addAction("New chat in project", lambda: self.new_chat_in_project_requested.emit(row_id))
+            menu.addAction("Project settings\u2026", lambda: self.project_settings_requested.emit(row_id))
+            menu.addSeparator()
+            menu.addAction("Delete project\u2026", lambda: self.project_delete_requested.emit(row_id))
+            return
+        conversation_id = row_id
         menu.addAction("Rename", lambda: self.rename(conversation_id))
         menu.addAction("Export Markdown\u2026", lambda: self.export_requested.emit(conversation_id))
         keep = menu.addAction("Keep last N turns\u2026", lambda: self.keep_last_requested.emit(conversation_id))
         keep.setToolTip("A new chat, branched off this one, with its system prompt and only its newest turns")
+        menu.addAction("Move to project\u2026", lambda: self.move_to_project_requested.emit(conversation_id))
         menu.addSeparator()
         menu.addAction("Delete\u2026", lambda: self.delete_requested.emit(conversation_id))
-        menu.exec(self.list_view.viewport().mapToGlobal(pos))

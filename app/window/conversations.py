@@ -78,6 +78,9 @@ class ConversationActions:
             return []
 
     def new_chat(self) -> None:
+        projects = getattr(self, "projects", None)  # app.window.projects: a plain new chat is in no project
+        if projects is not None:
+            projects.new_chat_outside()
         self.session.open(None)
         self.chat_view.clear()
         self.show_busy()

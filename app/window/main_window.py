@@ -83,6 +83,7 @@ from app.window.document_controller import DocumentsController, Library
 from app.window.draft_prefill import TypingPrefill
 from app.window.layout import LAYOUT_VERSION, PANEL_SHORTCUT, PARAMETERS_SHORTCUT, LayoutFile, default_widths
 from app.window.parameters import ParametersController
+from app.window.projects import ProjectsController
 from app.window.serving import ServerSwitch
 from app.window.turns import FAILED_TIP, LOADING_TIP, TurnActions
 from engine.api import DraftPrefill, Loaded, LoadFailed, LoadProgress, ServedReply, Tuning, Warning
@@ -150,6 +151,7 @@ class MainWindow(TurnActions, ConversationActions, QMainWindow):
         self.latency.dock.raise_()
         self._build_menus()
         self._build_branching()  # "Branch from here", "Keep last N turns…" (app.window.conversations)
+        self.projects = ProjectsController(self)  # projects in the sidebar, their new chats started warm
         self._restore_layout()
         self._build_summary()
         self.apply_theme()

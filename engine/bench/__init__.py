@@ -21,6 +21,7 @@ completion: an editing session replayed on ``/infill`` as llama.vim sends it), `
 calculator with Brisk's own tool prompt and without), ``overflow`` (the first reply after a chat
 outgrows the context against the reply before it; ``--context``),
 ``branch`` (a branched chat's first reply against a cold chat with the same history and a one-line follow-up),
+``project`` (a new chat's first reply in an open project, its prefix prefilled, against one outside it),
 ``peer-suite`` (llama.cpp's own server tests against its ``llama-server`` and against Brisk; ``--suite``),
 ``all``.  Variants are compared side by
 side in one run; we report medians.  Each scenario lives in a module of its own.
@@ -75,6 +76,7 @@ SCENARIOS: dict[str, str] = {
     "tools": "engine.bench.tools",
     "overflow": "engine.bench.overflow",
     "branch": "engine.bench.branch",
+    "project": "engine.bench.project",
     "peer-suite": "engine.bench.peer_suite",
 }
 

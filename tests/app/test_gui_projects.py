@@ -11,6 +11,7 @@ from pytestqt.qtbot import QtBot
 from app.dialogs.project import ProjectDialog
 from app.views.conversation_list import KIND_ROLE, LEVEL_ROLE, PROJECT, PROJECT_MARK
 from app.window.projects import WARM_DRAFT
+from engine.bench import project as project_bench
 from tests.support.gui_harness import Harness, chat, fake
 
 DOCS = [{"id": "d" * 64, "name": "guide.md", "path": "/tmp/guide.md", "chars": 900, "tokens": 210}]
@@ -43,6 +44,7 @@ def test_a_new_chat_in_a_project_takes_its_prompt_and_sits_under_it_warm(qtbot: 
     assert len(engine.hints) > before and warm.conversation_id == window.session.draft_id
     assert [(m["role"], m["content"]) for m in warm.messages] == [("system", "You plan trips."), ("user", WARM_DRAFT)]
     assert warm.documents == (DOCS[0]["id"],) and warm.sampling.temperature == 0.0
+    assert project_bench.WARM_DRAFT == WARM_DRAFT, "the bench hints what the window hints"
 
     inside = chat(qtbot, window, "Where to in May?")
     assert window.store.get_conversation(inside).project_id == project_id

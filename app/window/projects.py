@@ -12,7 +12,8 @@ Warm start: the moment a project is opened, the prompt its new chat will send
 one-word stand-in for the first message: :data:`WARM_DRAFT`) goes to the
 engine as a typing hint for the new chat's draft (``engine.runtime.hints``):
 the engine prefills it while idle, and the draft typed next continues that job
-(the stand-in is cropped away), so the first reply starts from the cached
+(the stand-in is cropped away; a draft already in the composer is hinted
+as itself), so the first reply starts from the cached
 prefix (its ``Metrics.cached_tokens``).  Nothing is hinted before a model is
 loaded or with the prefix cache off.  Deleting a project keeps its chats,
 outside any project.
@@ -112,8 +113,9 @@ class ProjectsController(QObject):
             return False
         if not window.model_ready or not window.settings.prefix_cache or session.active is not None:
             return False
+        typed = window.composer.text()  # a draft kept across the switch is hinted as itself
         try:
-            request = session.draft_request(WARM_DRAFT)
+            request = session.draft_request(typed if typed.strip() else WARM_DRAFT)
         except StoreError:
             return False
         if window.bridge.hint(request):

@@ -32,7 +32,7 @@ from engine.api import Sampling
 from engine.model.kv import KVState, forward
 from engine.runtime import batching, sampling
 from engine.runtime.grammar import Grammar, ToolCalls
-from engine.runtime.speculative import Controller, Drafter, verify
+from engine.runtime.speculative import Controller, Drafter, RowRates, verify
 from engine.runtime.threads import observe_step
 
 PREFILL_CHUNK = 256
@@ -115,6 +115,7 @@ def generate_steps(
             batching.pause()  # the other requests in flight step between this prompt's chunks
     assert logits is not None
     generated: list[int] = []  # every token yielded so far; the consumer reads them in order
+    rates = RowRates()  # this reply's own acceptance per source (what its drafts are weighed by in a batch)
 
     t = time.perf_counter()
     row = _row(logits[-1], grammar)
@@ -130,7 +131,9 @@ def generate_steps(
     while len(prompt) + len(generated) < limit:
         room = min(params.max_tokens - len(generated), limit - len(prompt) - len(generated)) - 1
         t_draft = time.perf_counter()  # a step's time includes making its drafts, or failing to
-        drafts, probs, source = _constrained_drafts(grammar, drafters, controller, prompt + generated, room, params)
+        drafts, probs, source = _constrained_drafts(
+            grammar, drafters, controller, prompt + generated, room, params, rates
+        )
         t = time.perf_counter()
         logits = batching.decode(model, state, [token, *drafts], bool(drafts), forward)  # with the others in flight
         shape = batching.last_step()
@@ -144,6 +147,7 @@ def generate_steps(
             state.crop(len(state) - (len(drafts) - accepted))  # forget the rejected drafts' KV
             seconds = time.perf_counter() - t_draft
             if source != FORCED:  # forced tokens are the format's
+                rates.record(source, len(drafts), accepted)
                 if batching.stepped_alone():
                     controller.record(source, len(drafts), accepted, seconds)
                 else:  # a batched step's time is not this request's (``observe`` has the batch's)
@@ -194,13 +198,14 @@ def _constrained_drafts(
     context: list[int],
     room: int,
     params: Sampling,
+    rates: RowRates | None = None,
 ) -> tuple[list[int], torch.Tensor | None, str | None]:
     """What to feed with the next step: the format's forced tokens, else drafts cut to what it accepts."""
     if grammar is not None and room > 0:
         forced = grammar.forced()[:room]
         if forced:
             return forced, None, FORCED
-    drafts, probs, source = _draft(drafters, controller, context, room, params)
+    drafts, probs, source = _draft(drafters, controller, context, room, params, rates)
     if grammar is None or not drafts:
         return drafts, probs, source
     keep = grammar.valid_prefix(drafts)
@@ -210,13 +215,18 @@ def _constrained_drafts(
 
 
 def _draft(
-    drafters: Sequence[Drafter], controller: Controller, context: list[int], room: int, params: Sampling
+    drafters: Sequence[Drafter],
+    controller: Controller,
+    context: list[int],
+    room: int,
+    params: Sampling,
+    rates: RowRates | None = None,
 ) -> tuple[list[int], torch.Tensor | None, str | None]:
     """The first source (best first) that proposes something within ``room`` tokens, with its drafts; how
     many each may propose depends on the rows the step will have (``Controller.draft_length``)."""
     width = batching.width() if drafters else 1
     for drafter in drafters:
-        k = min(controller.draft_length(drafter.name, width), room)
+        k = min(controller.draft_length(drafter.name, width, rates), room)
         if k > 0:
             t = time.perf_counter()
             drafts, probs = drafter.propose(context, k, params)

@@ -10,7 +10,7 @@ The decode loop that drives them is ``engine.runtime.steps``.
 
 from __future__ import annotations
 
-from engine.runtime.speculative.controller import Controller, SourceStats
+from engine.runtime.speculative.controller import Controller, RowRates, SourceStats
 from engine.runtime.speculative.drafters import AnswerDrafts, Drafter, DraftModel, PromptLookup, ngram_continuation
 from engine.runtime.speculative.history import HistoryDrafts, HistoryIndex
 from engine.runtime.speculative.verify import verify
@@ -23,6 +23,7 @@ __all__ = [
     "HistoryDrafts",
     "HistoryIndex",
     "PromptLookup",
+    "RowRates",
     "SourceStats",
     "ngram_continuation",
     "verify",

@@ -33,7 +33,9 @@ extra time of a step per drafted token.  ``draft_length(source, width)`` with ``
 tokens only where the batch's tokens per unit of time grow: with the source's run rate ``p`` and its
 own time to make a token ``m``, ``(width - 1 + E[k]) / (1 + c k) > width``, where ``E[k] = 1 + p + ... +
 p^k`` and ``c = (extra + m) / plain``, both at this width (:func:`best_length`); else it drafts nothing,
-asking for one token every ``PROBE_EVERY`` steps so that a source that starts copying is noticed.  Until
+asking for one token every ``PROBE_EVERY`` steps so that a source that starts copying is noticed.  In a
+batch ``p`` is the row's own (:class:`RowRates`, the source's rate as its prior): one reply copying an
+earlier answer must not have the three beside it draft long from the same source.  Until
 a width's plain step is measured its rows draft nothing; until its drafted token's cost is measured,
 they draft as a lone row would (one step measures it).  A lone row (``width`` 1) keeps the rule above.
 """
@@ -93,6 +95,24 @@ class SourceStats:
 
 
 @dataclass
+class RowRates:
+    """One reply's own run rate per source: a batch mixes replies that copy with replies that do not."""
+
+    counts: dict[str, list[float]] = field(default_factory=dict)  # source -> [accepted, rejections], decaying
+
+    def record(self, source: str, drafted: int, accepted: int) -> None:
+        c = self.counts.setdefault(source, [0.0, 0.0])
+        c[0] = 0.9 * c[0] + accepted
+        c[1] = 0.9 * c[1] + (accepted < drafted)
+
+    def rate(self, source: str, prior: float, weight: float = 2.0) -> float:
+        """This reply's chance that its next drafted token from ``source`` stands, ``prior`` (the source's own
+        over every reply) counting as ``weight`` tokens until the reply has its own."""
+        accepted, rejected = self.counts.get(source, (0.0, 0.0))
+        return (accepted + weight * prior) / (accepted + rejected + weight)
+
+
+@dataclass
 class Controller:
     """Chooses how many tokens to draft, per source, from what drafting has earned."""
 
@@ -114,8 +134,9 @@ class Controller:
     batched: int = 0  # batched model steps observed
     _last_shape: int = 0  # the step number observed last (a batched step is reported by each of its rows)
 
-    def draft_length(self, source: str, width: int = 1) -> int:
-        """Tokens ``source`` may draft for a row stepping with ``width - 1`` others (0: none)."""
+    def draft_length(self, source: str, width: int = 1, row: RowRates | None = None) -> int:
+        """Tokens ``source`` may draft for a row stepping with ``width - 1`` others (0: none); ``row``: that
+        reply's own run rates (used in a batch)."""
         s = self.stats.setdefault(source, SourceStats())
         if self.step < s.paused_until or self.step < s.idle_until:
             return 0
@@ -131,7 +152,8 @@ class Controller:
         if extra is None:  # what a drafted token costs at this width is not measured yet: this step measures it
             return k
         cost = (extra + (s.make_s or 0.0)) / plain
-        best = best_length(s.run_rate(), cost, self.k_max, width)
+        rate = s.run_rate() if row is None else row.rate(source, s.run_rate())
+        best = best_length(rate, cost, self.k_max, width)
         if best == 0 and self.batched - s.probed >= PROBE_EVERY:
             s.probed = self.batched  # one token now and then: its acceptance keeps the run rate current
             return 1

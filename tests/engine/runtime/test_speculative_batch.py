@@ -15,7 +15,7 @@ import engine.runtime.steps as steps_module
 from engine.api import Sampling
 from engine.model.kv import KVState, forward, forward_many
 from engine.runtime.batching import Batch
-from engine.runtime.speculative import Controller, SourceStats
+from engine.runtime.speculative import Controller, RowRates, SourceStats
 from engine.runtime.speculative.controller import StepShape, best_length, bucket
 from engine.runtime.steps import Step, generate_steps
 
@@ -46,6 +46,22 @@ def test_one_row_drafts_where_four_rows_do_not() -> None:
     for number in range(103, 103 + 16):  # plain steps of four rows; after a while the source is probed
         c.observe(StepShape(number, 4, 4, 0.020))
     assert c.draft_length("lookup", 4) == 1 and c.draft_length("lookup", 4) == 0, "one probe, then none"
+
+
+def test_in_a_batch_each_row_is_weighed_by_its_own_acceptance() -> None:
+    """One reply copying its earlier answer makes the source's rate high; a reply beside it whose drafts from
+    that source keep failing stops drafting, while the copying one drafts long."""
+    c = Controller()
+    c.observe(StepShape(201, 4, 4, 0.020))
+    c.observe(StepShape(202, 4, 8, 0.032))  # 0.15 of a plain step a drafted token
+    c.stats["answers"] = SourceStats(run_accepted=30.0, run_rejected=0.5)
+    copying, other = RowRates(), RowRates()
+    for _ in range(3):
+        copying.record("answers", 6, 6)
+        other.record("answers", 4, 0)
+    assert c.draft_length("answers", 4, copying) >= 4
+    assert c.draft_length("answers", 4) >= 4, "the source's own rate alone would have it draft"
+    assert c.draft_length("answers", 4, other) == 0
 
 
 def test_best_length_weighs_the_whole_batch() -> None:

@@ -3,15 +3,23 @@ grouped under it in the sidebar, its prefix hinted to the engine when opened, mo
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from unittest.mock import patch
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
+from app.bridge import EngineBridge
 from app.dialogs.project import ProjectDialog
 from app.views.conversation_list import KIND_ROLE, LEVEL_ROLE, PROJECT, PROJECT_MARK
+from app.window.main_window import MainWindow
 from app.window.projects import WARM_DRAFT
+from engine.api import Done, DraftPrefill, Loaded, LoadFailed
 from engine.bench import project as project_bench
+from engine.client import local_backend
+from engine.storage import Settings, Store
 from tests.support.gui_harness import Harness, chat, fake
 
 DOCS = [{"id": "d" * 64, "name": "guide.md", "path": "/tmp/guide.md", "chars": 900, "tokens": 210}]
@@ -92,3 +100,42 @@ def test_selecting_a_project_opens_its_new_chat_and_settings_move_and_delete(qtb
     assert "stay, outside any project" in asked.call_args.args[2]
     assert window.store.get_conversation(outside).project_id is None
     assert rows(window) == [("chat", "Loose chat", 0)]
+
+
+def test_on_the_real_engine_a_new_chat_in_an_opened_project_reuses_its_prefilled_prefix(
+    qtbot: QtBot, brisk_data_dir: Path, tiny_dir: Path
+) -> None:
+    settings = Settings(
+        model=str(tiny_dir), device="cpu", dtype="float32", quant="none", max_tokens=4, speculative="off"
+    )
+    settings = dataclasses.replace(settings, answer_cache=False, temperature=0.0)
+    bridge = EngineBridge(local_backend(persist_prefixes=False))
+    window = MainWindow(Store(brisk_data_dir / "brisk.db"), bridge, settings)
+    qtbot.addWidget(window)
+    try:
+        with qtbot.waitSignal(
+            bridge.event, check_params_cb=lambda e: isinstance(e, Loaded | LoadFailed), timeout=60_000
+        ):
+            window.load_model()
+        assert window.model_ready
+        draft = window.session.draft_id
+        with qtbot.waitSignal(  # the project's prefix prefilled in the background, all of it
+            bridge.event,
+            check_params_cb=lambda e: (
+                isinstance(e, DraftPrefill) and e.conversation_id == draft and e.ready == e.total > 0
+            ),
+            timeout=60_000,
+        ):
+            window.projects.new_project("Trips", "You plan trips by train for a family of four, two nights a town.")
+        with qtbot.waitSignal(bridge.event, check_params_cb=lambda e: isinstance(e, Done), timeout=60_000) as done:
+            window.composer.editor.setPlainText("Where to in May?")
+            qtbot.keyClick(window.composer.editor, Qt.Key.Key_Return)
+        metrics = done.args[0].metrics
+        assert metrics.cached_tokens > 60 and metrics.typed_tokens == metrics.cached_tokens
+        assert metrics.computed_tokens < metrics.cached_tokens
+        qtbot.waitUntil(lambda: window.session.active is None)
+        assert window.store.get_conversation(window.session.conversation_id or "").project_id is not None
+    finally:
+        window.close()
+        bridge.shutdown()
+        window.store.close()

@@ -60,6 +60,7 @@ LABELS: dict[str, str] = {
     "context_length": "Context length (tokens)",
     "fast_path": "Fast path",
     "tool_template": "Chat template carries tools",
+    "thinking_switch": "Chat template has a thinking switch",
 }
 EMPTY = "\u2014"
 

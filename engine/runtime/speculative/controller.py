@@ -33,9 +33,9 @@ extra time of a step per drafted token.  ``draft_length(source, width)`` with ``
 tokens only where the batch's tokens per unit of time grow: with the source's run rate ``p`` and its
 own time to make a token ``m``, ``(width - 1 + E[k]) / (1 + c k) > width``, where ``E[k] = 1 + p + ... +
 p^k`` and ``c = (extra + m) / plain``, both at this width (:func:`best_length`); else it drafts nothing,
-asking for one token every ``PROBE_EVERY`` steps so that a source that starts copying is noticed.  In a
-batch ``p`` is the row's own (:class:`RowRates`, the source's rate as its prior): one reply copying an
-earlier answer must not have the three beside it draft long from the same source.  Until
+asking for one token every ``PROBE_EVERY`` steps so that a source that starts copying is noticed.  ``p``
+is the row's own when it is given (:class:`RowRates`, the source's rate as its prior): one reply copying
+an earlier answer must not have the replies beside it, or after it, draft long from the same source.  Until
 a width's plain step is measured its rows draft nothing; until its drafted token's cost is measured,
 they draft as a lone row would (one step measures it).  A lone row (``width`` 1) keeps the rule above.
 """
@@ -136,15 +136,16 @@ class Controller:
 
     def draft_length(self, source: str, width: int = 1, row: RowRates | None = None) -> int:
         """Tokens ``source`` may draft for a row stepping with ``width - 1`` others (0: none); ``row``: that
-        reply's own run rates (used in a batch)."""
+        reply's own run rates."""
         s = self.stats.setdefault(source, SourceStats())
         if self.step < s.paused_until or self.step < s.idle_until:
             return 0
         k = self.k.setdefault(source, 4)
+        rate = s.run_rate() if row is None else row.rate(source, s.run_rate())
         if width <= 1:
             if self.plain_step_s is None:
                 return 0
-            return k if s.row_cost is None else min(k, best_length(s.run_rate(), s.row_cost, self.k_max))
+            return k if s.row_cost is None else min(k, best_length(rate, s.row_cost, self.k_max))
         plain = self.plain_at.get(width)
         if plain is None:  # this width's plain step is not measured yet: a plain step measures it
             return 0
@@ -152,7 +153,6 @@ class Controller:
         if extra is None:  # what a drafted token costs at this width is not measured yet: this step measures it
             return k
         cost = (extra + (s.make_s or 0.0)) / plain
-        rate = s.run_rate() if row is None else row.rate(source, s.run_rate())
         best = best_length(rate, cost, self.k_max, width)
         if best == 0 and self.batched - s.probed >= PROBE_EVERY:
             s.probed = self.batched  # one token now and then: its acceptance keeps the run rate current

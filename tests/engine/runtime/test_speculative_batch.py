@@ -62,6 +62,10 @@ def test_in_a_batch_each_row_is_weighed_by_its_own_acceptance() -> None:
     assert c.draft_length("answers", 4, copying) >= 4
     assert c.draft_length("answers", 4) >= 4, "the source's own rate alone would have it draft"
     assert c.draft_length("answers", 4, other) == 0
+    c.record_plain(0.010)
+    c.stats["answers"].row_cost = 0.3
+    assert c.draft_length("answers", 1, copying) >= 4, "alone too, a row is weighed by its own acceptance"
+    assert c.draft_length("answers", 1, other) == 1
 
 
 def test_best_length_weighs_the_whole_batch() -> None:

@@ -11,14 +11,15 @@ tests run unchanged against both servers, each started once on the same model fi
   a free port with a fresh data folder, greedy defaults as a user gets them.
 
 ``--suite DIR`` is the suite's folder (the one holding ``unit/`` and ``utils.py``) and ``--suite-python``
-a Python with its requirements (``pip install -r DIR/requirements.txt`` in a virtual environment of its
-own: they pin versions Brisk's do not).  ``--only`` keeps the test files whose name contains it.
+a Python with its requirements (``pip install -r DIR/requirements.txt pytest-timeout`` in a virtual
+environment of its own: they pin versions Brisk's do not).  ``--only`` keeps the test files whose name contains it.
 
 Tests written for llama.cpp's tiny story model (``stories260K``) check words that model writes, and some
 start servers with options (slots, context shift, LoRA) that an external server cannot take: those fail
 on both.  What counts is the table's last column and the list after it: the tests that **pass on the
-peer and fail on Brisk**, each with the first line of its failure.  Each server's run ends after
-``SUITE_TIMEOUT_S``; JSON in ``bench/results/peer-suite.json``.
+peer and fail on Brisk**, each with the first line of its failure.  Each test ends after
+``TEST_TIMEOUT_S`` (with ``pytest-timeout``) and each file's run after ``FILE_TIMEOUT_S``; JSON in
+``bench/results/peer-suite.json``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ FILES = (
     "test_tool_call.py",
     "test_template.py",
 )
-SUITE_TIMEOUT_S = 1800  # one server's whole run
+FILE_TIMEOUT_S = 600  # one test file's run on one server
+TEST_TIMEOUT_S = 60  # one test (with pytest-timeout)
 READY_TIMEOUT_S = 600  # brisk serve's first start on an empty data folder converts nothing for a GGUF it runs
 
 
@@ -73,17 +75,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def outcomes(python: str, suite: Path, files: list[str], port: int) -> dict[str, tuple[str, str]]:
     """Each test's outcome ("passed", "failed", "error", "skipped") and first line of failure, on the server
-    at ``port``, by the suite's own pytest in its external mode."""
+    at ``port``, by the suite's own pytest in its external mode: one run a file (a file that passes
+    FILE_TIMEOUT_S loses only its own results), each test at most TEST_TIMEOUT_S where ``pytest-timeout``
+    is installed beside the suite (some tests wait on a server's behaviour up to 10 minutes)."""
+    timed = subprocess.run([python, "-c", "import pytest_timeout"], capture_output=True, check=False).returncode == 0
+    if not timed:
+        print(f"{python} has no pytest-timeout: a test that waits stops only with its file", flush=True)
+    out: dict[str, tuple[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="brisk-peer-suite-") as scratch:
-        report_file = Path(scratch) / "junit.xml"
         env = {**os.environ, "DEBUG_EXTERNAL": "1", "PORT": str(port), "LLAMA_CACHE": scratch}
-        command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report_file}"]
-        command += [f"unit/{f}" for f in files]
-        try:
-            subprocess.run(command, cwd=suite, env=env, capture_output=True, timeout=SUITE_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            print(f"the suite's run on port {port} passed {SUITE_TIMEOUT_S} s and was stopped", flush=True)
-        return read_junit(report_file) if report_file.is_file() else {}
+        for name in files:
+            report_file = Path(scratch) / f"{name}.xml"
+            command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report_file}"]
+            command += [f"--timeout={TEST_TIMEOUT_S}"] if timed else []
+            try:
+                subprocess.run(
+                    [*command, f"unit/{name}"], cwd=suite, env=env, capture_output=True, timeout=FILE_TIMEOUT_S
+                )
+            except subprocess.TimeoutExpired:
+                print(f"{name} on port {port} passed {FILE_TIMEOUT_S} s and was stopped", flush=True)
+            if report_file.is_file():
+                out |= read_junit(report_file)
+    return out
 
 
 def read_junit(path: Path) -> dict[str, tuple[str, str]]:

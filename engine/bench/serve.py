@@ -136,7 +136,11 @@ def one_run(
     results: list[dict] = [{} for _ in range(clients)]
 
     def work(i: int) -> None:
-        results[i] = one_request(url, model, key, texts[(offset + i) % len(texts)], args.max_tokens, extra)
+        start = time.perf_counter()
+        try:
+            results[i] = one_request(url, model, key, texts[(offset + i) % len(texts)], args.max_tokens, extra)
+        except Exception as exc:  # noqa: BLE001 - a dropped stream is this request's error, not the bench's end
+            results[i] = {"error": f"{type(exc).__name__}: {exc}", "start": start, "end": time.perf_counter()}
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
     for thread in threads:

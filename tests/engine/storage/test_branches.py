@@ -156,3 +156,22 @@ def test_a_history_file_of_schema_5_gains_branches_with_its_chats_as_they_were(t
     raw = sqlite3.connect(path)
     assert raw.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) and SCHEMA_VERSION >= 6
     raw.close()
+
+
+def test_each_version_of_a_reply_becomes_a_branch_of_that_message(tmp_path: Path) -> None:
+    """Regenerate's versions as branches: showing a version and branching after it gives a chat that goes on
+    from that version, and the parent keeps every version."""
+    with Store(tmp_path / "brisk.db") as store:
+        cid, ids = _chat(store, turns=1)
+        store.new_version(ids[1])
+        store.update_message(ids[1], "answer 1, again", status="done")
+        branches = {}
+        for number in (1, 2):
+            store.show_version(ids[1], number)
+            branches[number] = store.branch_conversation(cid, ids[1])
+        assert {n: _history(store, b)[-1] for n, b in branches.items()} == {
+            1: ("assistant", "answer 1"),
+            2: ("assistant", "answer 1, again"),
+        }
+        assert all(store.get_conversation(b).parent_id == cid for b in branches.values())
+        assert [m.content for m in store.versions(ids[1])] == ["answer 1", "answer 1, again"]

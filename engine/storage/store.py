@@ -190,13 +190,7 @@ class Store:
 
     def get_conversation(self, conversation_id: str) -> Conversation:
         with self._op("read a conversation") as db:
-            row = db.execute(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?",
-                [conversation_id],
-            ).fetchone()
-        if row is None:
-            raise NotFoundError(f"No conversation with id {conversation_id!r}; was it deleted?")
-        return _conversation(row)
+            return self._read_conversation(db, conversation_id)
 
     def list_conversations(self) -> list[Conversation]:
         with self._op("list conversations") as db:
@@ -257,7 +251,7 @@ class Store:
         that message and every earlier one (None: none of them), and the parent's system prompt, parameters
         and documents; titled "<parent title> (branch)" unless ``title`` is given.  Returns its id."""
         with self._op("branch the conversation", write=True) as db:
-            parent = self._parent(db, conversation_id)
+            parent = self._read_conversation(db, conversation_id)
             if (
                 message_id is not None
                 and not db.execute(
@@ -279,7 +273,7 @@ class Store:
         if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
             raise ValueError(f"turns must be a whole number of 1 or more, not {turns!r}")
         with self._op("keep the conversation's last turns", write=True) as db:
-            parent = self._parent(db, conversation_id)
+            parent = self._read_conversation(db, conversation_id)
             rows = db.execute(
                 "SELECT id, role FROM messages WHERE conversation_id = ? AND role IN ('user', 'assistant') ORDER BY id",
                 [conversation_id],
@@ -293,19 +287,24 @@ class Store:
     def branches(self, conversation_id: str) -> list[Conversation]:
         """The chats branched off this one (not their own branches), most recent first."""
         with self._op("list the conversation's branches") as db:
-            rows = db.execute(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE parent_id = ? "
-                "ORDER BY updated DESC, seq DESC",
-                [conversation_id],
-            ).fetchall()
+            return self._chats_where(db, "parent_id", conversation_id)
+
+    @staticmethod
+    def _chats_where(db: Database, column: str, value: str) -> list[Conversation]:
+        """The chats whose ``column`` (parent_id or project_id) is ``value``, most recent first."""
+        rows = db.execute(
+            f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE {column} = ? ORDER BY updated DESC, seq DESC",
+            [value],
+        ).fetchall()
         return [_conversation(row) for row in rows]
 
-    def _parent(self, db: Database, conversation_id: str) -> Conversation:
-        row = db.execute(f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [conversation_id])
-        found = row.fetchone()
-        if found is None:
+    @staticmethod
+    def _read_conversation(db: Database, conversation_id: str) -> Conversation:
+        found = db.execute(f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE id = ?", [conversation_id])
+        row = found.fetchone()
+        if row is None:
             raise NotFoundError(f"No conversation with id {conversation_id!r}; was it deleted?")
-        return _conversation(found)
+        return _conversation(row)
 
     def _fork(self, db: Database, parent: Conversation, title: str, message_ids: list[int], after: int | None) -> str:
         """The new chat and copies of the messages ``message_ids`` of ``parent``, in order: the version each
@@ -381,12 +380,7 @@ class Store:
         """The chats in the project (branches among them), most recent first."""
         with self._op("list the project's chats") as db:
             self._require_project(db, project_id)
-            rows = db.execute(
-                f"SELECT {_CONVERSATION_COLUMNS} FROM conversations WHERE project_id = ? "
-                "ORDER BY updated DESC, seq DESC",
-                [project_id],
-            ).fetchall()
-        return [_conversation(row) for row in rows]
+            return self._chats_where(db, "project_id", project_id)
 
     def rename_project(self, project_id: str, name: str) -> None:
         with self._op("rename the project", write=True) as db:

@@ -18,6 +18,7 @@ from engine.runtime import sampling, steps
 from engine.runtime.speculative import AnswerDrafts, Controller, verify
 from engine.runtime.steps import Step, generate_steps
 from tests.support.engine_runner import EngineRunner, done, token_ids
+from tests.support.scripted_state import ScriptedState
 
 VOCAB = 32
 DOC = (
@@ -63,17 +64,6 @@ def test_verify_processes_each_row_as_a_plain_step() -> None:
     # presence: after the draft 6, row 1 sees it said and prefers 5 again
     present = Sampling(logit_bias=((6, 1.5),), presence_penalty=1.0)
     assert verify(logits, [6, 6], None, present, [], None) == (1, 5)
-
-
-class ScriptedState:
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def crop(self, length: int) -> None:
-        del self.tokens[length:]
 
 
 def scripted_forward(model: object, state: ScriptedState, ids: list[int], all_logits: bool = False, **_: object):  # noqa: ANN201

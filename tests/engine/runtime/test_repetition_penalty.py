@@ -18,23 +18,11 @@ from engine.runtime import sampling, steps
 from engine.runtime.speculative import Controller, PromptLookup, verify
 from engine.runtime.steps import Step, generate_steps
 from tests.support.engine_runner import EngineRunner, done, token_ids
+from tests.support.scripted_state import ScriptedState
 from tests.support.tiny import make_tiny_model
 
 VOCAB = 16
 LIKED = {5: 2.0, 6: 1.9, 7: 1.8}  # the scripted model's logits: 5 best, then 6, then 7; every other id 0
-
-
-class ScriptedState:
-    """What ``generate_steps`` needs of a KV state: the tokens fed, and cropping them."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def crop(self, length: int) -> None:
-        del self.tokens[length:]
 
 
 def scripted_forward(model: object, state: ScriptedState, ids: list[int], all_logits: bool = False, **_: object):  # noqa: ANN201

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import Done
-from engine.bench.common import Runner, markdown_table, median, spread
+from engine.bench.common import Runner, markdown_table, median, spread, ttfts
 from engine.runtime.serving import conversation_key
 from engine.storage import Store
 
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(results: dict[str, list[Done]], quant: str, rounds: int) -> dict[str, Any]:
-    ttft = {name: [d.metrics.ttft_s for d in done if d.metrics.ttft_s is not None] for name, done in results.items()}
+    ttft = ttfts(results)
     follow = median(ttft["follow-up"])
     body = []
     for name in ROWS:

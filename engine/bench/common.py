@@ -75,6 +75,11 @@ def percentile(values: Iterable[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def ttfts(results: dict[str, list[Done]]) -> dict[str, list[float]]:
+    """Each row's replies' TTFTs in seconds (replies without one left out)."""
+    return {name: [d.metrics.ttft_s for d in done if d.metrics.ttft_s is not None] for name, done in results.items()}
+
+
 def spread(values: Iterable[float | None], fmt: str = "{:,.0f}") -> str:
     """``median (min-max)`` of the values that are not None, each written with ``fmt``; ``-`` for none."""
     good = [v for v in values if v is not None]

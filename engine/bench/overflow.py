@@ -40,7 +40,7 @@ import uuid
 from typing import Any
 
 from engine.api import Done, Request, Sampling
-from engine.bench.common import LONG_SYSTEM, Runner, fresh_data_dir, markdown_table, median, spread
+from engine.bench.common import LONG_SYSTEM, Runner, fresh_data_dir, markdown_table, median, spread, ttfts
 
 SPECULATIVE = "off"
 CONTEXT = 1536  # tokens: the system prompt plus about 18 turns fill it
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(chats: list[dict[str, Done]], quant: str, context: int) -> dict[str, Any]:
     results = {name: [chat[name] for chat in chats if name in chat] for name in ROWS}
-    ttft = {name: [d.metrics.ttft_s for d in done if d.metrics.ttft_s is not None] for name, done in results.items()}
+    ttft = ttfts(results)
     before = median(ttft["before"])
     body = []
     for name in ROWS:

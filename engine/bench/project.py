@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import Done, Request, Sampling
-from engine.bench.common import Runner, fresh_data_dir, markdown_table, median, spread
+from engine.bench.common import Runner, fresh_data_dir, markdown_table, median, spread, ttfts
 
 SPECULATIVE = "off"
 ASK_TOKENS = 8  # the measured replies: TTFT is what counts
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(results: dict[str, list[Done]], prefills: list[float], quant: str, rounds: int) -> dict[str, Any]:
-    ttft = {name: [d.metrics.ttft_s for d in done if d.metrics.ttft_s is not None] for name, done in results.items()}
+    ttft = ttfts(results)
     body = []
     for name in ROWS:
         m = [d.metrics for d in results[name]]

@@ -1,8 +1,10 @@
 """Drives a real Engine through the shared synchronous client, for the engine tests: ``EngineRunner``, and
-readers of the events it collects (``token_ids``, ``done``)."""
+readers of the events it collects (``token_ids``, ``done``), and ``settle_hints`` (wait for queued hints' prefill)."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 
@@ -59,3 +61,20 @@ def done(events: list[object]):  # noqa: ANN201
     last = events[-1]
     assert isinstance(last, Done), f"expected Done, got {last!r}"
     return last
+
+
+def settle_hints(runner: EngineRunner, limit_s: float = 60.0) -> None:
+    """Wait until the engine has taken the hints queued and prefilled all they ask."""
+    engine = runner.engine
+
+    def turn() -> None:  # an item queued after the hints: run once they are taken
+        reached = threading.Event()
+        engine.call(lambda _engine: reached.set())  # type: ignore[attr-defined]
+        assert reached.wait(limit_s), "the engine did not get to the end of its queue"
+
+    turn()
+    began = time.monotonic()
+    while engine.hints.pending():  # type: ignore[attr-defined]
+        assert time.monotonic() - began < limit_s, "the hint did not finish"
+        time.sleep(0.01)
+    turn()  # the last chunk's step has returned (its entry is in the cache)

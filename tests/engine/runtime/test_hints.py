@@ -3,7 +3,6 @@ Send reuses it, and the reply is the same token for token."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ from engine.api import DraftPrefill, Request, Sampling
 from engine.model.kv import common_prefix
 from engine.runtime.hints import HINT_CHUNK, hint_tokens, stable_prefix
 from engine.runtime.prefix_cache import HINT
-from tests.support.engine_runner import EngineRunner, done, token_ids
+from tests.support.engine_runner import EngineRunner, done, settle_hints, token_ids
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 2}
 # about 300 tokens for the tiny model's byte-level tokenizer: the prompt fits its 512-token context
@@ -33,23 +32,6 @@ def hint(runner: EngineRunner, conversation: str, messages: list[dict[str, str]]
     runner.engine.hint(request)  # type: ignore[attr-defined]
 
 
-def settle(runner: EngineRunner, limit_s: float = 60.0) -> None:
-    """Wait until the engine has taken the hints queued and prefilled all they ask."""
-    engine = runner.engine
-
-    def turn() -> None:  # an item queued after the hints: run once they are taken
-        reached = threading.Event()
-        engine.call(lambda _engine: reached.set())  # type: ignore[attr-defined]
-        assert reached.wait(limit_s), "the engine did not get to the end of its queue"
-
-    turn()
-    began = time.monotonic()
-    while engine.hints.pending():  # type: ignore[attr-defined]
-        assert time.monotonic() - began < limit_s, "the hint did not finish"
-        time.sleep(0.01)
-    turn()  # the last chunk's step has returned (its entry is in the cache)
-
-
 def send(runner: EngineRunner, conversation: str, messages: list[dict[str, str]]) -> list[object]:
     return runner.run(messages, sampling=Sampling(max_tokens=24), conversation_id=conversation, answer_cache=False)
 
@@ -63,7 +45,7 @@ def test_a_hinted_draft_is_reused_and_the_reply_is_the_same(runner: EngineRunner
     # typing: a first part, then the whole text (an edit that only adds)
     hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG[:200]}])
     hint(runner, "typed", messages)
-    settle(runner)
+    settle_hints(runner)
     while not runner.client.events.empty():
         seen.append(runner.client.events.get_nowait())
     progress = [e for e in seen if isinstance(e, DraftPrefill)]
@@ -84,9 +66,9 @@ def test_an_edit_in_the_middle_keeps_only_what_is_still_true(runner: EngineRunne
     plain = send(runner, "plain", edited)
     runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
     hint(runner, "typed", first)
-    settle(runner)
+    settle_hints(runner)
     hint(runner, "typed", edited)  # the stale part after the edit is dropped, the rest prefilled again
-    settle(runner)
+    settle_hints(runner)
     entry = runner.engine.prefix_cache.entries[HINT + "conv:typed"]  # type: ignore[attr-defined]
     tokenizer = runner.engine.loaded.tokenizer  # type: ignore[attr-defined]
     assert edited_text[:40] in tokenizer.decode(entry.tokens) and "(changed here)" in tokenizer.decode(entry.tokens)
@@ -105,16 +87,16 @@ def test_a_send_during_a_hint_is_served_first_and_the_same(runner: EngineRunner)
     assert token_ids(events) == token_ids(plain)
     assert time.monotonic() - began < 30
     assert done(events).metrics.queue_s < 1.0  # it waited for one chunk of the hint at most
-    settle(runner)  # the draft in the other chat keeps its prefill and finishes it afterwards
+    settle_hints(runner)  # the draft in the other chat keeps its prefill and finishes it afterwards
     assert HINT + "conv:typed" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
 
 
 def test_emptying_the_draft_drops_its_prefill(runner: EngineRunner) -> None:
     hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG}])
-    settle(runner)
+    settle_hints(runner)
     assert HINT + "conv:typed" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
     hint(runner, "typed", [SYSTEM, {"role": "user", "content": ""}])
-    settle(runner)
+    settle_hints(runner)
     assert HINT + "conv:typed" not in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
 
 
@@ -149,7 +131,7 @@ def finished_guess(runner: EngineRunner, typed_on: str) -> tuple[list[dict[str, 
     plain = send(runner, "plain", more)
     runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
     hint(runner, "typed", [SYSTEM, {"role": "user", "content": LONG}])
-    settle(runner)
+    settle_hints(runner)
     return more, plain
 
 
@@ -160,7 +142,7 @@ def test_typing_on_after_a_finished_guess_crops_it_and_the_reply_is_the_same(run
     more, plain = finished_guess(runner, " Please list the crates")
     guessed = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
     hint(runner, "typed", more)
-    settle(runner)
+    settle_hints(runner)
     entry = runner.engine.prefix_cache.entries[HINT + "conv:typed"]  # type: ignore[attr-defined]
     shared = common_prefix(entry.tokens, guessed)
     assert len(guessed) - 20 < shared < len(guessed) < len(entry.tokens)  # the guessed end was cropped, not more
@@ -174,7 +156,7 @@ def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runne
     what is still true stays in the cache although nothing is left to prefill."""
     text = LONG + " And then"
     hint(runner, "typed", [SYSTEM, {"role": "user", "content": text}])
-    settle(runner)
+    settle_hints(runner)
     full = runner.engine.prefix_cache.entries[HINT + "conv:typed"].tokens  # type: ignore[attr-defined]
     runner.engine.hints.start(  # type: ignore[attr-defined]
         runner.engine.prefix_cache,
@@ -188,14 +170,14 @@ def test_a_keystroke_that_shortens_the_stable_part_keeps_the_rest_reusable(runne
 
 def test_a_draft_moved_to_another_chat_leaves_nothing_stale(runner: EngineRunner) -> None:
     hint(runner, "first", [SYSTEM, {"role": "user", "content": LONG}])
-    settle(runner)
+    settle_hints(runner)
     assert HINT + "conv:first" in runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
     hint(runner, "second", [SYSTEM, {"role": "user", "content": LONG + " More."}])  # the draft, in another chat
-    settle(runner)
+    settle_hints(runner)
     entries = runner.engine.prefix_cache.entries  # type: ignore[attr-defined]
     assert HINT + "conv:first" not in entries and HINT + "conv:second" in entries
     hint(runner, "third", [{"role": "user", "content": ""}])  # a chat opened with the composer emptied
-    settle(runner)
+    settle_hints(runner)
     assert not any(key.startswith(HINT) for key in runner.engine.prefix_cache.entries)  # type: ignore[attr-defined]
     assert runner.engine.hints.job is None  # type: ignore[attr-defined]
 

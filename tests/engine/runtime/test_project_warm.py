@@ -5,8 +5,6 @@ of a new chat in it reuses those tokens, and its greedy tokens are those of a co
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 from app.state.session import ChatSession
 from engine.bench.project import WARM_DRAFT
 from engine.storage import Settings, Store
-from tests.support.engine_runner import EngineRunner, done, token_ids
+from tests.support.engine_runner import EngineRunner, done, settle_hints, token_ids
 
 # about 150 tokens for the tiny model's byte-level tokenizer: the shared prefix of every chat in the project
 SYSTEM = "You plan trips for a family of four. " + " ".join(
@@ -32,23 +30,6 @@ def runner(tiny_dir: Path) -> Iterator[EngineRunner]:
     engine.close()
 
 
-def settle(runner: EngineRunner, limit_s: float = 60.0) -> None:
-    """Wait until the engine has taken the hints queued and prefilled all they ask."""
-    engine = runner.engine
-
-    def turn() -> None:
-        reached = threading.Event()
-        engine.call(lambda _engine: reached.set())  # type: ignore[attr-defined]
-        assert reached.wait(limit_s), "the engine did not get to the end of its queue"
-
-    turn()
-    began = time.monotonic()
-    while engine.hints.pending():  # type: ignore[attr-defined]
-        assert time.monotonic() - began < limit_s, "the hint did not finish"
-        time.sleep(0.01)
-    turn()
-
-
 def test_a_new_chat_in_an_opened_project_starts_from_its_prefilled_prefix(runner: EngineRunner, tmp_path: Path) -> None:
     with Store(tmp_path / "brisk.db") as store:
         project_id = store.create_project("Trips", SYSTEM, params={"temperature": 0.0, "max_tokens": 12})
@@ -59,7 +40,7 @@ def test_a_new_chat_in_an_opened_project_starts_from_its_prefilled_prefix(runner
         session.pending_project = project_id
         runner.engine.clear_prefix_cache()  # type: ignore[attr-defined]
         runner.engine.hint(session.draft_request(WARM_DRAFT))  # type: ignore[attr-defined]
-        settle(runner)
+        settle_hints(runner)
 
         turn = session.send(QUESTION)
         warm = list(runner.client.stream(turn.request))

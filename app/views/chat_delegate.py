@@ -194,13 +194,7 @@ class MessageDelegate(QStyledItemDelegate):
 
     def toggle_thinking(self, message_id: int) -> bool:
         """Open or close a reply's thinking; returns whether it is open now."""
-        item = self._model.item(message_id)
-        if item is None or not item.thinking_header:
-            return False
-        item.thinking_open = not item.thinking_open
-        item.revision += 1
-        self._model.touch(message_id)
-        return item.thinking_open
+        return self._model.toggle(message_id, "thinking")
 
     def _follow(self, anchor: str, message_id: int) -> None:
         if anchor.startswith(COPY_LINK):

@@ -209,6 +209,10 @@ def item_from_message(message: Message) -> ChatItem:
     return item
 
 
+# a reply's collapsible parts: (the item field that says it has one, the field that says it is open)
+TOGGLES = {"tools": ("tool_calls", "tools_open"), "thinking": ("thinking_header", "thinking_open")}
+
+
 class ChatModel(QAbstractListModel):
     """The rows of the open conversation, in message order."""
 
@@ -289,6 +293,18 @@ class ChatModel(QAbstractListModel):
         if row is not None:
             index = self.index(row)
             self.dataChanged.emit(index, index, [ITEM_ROLE])
+
+    def toggle(self, message_id: int, part: str) -> bool:
+        """Open or close a reply's collapsible ``part`` ("tools": its tool results, "thinking": its thinking);
+        returns whether it is open now (false where the reply has none)."""
+        shown, flag = TOGGLES[part]
+        item = self.item(message_id)
+        if item is None or not getattr(item, shown):
+            return False
+        setattr(item, flag, not getattr(item, flag))
+        item.revision += 1
+        self.touch(message_id)
+        return bool(getattr(item, flag))
 
     def restyle_all(self) -> None:
         """The colours changed (another theme): every row renders and lays out again."""

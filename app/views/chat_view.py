@@ -360,13 +360,7 @@ class ChatView(QListView):
 
     def toggle_tools(self, message_id: int) -> bool:
         """Open or close a reply's tool results; returns whether they are open now."""
-        item = self.chat_model.item(message_id)
-        if item is None or not item.tool_calls:
-            return False
-        item.tools_open = not item.tools_open
-        item.revision += 1
-        self.chat_model.touch(message_id)
-        return item.tools_open
+        return self.chat_model.toggle(message_id, "tools")
 
     def _render_reply(self) -> None:
         reply = self._reply

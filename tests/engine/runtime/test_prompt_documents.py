@@ -236,7 +236,7 @@ def test_a_draft_being_typed_reads_the_document_kv_from_disk_and_warns_of_nothin
 ) -> None:
     from engine.api import Request
     from engine.documents.kvfiles import DOCUMENTS
-    from tests.engine.runtime.test_hints import settle
+    from tests.support.engine_runner import settle_hints as settle
 
     index = FakeIndex()
     doc = index.add("rules.md", NOTE)
@@ -263,7 +263,7 @@ def typed_then_sent(runner: EngineRunner, question: str, documents: tuple[str, .
     """``question`` as a draft (a hint, prefilled to its end), ``between()``, then its Send in the same chat;
     the reply's events and Done, and how often the Send rendered its documents."""
     from engine.api import Request
-    from tests.engine.runtime.test_hints import settle
+    from tests.support.engine_runner import settle_hints as settle
 
     messages = (SYSTEM, {"role": "user", "content": question})
     runner.engine.hint(Request(uuid.uuid4().hex, messages, GREEDY, conversation_id="c", documents=documents))  # type: ignore[attr-defined]

@@ -25,9 +25,13 @@ class EngineOptions:
     # quant="auto" on a first start: answer on float32 at once, measure the modes between replies, then switch
     # (the window; a one-shot CLI measures before its reply instead, so that it answers on the chosen mode)
     defer_probe: bool = False
+    # llama-server's --cache-reuse: raw prompts (/completion, /infill) move cached chunks this long (0: off)
+    cache_reuse: int = 0
 
     def __post_init__(self) -> None:
         check_budget(self.prefix_cache_bytes)
+        if not isinstance(self.cache_reuse, int) or isinstance(self.cache_reuse, bool) or self.cache_reuse < 0:
+            raise ValueError(f"Cache reuse takes a whole number of tokens, 0 (off) or more, not {self.cache_reuse!r}.")
         problems = tool_turns.settings_problems(self.tools) + answer_lookup.settings_problems(self.answer_cache)
         if problems:
             raise ValueError("; ".join(problems) + ".")

@@ -25,12 +25,20 @@ Bytes are counted per tensor storage, so shared views are not counted twice;
 entries past ``budget_bytes`` are evicted least recently used first.  One cache
 belongs to one model identity (model, dtype, quantization): the engine makes a
 new cache when the model changes, so entries never mix.
+
+:meth:`PrefixCache.lookup_reusing` is llama-server's ``--cache-reuse N`` (opt-in:
+``brisk serve --cache-reuse N``): after the common prefix, runs of at least ``N``
+tokens of the prompt found later in a cached entry (:func:`reuse_moves`, llama.cpp's
+loop) have their KV moved into place, keys re-rotated (``engine.model.kv_shift``);
+only the rest is computed.  Moved KV attended to another left context, so replies
+may differ from a cold prompt's: it is never on unless asked for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +52,7 @@ from safetensors.torch import save
 
 from engine.documents.kvfiles import DOCUMENTS  # a prefix of whole documents: saved in a file of its own
 from engine.model.kv import KVState, Pair, Snapshot, common_prefix, joined, plain
+from engine.model.kv_shift import Move, RopeShift, moved_state
 from engine.paths import atomic_write
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
@@ -68,8 +77,13 @@ class PrefixCache:
         self.load_problems: list[str] = []  # why saved entries were dropped by the last ``load``
         self.last_key: str | None = None  # the entry the last ``lookup`` reused (None: none)
 
-    def lookup(self, prompt: list[int], prefer: str | None = None) -> KVState:
-        """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens)."""
+    def lookup(self, prompt: list[int], prefer: str | None = None, reuse: int = 0, model: Any = None) -> KVState:
+        """A state holding the longest cached prefix of ``prompt`` (at most len - 1 tokens); with ``reuse`` > 0
+        and a ``model`` whose KV can be moved (:func:`rope_shift`), :meth:`lookup_reusing` with chunks of at
+        least ``reuse`` tokens."""
+        rope = rope_shift(model) if reuse > 0 and model is not None else None
+        if rope is not None:
+            return self.lookup_reusing(prompt, reuse, rope, prefer)
         best_key, best_len = None, 0
         keys = list(self.entries)
         if prefer is not None and prefer in self.entries:
@@ -89,6 +103,28 @@ class PrefixCache:
             live.crop(best_len)  # the owner continues: in place, unless cropped below a pin
             return live
         return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)  # another conversation: a branch
+
+    def lookup_reusing(
+        self, prompt: list[int], min_run: int, rope: RopeShift, prefer: str | None = None, candidates: int = 4
+    ) -> KVState:
+        """:meth:`lookup`, and then chunks of at least ``min_run`` tokens moved into place (:func:`reuse_moves`)
+        from whichever entry gives the most: the one of the longest common prefix or one of the ``candidates``
+        most recently used.  Where no entry has such a chunk, exactly what :meth:`lookup` gives."""
+        keys = list(self.entries)
+        longest = max(keys, key=lambda k: common_prefix(self.entries[k].tokens, prompt), default=None)
+        best: tuple[int, str, int, list[Move]] | None = None
+        for key in dict.fromkeys([*reversed(keys[-candidates:]), *([longest] if longest is not None else [])]):
+            n, moves = reuse_moves(self.entries[key].tokens, prompt, min_run)
+            total = n + sum(length for _, _, length in moves)
+            if best is None or total > best[0]:
+                best = (total, key, n, moves)
+        if best is None or not best[3]:
+            return self.lookup(prompt, prefer)  # no reuse: exactly the plain lookup
+        _, key, n, moves = best
+        entry = self.entries[key]
+        self.entries.move_to_end(key)
+        self.last_key = key
+        return moved_state(entry.snapshot, entry.tokens, n, moves, rope)
 
     def finished(self, prompt: list[int]) -> tuple[KVState, torch.Tensor] | None:
         """A state holding all of ``prompt`` and its last token's logits, where an entry is exactly this prompt
@@ -294,6 +330,46 @@ class PrefixCache:
         if any(info.get(name) != value for name, value in expected.items()):
             raise ValueError("its checksum does not match: the file was changed or damaged")
         return tokens, plain(layers)
+
+
+def rope_shift(model: Any) -> RopeShift | None:
+    """``model``'s :class:`RopeShift`, made once per model; None (the reason said once on standard error, as
+    llama-server logs that it turns cache reuse off) for a model whose KV cannot be moved."""
+    if "_brisk_rope_shift" not in model.__dict__:
+        try:
+            model.__dict__["_brisk_rope_shift"] = RopeShift.for_model(model)
+        except ValueError as exc:
+            print(f"{exc} Cache reuse is off; the prefix cache still works.", file=sys.stderr, flush=True)
+            model.__dict__["_brisk_rope_shift"] = None
+    return model.__dict__["_brisk_rope_shift"]
+
+
+def reuse_moves(cached: list[int], prompt: list[int], min_run: int) -> tuple[int, list[Move]]:
+    """llama-server's chunk reuse (``n_cache_reuse`` in its ``server-context.cpp``): the common prefix of
+    ``cached`` and ``prompt``, then, with a head in each, every run of at least ``min_run`` tokens where the
+    cached tokens at the cache's head equal the prompt's at its head is moved to the prompt's head (both heads
+    go past it), else the cache's head goes on one token.  Returns the prefix and the moves ``(from, to,
+    length)``; together they leave at least one prompt token to compute."""
+    last = len(prompt) - 1  # at least one token is computed: its logits start the reply
+    n = min(common_prefix(cached, prompt), max(0, last))
+    moves: list[Move] = []
+    if min_run <= 0:
+        return n, moves
+    head_c = head_p = n
+    while head_c < len(cached) and head_p < last:
+        try:  # the next place the prompt's head token is cached (llama.cpp looks at each one in turn)
+            head_c = cached.index(prompt[head_p], head_c)
+        except ValueError:
+            break
+        match = common_prefix(cached[head_c:], prompt[head_p:])
+        if match >= min_run:
+            match = min(match, last - head_p)
+            moves.append((head_c, head_p, match))
+            head_c += match
+            head_p += match
+        else:
+            head_c += 1
+    return n, moves
 
 
 def checksum(identity: str, tokens: list[int], snapshot: tuple[Pair, ...]) -> str:

@@ -469,7 +469,9 @@ class Serving:
             self._documents_kv(prompt)
             # a draft prefilled to its end while typed, exactly this prompt: its last logits come with it
             found = self.res.prefix_cache.finished(prompt.ids)
-            state, known = found or (self.res.prefix_cache.lookup(prompt.ids, prefer=conversation), None)
+            reuse = self.res.options.cache_reuse if request.raw else 0  # a chat's prompt only grows at its end
+            model = self.res.loaded.model
+            state, known = found or (self.res.prefix_cache.lookup(prompt.ids, conversation, reuse, model), None)
         typed = len(state) if request.prefix_cache and (self.res.prefix_cache.last_key or "").startswith(HINT) else 0
         # a draft this prompt holds is sent: its prefill is done with
         self.res.hints.sent(self.res.prefix_cache, prompt.ids)

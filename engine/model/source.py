@@ -236,6 +236,16 @@ class _Copy:
 
     written: threading.Event = dataclasses.field(default_factory=threading.Event)
     error: str = ""
+    # set by anyone who waits for the copy: from then on it is written at full speed, not between requests
+    hurry: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def between_chunks(self) -> None:
+        """Between two chunks of the copy: wait while a request is served, unless someone waits for the copy
+        (a request may be waiting for a load that reads it)."""
+        from engine.runtime import activity
+
+        while not self.hurry.is_set() and not activity.wait_idle(0.05):
+            pass
 
 
 _fresh: dict[str, Fresh] = {}  # target folder -> the conversion not yet taken by a loader
@@ -256,6 +266,7 @@ def wait_written(location: str) -> None:
         copy_ = _writing.get(location)
     if copy_ is None:
         return
+    copy_.hurry.set()
     copy_.written.wait()
     if copy_.error:
         raise ModelLoadError(f"The converted copy of the model could not be written ({copy_.error}).")
@@ -267,6 +278,7 @@ def wait_all_written() -> None:
     with _fresh_lock:
         copies = list(_writing.values())
     for copy_ in copies:
+        copy_.hurry.set()
         copy_.written.wait()
 
 
@@ -312,7 +324,7 @@ def converted_dir(gguf: Path, progress: Progress, check: bool = False, wait: boo
                         _fresh[str(target)], _writing[str(target)] = Fresh(model, tokenizer), writing
                     del model, tokenizer  # the loader's now; only the weights' snapshot stays here
                     ready.set()  # the loader goes on with the model in memory
-                    _write_weights(weights, tmp)
+                    _write_weights(weights, tmp, writing.between_chunks)
                     del weights
                     publish_dir(tmp, target)
                 finally:
@@ -342,10 +354,17 @@ def converted_dir(gguf: Path, progress: Progress, check: bool = False, wait: boo
     return target
 
 
-def _write_weights(weights: dict[str, Any], folder: Path) -> None:
+def _write_weights(weights: dict[str, Any], folder: Path, between: Callable[[], None] = lambda: None) -> None:
     """``weights`` (a snapshot of the state dict) as ``model.safetensors``, a tensor shared by two names (the
-    output head tied to the embedding) written once under its first name, as ``save_pretrained`` does."""
-    from safetensors.torch import save_file
+    output head tied to the embedding) written once under its first name, as ``save_pretrained`` does.
+
+    Written here in :data:`WRITE_CHUNK` pieces with ``between`` called before each (the first start's copy
+    waits while a request is served, ``_Copy.between_chunks``), not by ``safetensors.torch.save_file``: that
+    one call holds the interpreter for the whole file (0.5 GB for the bundled model in float32), and on a
+    first start it ran beside the first reply and slowed it to 0.85x of the later ones.  The layout is
+    safetensors' own (an 8-byte little-endian header size, a JSON header padded with spaces to 8 bytes, the
+    tensors' bytes back to back), read back by ``safe_open`` in the tests."""
+    import torch
 
     seen: set[tuple[int, int]] = set()
     kept: dict[str, Any] = {}
@@ -354,8 +373,33 @@ def _write_weights(weights: dict[str, Any], folder: Path) -> None:
         if key in seen:
             continue
         seen.add(key)
-        kept[name] = tensor.contiguous()
-    save_file(kept, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        kept[name] = tensor
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in kept.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[str(tensor.dtype).removeprefix("torch.")],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(folder / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text)
+        for tensor in kept.values():
+            flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            for start in range(0, len(flat), WRITE_CHUNK):
+                between()
+                fh.write(memoryview(flat[start : start + WRITE_CHUNK]))
+
+
+WRITE_CHUNK = 4 << 20  # bytes of the converted copy written between two looks at the engine (a few ms each)
+SAFETENSORS_DTYPES = {
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -9,9 +9,9 @@ class Served:
     """The local engine on ``source`` ("" = bundled) behind ``brisk serve``'s pieces, on 127.0.0.1 and port 0.
 
     ``client`` is the synchronous client of the same engine (its own requests bypass HTTP), ``url`` the base
-    URL (``.../v1``), ``hub`` and ``service`` the server's."""
+    URL (``.../v1``), ``hub`` and ``service`` the server's; ``options``: the engine's (``EngineOptions``)."""
 
-    def __init__(self, source: str, api_key: str | None = None, answer_cache: bool = False) -> None:
+    def __init__(self, source: str, api_key: str | None = None, answer_cache: bool = False, **options: Any) -> None:
         from engine.api import AnswerCacheSettings, ModelSpec, Sampling
         from engine.client import Client, Router, local_backend
 
@@ -19,7 +19,7 @@ class Served:
         self.server = router.serve()
         self.hub, self.service = self.server.hub, self.server.service
         self.service.embedder = None  # the embeddings test gives it one
-        backend = local_backend(answer_cache=AnswerCacheSettings(enabled=answer_cache))
+        backend = local_backend(answer_cache=AnswerCacheSettings(enabled=answer_cache), **options)
         self.client = Client(backend, timeout=300, router=router)
         loaded = self.client.load(ModelSpec(source=source, dtype="float32", quant="none"))
         self.server.set_model(loaded.model_name, loaded.info.context_length)

@@ -390,8 +390,12 @@ class Started(Event):
 
 @dataclass(frozen=True)
 class PrefillProgress(Event):
+    """A prefill chunk is in the KV cache: ``done`` of the prompt's ``total`` positions (those taken from a
+    cache included: the ``Started`` before it counts them), the chunk computed in ``seconds``."""
+
     done: int = 0
     total: int = 0
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ class Decoder:
             for item in steps:
                 if isinstance(item, Prefilled):
                     meter.prefilled(item)
-                    yield PrefillProgress(request_id, time.perf_counter() - t0, item.done, item.total)
+                    yield PrefillProgress(request_id, time.perf_counter() - t0, item.done, item.total, item.seconds)
                 else:
                     meter.step(item)
                     for i, (token, source) in enumerate(item.provenance()):

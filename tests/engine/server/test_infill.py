@@ -195,3 +195,63 @@ def test_a_model_without_fim_tokens_cannot_infill(tiny_dir: Path) -> None:
         assert error["code"] == "model_cannot_infill" and "fill-in-the-middle" in error["message"]
     finally:
         plain.close()
+
+
+# --cache-reuse (engine.runtime.prefix_cache.reuse_moves): a long prompt, then the same with a piece deleted in
+# the middle, as an editor's window moving down drops the lines at its top
+HEAD = "# settings\n" * 4
+MIDDLE = "".join(f"old_{i} = {i * 7}\n" for i in range(12))
+TAIL = "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(8)) + "result = "
+
+
+@pytest.fixture(scope="module")
+def reusing(coder_dir: Path):
+    server = Served(str(coder_dir), cache_reuse=64)
+    yield server
+    server.close()
+
+
+def complete(server: Served, prompt: str, cache_prompt: bool = True) -> dict:
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "cache_prompt": cache_prompt, "return_tokens": True}
+    answer = post(server, "/completion", body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_cache_reuse_is_off_by_default(coder: Served) -> None:
+    complete(coder, HEAD + MIDDLE + TAIL)
+    edited = complete(coder, HEAD + TAIL)
+    assert edited["tokens_cached"] == edited["timings"]["cache_n"] == len(HEAD)  # the common prefix alone
+    assert edited["timings"]["prompt_n"] == len(TAIL)  # the byte-level tokenizer: a token a character
+    cold = complete(coder, HEAD + TAIL, cache_prompt=False)
+    assert edited["tokens"] == cold["tokens"] and len(cold["tokens"]) == 8 and edited["content"] == cold["content"]
+
+
+def test_cache_reuse_moves_the_text_after_an_edit_instead_of_computing_it(reusing: Served) -> None:
+    first = complete(reusing, HEAD + MIDDLE + TAIL)
+    assert first["timings"]["prompt_n"] == len(HEAD + MIDDLE + TAIL)
+    edited = complete(reusing, HEAD + TAIL)
+    # all but the last token reused, as llama-server's reuse leaves one to compute
+    assert edited["timings"]["prompt_n"] == 1
+    assert edited["tokens_cached"] == edited["timings"]["cache_n"] == len(HEAD + TAIL) - 1
+    assert edited["tokens_predicted"] == 8 and isinstance(edited["content"], str)
+    # a run shorter than --cache-reuse is computed
+    short = complete(reusing, HEAD + MIDDLE[:20] + "x = 1\n" + TAIL[-40:])
+    assert short["tokens_cached"] < len(HEAD + MIDDLE[:20]) + 6
+    # a chat does not move KV: only raw prompts do
+    client = reusing.openai()
+    for text in (HEAD + MIDDLE + TAIL, HEAD + TAIL):
+        chat = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": text}], max_tokens=4, temperature=0
+        )
+    assert chat.usage is not None and chat.usage.prompt_tokens_details is not None
+    assert chat.usage.prompt_tokens - chat.usage.prompt_tokens_details.cached_tokens >= len(TAIL)
+
+
+def test_an_infill_after_the_window_moves_reuses_the_code_below(reusing: Served) -> None:
+    lines = [f"value_{i} = compute({i}, {i * 3})\n" for i in range(16)]
+    body = {"input_suffix": "\nprint(value_0)\n", "prompt": "    ", "n_predict": 4, "temperature": 0}
+    first = post(reusing, "/infill", {**body, "input_prefix": "".join(lines)}).json()
+    moved = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[3:])}).json()
+    assert moved["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4, (first, moved)
+    assert moved["tokens_cached"] > 300

@@ -29,6 +29,10 @@ engine refuses is a plain 4xx/5xx, never a 200 with an error inside.  After
 that a failure is one last ``data: {"error": ...}`` event (as OpenAI sends).
 With client tools, text from a ``<tool_call>`` marker on is held back and sent
 as ``tool_calls`` deltas once the call is whole (Brisk's own parser).
+llama-server's ``return_progress`` (streamed: ``prompt_progress`` chunks before
+the first token) and ``timings_per_token`` (``timings`` on every chunk) are
+taken on the OpenAI paths as on its own (``engine.server.live``); every answer's
+``brisk`` field carries Brisk's timings, phase by phase (``shapes.phases``).
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.answer_cache.embed import MAX_CHARS as MAX_TEXT_CHARS
-from engine.api import Done, Error, Logprob, Metrics, Request, Sampling, Started, Thinking, Token
+from engine.api import Done, Error, Logprob, Metrics, PrefillProgress, Request, Sampling, Started, Thinking, Token
 from engine.server import anthropic_api, llama_api, shapes
 from engine.server.hub import Entry, Hub
+from engine.server.live import Live, timings
 from engine.server.shapes import ApiError, Reply
 from engine.server.vocab import Vocab
 
@@ -330,12 +335,21 @@ class Handlers:
         if reply.n > 1:
             return await self.answer_siblings(http, shapes.siblings(req, reply.n), reply, endpoint, chat)
         out = await self.run(
-            http, req, endpoint, (lambda _, events: stream(req, reply, events)) if reply.stream else None, headers
+            http,
+            req,
+            endpoint,
+            (lambda started, events: self._live(stream(req, reply, events, Live(started)), reply))
+            if reply.stream
+            else None,
+            headers,
         )
         if isinstance(out, Response):
             return out
         reply_id = shapes.new_id("chatcmpl" if chat else "cmpl")
-        return JSONResponse(self.whole(req, reply, out, chat, reply_id), headers=headers)
+        body = self.whole(req, reply, out, chat, reply_id)
+        if reply.per_token:
+            body["timings"] = timings(out.done.metrics)
+        return JSONResponse(body, headers=headers)
 
     @staticmethod
     def whole(req: Request, reply: Reply, out: Outcome, chat: bool, reply_id: str) -> dict[str, Any]:
@@ -391,6 +405,7 @@ class Handlers:
         watch = Watch(http)
         streaming = False
         try:
+            lives = []
             for events in queues:
                 first = await self._until(watch, events, Started | Error | Done)
                 if first is None:
@@ -399,9 +414,11 @@ class Handlers:
                     raise engine_error(first.message)
                 if isinstance(first, Done):
                     events.put_nowait(first)
+                lives.append(Live(first if isinstance(first, Started) else None))
             one = dataclasses.replace(reply, include_usage=True)  # each sibling's usage, summed here
             make = self._chat_stream if chat else self._completion_stream
-            merged = self._merged([make(r, one, q) for r, q in zip(reqs, queues, strict=True)], reply, reply_id)
+            streams = [self._live(make(r, one, q, live), one) for r, q, live in zip(reqs, queues, lives, strict=True)]
+            merged = self._merged(streams, reply, reply_id)
             streaming = True
             return EventSourceResponse(self._guarded(ids, merged), ping=15, send_timeout=None, headers=headers)
         finally:
@@ -565,60 +582,88 @@ class Handlers:
             for request_id in request_ids:
                 self.s.hub.close(request_id)
 
-    async def _chat_stream(
-        self, req: Request, reply: Reply, events: asyncio.Queue[Any]
+    @staticmethod
+    async def _live(
+        chunks: AsyncIterator[tuple[dict[str, Any], Live | Metrics]], reply: Reply
     ) -> AsyncIterator[dict[str, Any]]:
+        """A stream's chunks, each with llama.cpp's ``timings`` (``reply.per_token``): the figures so far, the
+        reply's own ``Metrics`` on its last chunks."""
+        async for chunk, figures in chunks:
+            if reply.per_token and "error" not in chunk:
+                chunk["timings"] = figures.timings() if isinstance(figures, Live) else timings(figures)
+            yield chunk
+
+    @staticmethod
+    def _progress(live: Live, reply: Reply, event: Any) -> dict[str, Any] | None:
+        """``prompt_progress`` for ``event`` when the client asked for it (``engine.server.live``); the live
+        figures follow every event either way."""
+        progress = None
+        if isinstance(event, PrefillProgress):
+            progress = live.prefilled(event)
+        elif isinstance(event, Token | Thinking) and event.ids:
+            live.token(event)
+        return progress if reply.progress else None
+
+    async def _chat_stream(
+        self, req: Request, reply: Reply, events: asyncio.Queue[Any], live: Live
+    ) -> AsyncIterator[tuple[dict[str, Any], Live | Metrics]]:
         reply_id = shapes.new_id("chatcmpl")
-        yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""})
+        yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""}), live
         held = ""  # text that may open a tool call, not sent yet
         numbers = Numbers(req.sampling.logprobs, shapes.chat_logprobs)  # go out with the next chunk sent
         thinking = ""  # a thinking model's: "open" while its thinking is sent as content (reasoning_format none)
+        progress = live.start() if reply.progress else None
         while True:
+            if progress is not None:  # llama-server's progress chunk: the role again, no content
+                chunk = shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": None})
+                yield {**chunk, "prompt_progress": progress}, live
             event = await events.get()
+            progress = self._progress(live, reply, event)
             if isinstance(event, Thinking) and event.text:
                 if reply.reasoning_apart:
-                    yield shapes.chat_chunk(reply_id, reply, {"reasoning_content": event.text})
+                    yield shapes.chat_chunk(reply_id, reply, {"reasoning_content": event.text}), live
                 else:
-                    yield shapes.chat_chunk(reply_id, reply, {"content": ("" if thinking else "<think>") + event.text})
+                    text = ("" if thinking else "<think>") + event.text
+                    yield shapes.chat_chunk(reply_id, reply, {"content": text}), live
                     thinking = "open"
                 continue
             if thinking == "open" and isinstance(event, Token | Done):
-                yield shapes.chat_chunk(reply_id, reply, {"content": "</think>"})
+                yield shapes.chat_chunk(reply_id, reply, {"content": "</think>"}), live
                 thinking = "closed"
             if isinstance(event, Token):
                 numbers.add(event)
             if isinstance(event, Token) and event.text:
                 if not reply.tools:
-                    yield shapes.chat_chunk(reply_id, reply, {"content": event.text}, logprobs=numbers.take())
+                    yield shapes.chat_chunk(reply_id, reply, {"content": event.text}, logprobs=numbers.take()), live
                     continue
                 held += event.text
                 send, held = sendable(held)
                 if send:
-                    yield shapes.chat_chunk(reply_id, reply, {"content": send}, logprobs=numbers.take())
+                    yield shapes.chat_chunk(reply_id, reply, {"content": send}, logprobs=numbers.take()), live
             elif isinstance(event, Done):
                 event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 calls: list[dict[str, Any]] = []
                 if reply.tools and held:
                     prose, calls = split_calls(held)
                     if prose:
-                        yield shapes.chat_chunk(reply_id, reply, {"content": prose}, logprobs=numbers.take())
+                        yield shapes.chat_chunk(reply_id, reply, {"content": prose}, logprobs=numbers.take()), live
                 for i, call in enumerate(calls):
-                    yield shapes.chat_chunk(reply_id, reply, {"tool_calls": [{"index": i, **call}]})
+                    yield shapes.chat_chunk(reply_id, reply, {"tool_calls": [{"index": i, **call}]}), live
                 finish = "tool_calls" if calls else shapes.finish_reason(event.finish_reason)
-                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics, numbers.take())
+                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics, numbers.take()), event.metrics
                 if reply.include_usage:
-                    yield shapes.chat_chunk(reply_id, reply, None, None, event.metrics)
+                    yield shapes.chat_chunk(reply_id, reply, None, None, event.metrics), event.metrics
                 return
             elif isinstance(event, Error):
-                yield ApiError(500, event.message, code="engine_error").body()
+                yield ApiError(500, event.message, code="engine_error").body(), live
                 return
 
     async def _completion_stream(
-        self, req: Request, reply: Reply, events: asyncio.Queue[Any]
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, req: Request, reply: Reply, events: asyncio.Queue[Any], live: Live
+    ) -> AsyncIterator[tuple[dict[str, Any], Live | Metrics]]:
         reply_id = shapes.new_id("cmpl")
         if reply.echo:
-            yield shapes.completion_response(reply_id, reply, req.messages[0]["content"], None, None, chunk=True)
+            yield shapes.completion_response(reply_id, reply, req.messages[0]["content"], None, None, chunk=True), live
         offset = 0  # characters of the completion sent: the next token's text_offset
 
         def legacy(numbers: list[Logprob]) -> dict[str, Any]:
@@ -628,22 +673,33 @@ class Handlers:
             return out
 
         numbers = Numbers(req.sampling.logprobs, legacy)
+        progress = live.start() if reply.progress else None
         while True:
+            if progress is not None:  # llama-server's progress chunk: an empty text
+                chunk = shapes.completion_response(reply_id, reply, "", None, None, chunk=True)
+                yield {**chunk, "prompt_progress": progress}, live
             event = await events.get()
+            progress = self._progress(live, reply, event)
             if isinstance(event, Token):
                 numbers.add(event)
             if isinstance(event, Token) and event.text:
-                yield shapes.completion_response(
-                    reply_id, reply, event.text, None, None, chunk=True, logprobs=numbers.take()
+                yield (
+                    shapes.completion_response(
+                        reply_id, reply, event.text, None, None, chunk=True, logprobs=numbers.take()
+                    ),
+                    live,
                 )
             elif isinstance(event, Done):
                 event = dataclasses.replace(event, metrics=await self.counted(req, event.metrics))
                 finish = shapes.finish_reason(event.finish_reason)
-                yield shapes.completion_response(
-                    reply_id, reply, "", finish, event.metrics, chunk=True, logprobs=numbers.take()
+                yield (
+                    shapes.completion_response(
+                        reply_id, reply, "", finish, event.metrics, chunk=True, logprobs=numbers.take()
+                    ),
+                    event.metrics,
                 )
                 if reply.include_usage:
-                    yield {
+                    usage = {
                         "id": reply_id,
                         "object": "text_completion",
                         "created": int(time.time()),
@@ -651,9 +707,10 @@ class Handlers:
                         "choices": [],
                         "usage": shapes.usage(event.metrics),
                     }
+                    yield usage, event.metrics
                 return
             elif isinstance(event, Error):
-                yield ApiError(500, event.message, code="engine_error").body()
+                yield ApiError(500, event.message, code="engine_error").body(), live
                 return
 
 

@@ -16,9 +16,12 @@ handlers: the API key, the model rule, the hub):
   Lark, through llguidance's converter), ``return_tokens``, ``model``,
   ``presence_penalty`` / ``frequency_penalty`` (OpenAI's meaning: over the
   whole reply, not llama.cpp's last ``repeat_last_n`` tokens), ``logit_bias``
-  (token ids; ``false`` bans) and ``n_probs`` (``completion_probabilities``:
+  (token ids; ``false`` bans), ``n_probs`` (``completion_probabilities``:
   each token's ``logprob`` and its ``n_probs`` likeliest, as the OpenAI paths
-  give them; at most 20).  The
+  give them; at most 20), ``return_progress`` (streamed: ``prompt_progress``
+  pieces before the first token, with no text and no tokens;
+  ``engine.server.live``) and ``timings_per_token`` (streamed: ``timings`` on
+  every piece).  The
   sampler fields Brisk lacks are taken only at the value that turns them off
   (:data:`OFF`, e.g. ``min_p: 0``, ``mirostat: 0``); any other value, and any
   other field, is a 400 that names it.  Streamed, each piece is
@@ -55,8 +58,20 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.api import MAX_TOP_LOGPROBS, Done, Error, Logprob, Metrics, Request, Sampling, Started, Token, reply_format
+from engine.api import (
+    MAX_TOP_LOGPROBS,
+    Done,
+    Error,
+    Logprob,
+    PrefillProgress,
+    Request,
+    Sampling,
+    Started,
+    Token,
+    reply_format,
+)
 from engine.server import infill, shapes
+from engine.server.live import Live, timings
 from engine.server.shapes import ApiError, bad
 from engine.server.vocab import Model, Vocab
 
@@ -102,6 +117,8 @@ TAKEN = frozenset(
         "frequency_penalty",
         "logit_bias",
         "n_probs",
+        "return_progress",
+        "timings_per_token",
     }
 )
 # llama.cpp's fields for what Brisk does not have, each at the value that turns it off: a client that sends
@@ -122,8 +139,6 @@ OFF: dict[str, Any] = {
     "n_cmpl": 1,
     "t_max_predict_ms": 0,
     "id_slot": -1,
-    "timings_per_token": False,
-    "return_progress": False,
     "post_sampling_probs": False,
     "lora": [],
 }
@@ -154,6 +169,8 @@ class Asked:
     stream: bool
     return_tokens: bool
     settings: dict[str, Any]  # llama.cpp's generation_settings, as taken
+    progress: bool = False  # return_progress: prompt_progress chunks before the first token (streamed)
+    per_token: bool = False  # timings_per_token: timings on every streamed chunk
 
 
 @dataclass(frozen=True)
@@ -428,7 +445,15 @@ class LlamaApi:
             prompt_ids=tuple(prompt_ids or ()),
         )
         settings = generation_settings(sampling, self.s.context, stream, name)
-        return Asked(request, text, stream, _flag(body, "return_tokens", False), settings)
+        return Asked(
+            request,
+            text,
+            stream,
+            _flag(body, "return_tokens", False),
+            settings,
+            progress=_flag(body, "return_progress", False),
+            per_token=_flag(body, "timings_per_token", False),
+        )
 
     async def _sampling(self, body: Mapping[str, Any], model: Model | None, text: str) -> Sampling:
         d = self.s.defaults
@@ -487,24 +512,37 @@ class LlamaApi:
 
     # -- answers -------------------------------------------------------------------------------------------
     def _stream(self, asked: Asked, name: str) -> Any:
+        def piece(text: str, tokens: list[int], predicted: int, evaluated: int) -> dict[str, Any]:
+            return {
+                "index": 0,
+                "content": text,
+                "tokens": tokens,
+                "stop": False,
+                "id_slot": -1,
+                "tokens_predicted": predicted,
+                "tokens_evaluated": evaluated,
+            }
+
         async def chunks(started: Started | None, events: asyncio.Queue[Any]) -> AsyncIterator[dict[str, Any]]:
             evaluated = started.prompt_tokens if started is not None else 0
             ids: list[int] = []
+            live = Live(started)
+            progress = live.start() if asked.progress else None
             while True:
+                if progress is not None:  # llama.cpp's progress piece: no text, no token
+                    chunk = {**piece("", [], 0, evaluated), "prompt_progress": progress}
+                    yield {**chunk, "timings": live.timings()} if asked.per_token else chunk
                 event = await events.get()
+                progress = live.prefilled(event) if isinstance(event, PrefillProgress) else None
+                progress = progress if asked.progress else None
                 if isinstance(event, Token) and (event.text or event.ids):
                     ids.extend(event.ids)
-                    chunk = {
-                        "index": 0,
-                        "content": event.text,
-                        "tokens": list(event.ids),
-                        "stop": False,
-                        "id_slot": -1,
-                        "tokens_predicted": len(ids),
-                        "tokens_evaluated": evaluated,
-                    }
+                    live.token(event)
+                    chunk = piece(event.text, list(event.ids), len(ids), evaluated)
                     if asked.request.sampling.logprobs:
                         chunk["completion_probabilities"] = probabilities(list(event.logprobs))
+                    if asked.per_token:
+                        chunk["timings"] = live.timings()
                     yield chunk
                 elif isinstance(event, Done):
                     event = replace(event, metrics=await self.h.counted(asked.request, event.metrics))
@@ -607,24 +645,6 @@ def _bias(value: Any) -> tuple[tuple[int, float], ...]:
             raise bad(f"'logit_bias' takes token ids here, not texts ({token!r}): see /tokenize.", "logit_bias")
         as_openai[str(token)] = -100 if bias is False else bias
     return shapes.bias_from(as_openai)
-
-
-def timings(m: Metrics) -> dict[str, float | int]:
-    """Brisk's measured times of one reply in llama.cpp's ``timings`` fields (milliseconds)."""
-    prompt_ms = (m.prefill_s or 0.0) * 1000
-    predicted_ms = (m.decode_s or 0.0) * 1000
-    computed = m.computed_tokens
-    return {
-        "cache_n": m.cached_tokens,
-        "prompt_n": computed,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / computed if computed else 0.0,
-        "prompt_per_second": computed / prompt_ms * 1000 if prompt_ms and computed else 0.0,
-        "predicted_n": m.completion_tokens,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": (m.tpot_s or 0.0) * 1000,
-        "predicted_per_second": m.tokens_per_s or 0.0,
-    }
 
 
 # -- reading fields ------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ get the same replies.  :func:`chat_response`, :func:`chat_chunk`,
 :func:`completion_response` and :func:`usage` build the answers from a ``Done``'s
 fields, and :func:`chat_logprobs` / :func:`completion_logprobs` a reply's ``logprobs`` from its
 ``Token.logprobs``; :func:`brisk_figures` is Brisk's own timings in the one extra field
-``brisk``.  The field names follow the ``openai`` SDK's types
+``brisk``, with the reply's time phase by phase (:func:`phases`: queue, prompt, cache lookup,
+prefill, decode, drafting).  The field names follow the ``openai`` SDK's types
 (``openai.types.chat.ChatCompletion``, ``ChatCompletionChunk``,
 ``openai.types.Completion``, ``CreateEmbeddingResponse``).
 """
@@ -77,6 +78,9 @@ SAMPLING_FIELDS = frozenset(
         "logit_bias",
     }
 )
+# llama-server's, on its OpenAI paths too: prompt_progress chunks before the first token, timings on every
+# chunk (engine.server.live)
+LIVE_FIELDS = ("return_progress", "timings_per_token")
 CHAT_FIELDS = SAMPLING_FIELDS | {
     "model",
     "messages",
@@ -86,6 +90,7 @@ CHAT_FIELDS = SAMPLING_FIELDS | {
     "tool_choice",
     "chat_template_kwargs",  # llama.cpp's and vLLM's: {"enable_thinking": bool} is the template's switch
     "reasoning_format",  # llama.cpp's: "none" keeps the thinking in content; else it is reasoning_content
+    *LIVE_FIELDS,
 }
 REASONING_FORMATS = ("auto", "deepseek", "none")
 COMPLETION_FIELDS = (SAMPLING_FIELDS - {"response_format", "max_completion_tokens", "top_logprobs"}) | {
@@ -96,6 +101,7 @@ COMPLETION_FIELDS = (SAMPLING_FIELDS - {"response_format", "max_completion_token
     "echo",
     "suffix",
     "best_of",
+    *LIVE_FIELDS,
 }
 EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "dimensions"})
 
@@ -143,6 +149,8 @@ class Reply:
     # a thinking model's thinking: apart as ``reasoning_content`` (llama.cpp's and vLLM's field), or (False:
     # reasoning_format "none") left in ``content`` inside <think>...</think> as the model wrote it
     reasoning_apart: bool = True
+    progress: bool = False  # return_progress: streamed prompt_progress chunks before the first token
+    per_token: bool = False  # timings_per_token: llama.cpp's timings on every chunk (and the whole answer)
 
 
 def new_id(prefix: str) -> str:
@@ -469,7 +477,13 @@ def chat_request(
         thinking=thinking_switch(body),
     )
     apart = reasoning_apart(body)
-    return request, Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body), reasoning_apart=apart)
+    reply = Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body), reasoning_apart=apart)
+    return request, live_options(reply, body)
+
+
+def live_options(reply: Reply, body: Mapping[str, Any]) -> Reply:
+    """``reply`` with llama-server's ``return_progress`` and ``timings_per_token`` as the body sends them."""
+    return replace(reply, progress=_flag(body, "return_progress"), per_token=_flag(body, "timings_per_token"))
 
 
 def thinking_switch(body: Mapping[str, Any]) -> str:
@@ -535,7 +549,7 @@ def completion_request(
         origin="server",
     )
     reply = Reply(model, stream, include_usage, echo=_flag(body, "echo"), ignored=ignored, n=_n(body))
-    return request, reply
+    return request, live_options(reply, body)
 
 
 def _n(body: Mapping[str, Any]) -> int:
@@ -625,7 +639,8 @@ def summed(usages: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def brisk_figures(metrics: Metrics) -> dict[str, Any]:
-    """Brisk's own timings of one reply, in the answer's extra ``brisk`` field."""
+    """Brisk's own timings of one reply, in the answer's extra ``brisk`` field: the headline figures (seconds)
+    and ``phases``, the reply's time phase by phase (:func:`phases`)."""
     return {
         "ttft_s": metrics.ttft_s,
         "tpot_s": metrics.tpot_s,
@@ -638,7 +653,63 @@ def brisk_figures(metrics: Metrics) -> dict[str, Any]:
         "accepted": metrics.accepted,
         "forced": metrics.forced,
         "answer_cache": metrics.answer_cache,
+        "phases": phases(metrics),
     }
+
+
+def phases(m: Metrics) -> dict[str, Any]:
+    """One reply's time, phase by phase, as the engine measured it (``engine.api.Metrics``), in milliseconds;
+    a phase that did not run (an answer-cache hit has no prefill) has ``ms`` null.
+
+    ``queue``: submission to the engine taking the request; ``prompt``: the chat template and tokenizing;
+    ``cache_lookup``: finding the longest cached prefix (``cached_tokens`` of the prompt) and copying it;
+    ``prefill``: computing the other ``computed_tokens`` (the chunks' own time: the batch's other requests
+    step between chunks); ``decode``: the first token to the last (``tokens`` in all, ``tokens_per_s`` after
+    the first, ``tpot_ms`` and its p50/p95); ``drafting``: speculative drafts (``drafted``, ``accepted``,
+    ``acceptance``, per ``sources``) and ``forced`` tokens a format allowed alone.  ``ttft_ms`` and
+    ``total_ms`` count from submission, so ``prefill.ms + decode.ms <= total_ms``.  With a thinking model,
+    ``thinking`` is the first token to the thinking's end, inside ``decode``."""
+
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else seconds * 1000
+
+    computed = m.computed_tokens
+    out: dict[str, Any] = {
+        "queue": {"ms": ms(m.queue_s)},
+        "prompt": {"ms": ms(m.prompt_s), "tokens": m.prompt_tokens, "truncated": m.truncated},
+        "cache_lookup": {"ms": ms(m.lookup_s), "cached_tokens": m.cached_tokens},
+        "prefill": {
+            "ms": ms(m.prefill_s),
+            "computed_tokens": computed,
+            "cached_tokens": m.cached_tokens,
+            "tokens_per_s": computed / m.prefill_s if computed and m.prefill_s else None,
+        },
+        "decode": {
+            "ms": ms(m.decode_s),
+            "tokens": m.completion_tokens,
+            "tokens_per_s": m.tokens_per_s,
+            "tpot_ms": ms(m.tpot_s),
+            "tpot_p50_ms": ms(m.tpot_p50_s),
+            "tpot_p95_ms": ms(m.tpot_p95_s),
+        },
+        "drafting": {
+            "drafted": m.drafted,
+            "accepted": m.accepted,
+            "acceptance": m.acceptance,
+            "accepted_per_step": m.accepted_per_step,
+            "forced": m.forced,
+            "speedup": m.speedup,
+            "sources": {
+                name: {"drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+                for name, s in m.draft_sources.items()
+            },
+        },
+        "ttft_ms": ms(m.ttft_s),
+        "total_ms": ms(m.total_s),
+    }
+    if m.thinking_tokens:
+        out["thinking"] = {"ms": ms(m.thinking_s), "tokens": m.thinking_tokens}
+    return out
 
 
 def tool_calls(calls: Any) -> list[dict[str, Any]]:

@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--text-file", default=None, help="typing: also replay this file as a typed message")
     bench.add_argument("--context", type=int, default=None, help="overflow: the model's context, in tokens (1536)")
     bench.add_argument("--json", action="store_true", help="typing: also print one JSON object for the file")
+    bench.add_argument(
+        "--cache-reuse",
+        type=int,
+        default=0,
+        metavar="N",
+        help="infill: also a brisk serve with --cache-reuse N (256 as llama.vim suggests), requests interleaved",
+    )
     bench.add_argument("--suite", default=None, help="peer-suite: llama.cpp's tools/server/tests folder")
     bench.add_argument("--suite-python", default=None, help="peer-suite: a Python with the suite's requirements")
     bench.add_argument("--peer-model", default=None, help="the peer's model id (default: the first it lists)")

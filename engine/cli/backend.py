@@ -208,6 +208,7 @@ def backend_factory(args: argparse.Namespace, settings: Settings) -> BackendFact
         prefix_cache_bytes=settings.prefix_cache_mb << 20,
         tools=tool_settings(args),
         answer_cache=answer_cache_settings(args, settings),
+        cache_reuse=getattr(args, "cache_reuse", 0) or 0,  # brisk serve --cache-reuse
     )
 
 

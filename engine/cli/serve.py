@@ -4,7 +4,12 @@ Listens on ``--host`` (127.0.0.1) and ``--port`` (8765) at once, saying
 "loading" on ``/health`` (503) until the model is in, then prints the base URL
 and one line per finished request until Ctrl-C.  ``--api-key KEY`` (or
 ``BRISK_SERVER_KEY``) is required for any host but loopback.  A request that
-names another model is answered by the loaded one unless ``--strict-model``.  Model flags and
+names another model is answered by the loaded one unless ``--strict-model``.
+``--cache-reuse N`` is llama-server's (``engine.runtime.prefix_cache``): a raw
+prompt (``/completion``, ``/infill``, ``/v1/completions``) reuses cached runs of
+at least N tokens found after the common prefix, their KV moved into place, and
+computes only the rest; chats never do.  Off by default: moved KV is an
+approximation, so replies may differ from those of a cold prompt.  Model flags and
 every setting left out come from the user's settings, as for ``brisk ask``; a
 request's sampling fields left out take the settings' values.
 """
@@ -53,6 +58,14 @@ def add_serve_parser(sub: Any) -> None:
         action="store_true",
         help="refuse (404) a request naming a model other than the loaded one (default: the loaded model answers)",
     )
+    serve.add_argument(
+        "--cache-reuse",
+        type=int,
+        default=0,
+        metavar="N",
+        help="as llama-server's: raw prompts (/completion, /infill) reuse cached chunks of N tokens or more, "
+        "their KV moved into place (256 suits editors; replies may differ from a cold prompt's; default 0: off)",
+    )
     add_cache_args(serve)
     serve.add_argument("--quiet", action="store_true", help="no line per request")
     serve.set_defaults(func=cmd_serve)
@@ -65,6 +78,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     apply_settings(args, settings, False)
     key = args.api_key or os.environ.get(KEY_ENV) or None
     problems = serve_problems(args.host, args.port, key)
+    if args.cache_reuse < 0:
+        problems.append("--cache-reuse takes a number of tokens, 0 (off) or more")
     if problems:
         return fail_problems(problems, False)
     client: Client | None = None

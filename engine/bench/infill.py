@@ -15,7 +15,10 @@ llama.vim's warm-up request (``n_predict`` 0, not counted).  Per request: total 
 this end), TTFT (total less the server's ``predicted_ms``: when the first token would have come),
 ``prompt_n`` (tokens computed) and ``tokens_cached``.  Printed: p50 and p95 for each, and which kind of
 request (a keystroke on the same line, a cursor move, a ring change) costs what.  ``--peer URL`` (a
-``llama-server`` root, e.g. ``llama-server -m QWEN.gguf --port 8012``) replays the same session on it.
+``llama-server`` root, e.g. ``llama-server -m QWEN.gguf --port 8012 --cache-reuse 256``) replays the same
+session on it; ``--cache-reuse N`` also starts a second ``brisk serve --cache-reuse N`` (chunks of the
+cached prompt moved into place, ``engine.runtime.prefix_cache``).  Each request goes to every server in
+turn, so a busy machine's slow moments fall on all of them alike.
 """
 
 from __future__ import annotations
@@ -103,38 +106,49 @@ def loaded(root: str, limit_s: float = 900.0) -> None:
     raise RuntimeError(f"{root} did not load its model in {limit_s:.0f} s")
 
 
-def replay(root: str, requests: list[tuple[str, dict[str, Any]]], label: str) -> list[dict[str, Any]]:
+def replay(
+    servers: list[tuple[str, str]], requests: list[tuple[str, dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each request sent to every server in turn (so a busy machine's slow moments fall on all of them alike);
+    the rows of each server by its label."""
     import httpx2
 
-    loaded(root)
-    rows = []
+    for _, root in servers:
+        loaded(root)
+    results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in servers}
     with httpx2.Client(timeout=600) as client:
         for i, (kind, body) in enumerate(requests):
-            began = time.perf_counter()
-            answer = client.post(root.rstrip("/") + "/infill", json=body)
-            total = time.perf_counter() - began
-            if answer.status_code != 200:
-                raise RuntimeError(f"{label}: /infill answered {answer.status_code}: {answer.text[:300]}")
-            got = answer.json()
-            predicted_ms = float(got.get("timings/predicted_ms") or 0.0)
-            row = {
-                "i": i,
-                "kind": kind,
-                "total_ms": total * 1000,
-                "ttft_ms": total * 1000 - predicted_ms,
-                "prompt_n": int(got.get("timings/prompt_n") or 0),
-                "cached": int(got.get("tokens_cached") or 0),
-                "predicted_n": int(got.get("timings/predicted_n") or 0),
-            }
-            if kind != "ring":
-                print(
-                    f"{label} {i:3d} {kind:4s} total {row['total_ms']:7.0f} ms  ttft {row['ttft_ms']:7.0f} ms  "
-                    f"computed {row['prompt_n']:5d}  predicted {row['predicted_n']:3d}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            rows.append(row)
-    return rows
+            for label, root in servers:
+                results[label].append(one(client, root, label, i, kind, body))
+    return results
+
+
+def one(client: Any, root: str, label: str, i: int, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One ``/infill`` request: its row (total, TTFT, tokens computed, cached and predicted)."""
+    began = time.perf_counter()
+    answer = client.post(root.rstrip("/") + "/infill", json=body)
+    total = time.perf_counter() - began
+    if answer.status_code != 200:
+        raise RuntimeError(f"{label}: /infill answered {answer.status_code}: {answer.text[:300]}")
+    got = answer.json()
+    predicted_ms = float(got.get("timings/predicted_ms") or 0.0)
+    row = {
+        "i": i,
+        "kind": kind,
+        "total_ms": total * 1000,
+        "ttft_ms": total * 1000 - predicted_ms,
+        "prompt_n": int(got.get("timings/prompt_n") or 0),
+        "cached": int(got.get("tokens_cached") or 0),
+        "predicted_n": int(got.get("timings/predicted_n") or 0),
+    }
+    if kind != "ring":
+        print(
+            f"{label:>14} {i:3d} {kind:4s} total {row['total_ms']:7.0f} ms  ttft {row['ttft_ms']:7.0f} ms  "
+            f"computed {row['prompt_n']:5d}  cached {row['cached']:5d}  predicted {row['predicted_n']:3d}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return row
 
 
 def summary(label: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -166,20 +180,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(getattr(args, "text_file", None) or Path(__file__).parents[1] / "runtime" / "scheduler.py")
     lines = path.read_text(encoding="utf-8").splitlines()
     requests = session(lines, path.name, args.max_tokens or 24)
-    servers: list[tuple[str, str]] = []
-    child, url, _model = start_brisk(args, "off")
+    reuse = int(getattr(args, "cache_reuse", 0) or 0)
+    children = []
     try:
-        servers.append(("Brisk", url.removesuffix("/v1")))
+        child, url, _model = start_brisk(args, "off")
+        children.append(child)
+        servers = [("Brisk", url.removesuffix("/v1"))]
+        if reuse:
+            child, url, _model = start_brisk(args, "off", ("--cache-reuse", str(reuse)))
+            children.append(child)
+            servers.append((f"Brisk reuse {reuse}", url.removesuffix("/v1")))
         if getattr(args, "peer", None):
             servers.append(("peer", args.peer))
-        results: dict[str, list[dict[str, Any]]] = {}
-        rows: list[dict[str, Any]] = []
-        for label, root in servers:
-            results[label] = replay(root, requests, label)
-            rows += summary(label, results[label])
+        results = replay(servers, requests)
+        rows = [row for label, _ in servers for row in summary(label, results[label])]
     finally:
-        child.terminate()
-        child.wait(timeout=60)
+        for child in children:
+            child.terminate()
+            child.wait(timeout=60)
     print(
         table(
             f"/infill while editing {path.name} ({len(lines)} lines): {sum(k != 'ring' for k, _ in requests)} "

@@ -49,8 +49,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_brisk(args: argparse.Namespace, speculative: str) -> tuple[subprocess.Popen[bytes], str, str]:
-    """``brisk serve --speculative SPECULATIVE`` in a child process; (process, base URL, model id) once it answers."""
+def start_brisk(
+    args: argparse.Namespace, speculative: str, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``brisk serve --speculative SPECULATIVE`` (and ``extra`` flags) in a child process; (process, base URL,
+    model id) once it answers."""
     import httpx2
 
     port = free_port()
@@ -58,6 +61,7 @@ def start_brisk(args: argparse.Namespace, speculative: str) -> tuple[subprocess.
     command += ["--speculative", speculative, "--quant", args.quant or "fp16-cpu"]
     if args.model:
         command += ["--model", args.model]
+    command += extra
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     root = f"http://127.0.0.1:{port}"
     began = time.monotonic()

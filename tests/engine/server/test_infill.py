@@ -255,3 +255,14 @@ def test_an_infill_after_the_window_moves_reuses_the_code_below(reusing: Served)
     moved = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[3:])}).json()
     assert moved["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4, (first, moved)
     assert moved["tokens_cached"] > 300
+
+
+def test_bench_infill_sends_each_request_to_every_server_in_turn(coder: Served, reusing: Served) -> None:
+    from engine.bench import infill as bench
+
+    lines = [f"v{i} = {i}" for i in range(40)]
+    requests = bench.session(lines, "f.py", 2)[:5]
+    results = bench.replay([("off", coder.root), ("reuse", reusing.root)], requests)
+    assert [r["kind"] for r in results["off"]] == [r["kind"] for r in results["reuse"]] == [k for k, _ in requests]
+    assert all(r["prompt_n"] > 0 for r in results["reuse"] if r["kind"] != "ring")
+    assert {row["requests"] for row in bench.summary("reuse", results["reuse"])} == {"all", "key", "move"}

@@ -27,7 +27,8 @@ the hub), so a greedy reply is the same text on both paths.
   ``stop_reason`` ``end_turn``, ``max_tokens``, ``stop_sequence`` (with the ``stop_sequence`` that ended
   it) or ``tool_use``.  ``usage.input_tokens`` counts the prompt tokens the model computed and
   ``cache_read_input_tokens`` those whose KV came from the prefix cache (Anthropic's split: the two add up
-  to the prompt); ``cache_creation_input_tokens`` is 0.
+  to the prompt); ``cache_creation_input_tokens`` is 0.  ``brisk`` (on the message, and on the stream's
+  ``message_delta``) is Brisk's timings phase by phase, as on the OpenAI path (``shapes.brisk_figures``).
 * Streamed (``stream: true``): ``message_start``, ``ping``, then for each block ``content_block_start``,
   ``content_block_delta`` (``text_delta``; a tool call's whole ``input`` as one ``input_json_delta`` once
   the call is complete) and ``content_block_stop``, then ``message_delta`` (``stop_reason``, ``usage``) and
@@ -197,6 +198,7 @@ class AnthropicApi:
         content += [_tool_use(call) for call in calls]
         reason, sequence = await self._stop(asked, done, [i for t in out.tokens for i in t.ids], bool(calls))
         message = _message(asked, content, reason, sequence, usage(done.metrics))
+        message["brisk"] = shapes.brisk_figures(done.metrics)  # Brisk's timings, as on the OpenAI path
         return JSONResponse(message, headers=_ignored(ignored))
 
     # -- answers -------------------------------------------------------------------------------------------
@@ -261,6 +263,7 @@ class AnthropicApi:
                         "type": "message_delta",
                         "delta": {"stop_reason": reason, "stop_sequence": sequence},
                         "usage": usage(event.metrics),
+                        "brisk": shapes.brisk_figures(event.metrics),
                     }
                     yield {"type": "message_stop"}
                     return

@@ -152,3 +152,16 @@ def test_the_brisk_phases_add_up(served: Served) -> None:
     before_first = phases["queue"]["ms"] + phases["prompt"]["ms"] + phases["cache_lookup"]["ms"] + prefill["ms"]
     assert before_first <= phases["ttft_ms"] <= phases["total_ms"]
     assert phases["drafting"]["drafted"] >= phases["drafting"]["accepted"] >= 0
+
+
+def test_anthropic_answers_carry_the_phases(served: Served) -> None:
+    body = {"max_tokens": 6, "messages": [{"role": "user", "content": "phases on the Messages API"}]}
+    message = httpx.post(served.root + "/v1/messages", json=body, timeout=120).json()
+    phases = message["brisk"]["phases"]
+    assert phases["decode"]["tokens"] == message["usage"]["output_tokens"]
+    assert phases["prefill"]["computed_tokens"] == message["usage"]["input_tokens"]
+    assert phases["prefill"]["ms"] + phases["decode"]["ms"] <= phases["total_ms"]
+    with httpx.stream("POST", served.root + "/v1/messages", json={**body, "stream": True}, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    delta = next(e for e in events if e["type"] == "message_delta")
+    assert delta["brisk"]["phases"]["decode"]["tokens"] == delta["usage"]["output_tokens"]

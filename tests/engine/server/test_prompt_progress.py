@@ -82,7 +82,7 @@ def test_a_repeated_prompt_counts_its_prefix_cache_hit(served: Served) -> None:
     assert len(warm) == 2  # the start, and the one chunk left to compute
 
 
-def test_openai_paths_stream_progress_with_the_same_text(served: Served) -> None:
+def test_chat_streams_progress_with_the_same_text(served: Served) -> None:
     api = served.openai()
     messages = [{"role": "user", "content": long_prompt("chat", 300)}]
     asked = {"model": served.service.model, "messages": messages, "max_tokens": 8, "stream": True}
@@ -99,6 +99,9 @@ def test_openai_paths_stream_progress_with_the_same_text(served: Served) -> None
 
     assert text(chunks) == text(plain) and text(plain)
 
+
+def test_legacy_completions_stream_progress_before_the_text(served: Served) -> None:
+    api = served.openai()
     prompt = long_prompt("legacy", 300)
     legacy = list(
         api.completions.create(

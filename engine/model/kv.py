@@ -307,6 +307,8 @@ class KVState:
     def __init__(self, cache: DynamicCache | None = None, tokens: list[int] | None = None) -> None:
         self.cache = cache if cache is not None else new_cache()
         self.tokens: list[int] = list(tokens or [])
+        # of a state a lookup made: positions computed while it was made (cache reuse's gaps), not cached ones
+        self.computed = 0
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -10,6 +10,8 @@ positions without the key before its rotation.  Values carry no position and
 move as they are.  A shifted key is what the same token would have given at its
 new position, but the token still attended to its old left context, so reusing
 shifted KV is an approximation (as in llama.cpp): opt-in, never on by default.
+:func:`moved_state` builds a state from such moves (``engine.runtime.prefix_cache``
+says which).
 
 :meth:`RopeShift.for_model` takes the models whose every layer rotates all of
 its head's dimensions with one static table (rope types ``default``, ``linear``,
@@ -20,6 +22,7 @@ table that depends on the length, Phi-3's partial rotary, Gemma 3's two tables).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,15 +92,31 @@ def span(parts: LayerSnapshot, start: int, end: int) -> Pair:
     return torch.cat(keys, -2), torch.cat(values, -2)
 
 
-def moved_state(snapshot: Snapshot, tokens: list[int], prefix: int, moves: list[Move], rope: RopeShift) -> KVState:
-    """A state holding ``tokens[:prefix]`` of ``snapshot`` (shared, not copied), then each move's cached positions
-    in order, their keys re-rotated to where they go; ``moves`` must follow one another from ``prefix`` on."""
-    state = KVState.from_snapshot(snapshot, tokens, prefix)
+@torch.inference_mode()
+def moved_state(
+    snapshot: Snapshot,
+    cached: list[int],
+    prompt: list[int],
+    prefix: int,
+    moves: list[Move],
+    rope: RopeShift,
+    compute: Callable[[KVState, list[int]], object] | None = None,
+) -> KVState:
+    """A state holding ``prompt[:prefix]`` from ``snapshot`` of the ``cached`` tokens (shared, not copied), then
+    each move's cached positions in order, their keys re-rotated to where they go.  The prompt's tokens between
+    one move and a later one's target are computed first with ``compute(state, ids)`` (``engine.model.kv
+    .forward``), counted in the state's ``computed``."""
+    state = KVState.from_snapshot(snapshot, cached, prefix)
     for source, target, length in moves:
+        if target > len(state):
+            if compute is None:
+                raise ValueError(f"the tokens before position {target} must be computed, and nothing computes them")
+            state.computed += target - len(state)
+            compute(state, prompt[len(state) : target])
         if target != len(state):
             raise ValueError(f"a move to position {target} does not follow the state's {len(state)} positions")
         for layer, parts in zip(state.cache.layers, snapshot, strict=True):
             k, v = span(parts, source, source + length)
             layer.append(rope.shift(k, target - source), v)
-        state.tokens.extend(tokens[source : source + length])
+        state.tokens.extend(cached[source : source + length])
     return state

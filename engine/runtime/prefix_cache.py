@@ -30,17 +30,25 @@ new cache when the model changes, so entries never mix.
 ``brisk serve --cache-reuse N``): after the common prefix, runs of at least ``N``
 tokens of the prompt found later in a cached entry (:func:`reuse_moves`, llama.cpp's
 loop) have their KV moved into place, keys re-rotated (``engine.model.kv_shift``);
-only the rest is computed.  Moved KV attended to another left context, so replies
-may differ from a cold prompt's: it is never on unless asked for.
+only the rest is computed.  Where llama.cpp stops at the first prompt token that
+begins no such run (text inserted: a keystroke's characters), Brisk computes up to
+:data:`MAX_GAP` new tokens on top and looks again after them, at most
+:data:`REUSE_GAPS` times, so a keystroke in the middle of an editor's prompt moves
+the code after the cursor instead of computing it.  The state says how many tokens
+it computed (``KVState.computed``): they are not counted as cached.  Moved KV
+attended to another left context, so replies may differ from a cold prompt's: it
+is never on unless asked for.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import sys
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,11 +59,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
 from engine.documents.kvfiles import DOCUMENTS  # a prefix of whole documents: saved in a file of its own
-from engine.model.kv import KVState, Pair, Snapshot, common_prefix, joined, plain
+from engine.model.kv import KVState, Pair, Snapshot, common_prefix, forward, joined, plain
 from engine.model.kv_shift import Move, RopeShift, moved_state
 from engine.paths import atomic_write
 
 PERSISTED = "system:"  # entries with keys starting so are saved for the next start
+REUSE_GAPS = 4  # cache reuse: stretches of new tokens (each one model call) computed to reach a chunk
+MAX_GAP = 128  # cache reuse with gaps: the most tokens computed before a chunk is moved after them
 HINT = "hint:"  # a draft prefilled while it was typed (engine.runtime.hints): never saved, evicted first
 FILE_FORMAT = "2"  # 2: per-entry identity and checksum (files of format 1 are not trusted)
 Layout = tuple[int, int, int]  # (layers, KV heads, head dim) of a model's KV
@@ -83,7 +93,7 @@ class PrefixCache:
         least ``reuse`` tokens."""
         rope = rope_shift(model) if reuse > 0 and model is not None else None
         if rope is not None:
-            return self.lookup_reusing(prompt, reuse, rope, prefer)
+            return self.lookup_reusing(prompt, reuse, rope, prefer, lambda state, ids: forward(model, state, ids))
         best_key, best_len = None, 0
         keys = list(self.entries)
         if prefer is not None and prefer in self.entries:
@@ -100,21 +110,31 @@ class PrefixCache:
         self.entries.move_to_end(best_key)
         if best_key == prefer and entry.live is not None:
             live, entry.live = entry.live, None
+            live.computed = 0  # nothing computed by this lookup
             live.crop(best_len)  # the owner continues: in place, unless cropped below a pin
             return live
         return KVState.from_snapshot(entry.snapshot, entry.tokens, best_len)  # another conversation: a branch
 
     def lookup_reusing(
-        self, prompt: list[int], min_run: int, rope: RopeShift, prefer: str | None = None, candidates: int = 4
+        self,
+        prompt: list[int],
+        min_run: int,
+        rope: RopeShift,
+        prefer: str | None = None,
+        compute: Callable[[KVState, list[int]], object] | None = None,
+        gaps: int = REUSE_GAPS,
+        candidates: int = 2,
     ) -> KVState:
-        """:meth:`lookup`, and then chunks of at least ``min_run`` tokens moved into place (:func:`reuse_moves`)
+        """:meth:`lookup`, and then chunks of at least ``min_run`` tokens moved into place (:func:`reuse_moves`,
+        with up to ``gaps`` stretches of new tokens computed with ``compute`` before a chunk: none without it)
         from whichever entry gives the most: the one of the longest common prefix or one of the ``candidates``
         most recently used.  Where no entry has such a chunk, exactly what :meth:`lookup` gives."""
+        gaps = gaps if compute is not None else 0
         keys = list(self.entries)
         longest = max(keys, key=lambda k: common_prefix(self.entries[k].tokens, prompt), default=None)
         best: tuple[int, str, int, list[Move]] | None = None
         for key in dict.fromkeys([*reversed(keys[-candidates:]), *([longest] if longest is not None else [])]):
-            n, moves = reuse_moves(self.entries[key].tokens, prompt, min_run)
+            n, moves = reuse_moves(self.entries[key].tokens, prompt, min_run, gaps)
             total = n + sum(length for _, _, length in moves)
             if best is None or total > best[0]:
                 best = (total, key, n, moves)
@@ -124,7 +144,7 @@ class PrefixCache:
         entry = self.entries[key]
         self.entries.move_to_end(key)
         self.last_key = key
-        return moved_state(entry.snapshot, entry.tokens, n, moves, rope)
+        return moved_state(entry.snapshot, entry.tokens, prompt, n, moves, rope, compute)
 
     def finished(self, prompt: list[int]) -> tuple[KVState, torch.Tensor] | None:
         """A state holding all of ``prompt`` and its last token's logits, where an entry is exactly this prompt
@@ -344,31 +364,42 @@ def rope_shift(model: Any) -> RopeShift | None:
     return model.__dict__["_brisk_rope_shift"]
 
 
-def reuse_moves(cached: list[int], prompt: list[int], min_run: int) -> tuple[int, list[Move]]:
+def reuse_moves(cached: list[int], prompt: list[int], min_run: int, gaps: int = 0) -> tuple[int, list[Move]]:
     """llama-server's chunk reuse (``n_cache_reuse`` in its ``server-context.cpp``): the common prefix of
-    ``cached`` and ``prompt``, then, with a head in each, every run of at least ``min_run`` tokens where the
-    cached tokens at the cache's head equal the prompt's at its head is moved to the prompt's head (both heads
-    go past it), else the cache's head goes on one token.  Returns the prefix and the moves ``(from, to,
-    length)``; together they leave at least one prompt token to compute."""
+    ``cached`` and ``prompt``, then, with a head in each, the first run of at least ``min_run`` tokens of the
+    cache after its head that equals the prompt's tokens at its head is moved to the prompt's head (both heads
+    go past it); where there is none, llama.cpp stops.  So it finds the prompt's text after a piece deleted
+    from the cached prompt (an editor's window that moved down), never after a piece inserted.  ``gaps`` > 0
+    goes on instead, up to that many times: the prompt's head goes on a token (to be computed before the next
+    move: an insertion, a keystroke's characters) while at most :data:`MAX_GAP` tokens.  Returns the prefix
+    and the moves ``(from, to, length)`` in prompt order (a move whose ``to`` is past the previous one's end
+    has the tokens between to compute first); together they leave at least one prompt token to compute."""
     last = len(prompt) - 1  # at least one token is computed: its logits start the reply
     n = min(common_prefix(cached, prompt), max(0, last))
     moves: list[Move] = []
     if min_run <= 0:
         return n, moves
-    head_c = head_p = n
-    while head_c < len(cached) and head_p < last:
-        try:  # the next place the prompt's head token is cached (llama.cpp looks at each one in turn)
-            head_c = cached.index(prompt[head_p], head_c)
-        except ValueError:
-            break
-        match = common_prefix(cached[head_c:], prompt[head_p:])
-        if match >= min_run:
-            match = min(match, last - head_p)
-            moves.append((head_c, head_p, match))
-            head_c += match
-            head_p += match
+    k = min(min_run, 32)  # runs are found by their first k tokens
+    starts: dict[tuple[int, ...], list[int]] = {}
+    for c in range(n, len(cached) - min_run + 1):
+        starts.setdefault(tuple(cached[c : c + k]), []).append(c)
+    head_c = head_p = end = n  # end: where the last move (or the prefix) ended in the prompt
+    while head_p < last and head_p - end <= MAX_GAP:
+        places = starts.get(tuple(prompt[head_p : head_p + k]), [])
+        for c in places[bisect.bisect_left(places, head_c) :]:
+            match = common_prefix(cached[c:], prompt[head_p:])
+            if match >= min_run:
+                match = min(match, last - head_p)
+                moves.append((c, head_p, match))
+                head_c, head_p = c + match, head_p + match
+                end = head_p
+                break
         else:
-            head_c += 1
+            if head_p == end:  # a gap opens here
+                if gaps <= 0:
+                    break
+                gaps -= 1
+            head_p += 1
     return n, moves
 
 

@@ -65,6 +65,12 @@ def test_reuse_moves_follows_llama_servers_loop() -> None:
     assert reuse_moves([*a, *b, *c], [*a, *c[:10]], 16) == (40, [])
     assert reuse_moves([*a, *b, *c], [*a, 5, *c], 16) == (40, [])
     assert reuse_moves([*a, *b, *c], [*a, *c], 0) == (40, [])  # off
+    # with gaps: text inserted (a keystroke) is computed, the run after it still moved
+    assert reuse_moves([*a, *b, *c], [*a, 5, 6, *c, 1], 16, gaps=1) == (40, [(50, 42, 40)])
+    # b is too short to move: computed with the gap around it
+    assert reuse_moves([*a, *b, *c], [*a, 5, *b, 6, *c, 1], 16, gaps=1) == (40, [(50, 52, 40)])
+    assert reuse_moves([*a, *b, *c], [*a, 5, *c[:20], 6, *c[20:], 1], 16, gaps=2) == (40, [(50, 41, 20), (70, 62, 20)])
+    assert reuse_moves([*a, *b, *c], [*a, 5, *c[:20], 6, *c[20:], 1], 16, gaps=1) == (40, [(50, 41, 20)])
     # two chunks, each moved to where the prompt's head is
     assert reuse_moves([*b, *a, 7, 7, *c], [*a, *c, 1], 16) == (0, [(10, 0, 40), (52, 40, 40)])
 
@@ -87,5 +93,23 @@ def test_a_moved_state_holds_re_rotated_keys_and_the_same_values(tiny: Any) -> N
     logits = forward(tiny, got, [5])  # the prefill continues from it
     assert logits.shape[-1] == tiny.config.vocab_size and len(got) == len(new)
     # the entry itself was not changed by the move
-    again = moved_state(cache.entries["old"].snapshot, prompt, 8, [(28, 8, 32)], shift)
+    again = moved_state(cache.entries["old"].snapshot, prompt, new, 8, [(28, 8, 32)], shift)
     torch.testing.assert_close(again.cache.layers[0].keys, got.cache.layers[0].keys[..., :40, :])
+
+
+def test_new_tokens_before_a_chunk_are_computed_and_counted(tiny: Any) -> None:
+    prompt = list(range(10, 70))
+    state = KVState()
+    forward(tiny, state, prompt)
+    cache = PrefixCache("tiny")
+    cache.insert("old", state)
+    typed = [*prompt[:8], 3, 4, *prompt[8:], 5]  # two tokens typed after the first 8
+    got = cache.lookup(typed, reuse=16, model=tiny)
+    assert got.tokens == typed[:-1] and got.computed == 2
+    alone = KVState()
+    forward(tiny, alone, typed[:10])  # the typed tokens' KV, as a prefill computes it
+    shift = RopeShift.for_model(tiny)
+    for layer, cold, old in zip(got.cache.layers, alone.cache.layers, state.cache.layers, strict=True):
+        torch.testing.assert_close(layer.keys[..., :10, :], cold.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(layer.keys[..., 10:, :], shift.shift(old.keys[..., 8:60, :], 2))
+    assert cache.lookup(typed).tokens == typed[:8] and cache.lookup(typed).computed == 0  # off: the prefix alone

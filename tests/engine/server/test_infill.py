@@ -235,6 +235,9 @@ def test_cache_reuse_moves_the_text_after_an_edit_instead_of_computing_it(reusin
     assert edited["timings"]["prompt_n"] == 1
     assert edited["tokens_cached"] == edited["timings"]["cache_n"] == len(HEAD + TAIL) - 1
     assert edited["tokens_predicted"] == 8 and isinstance(edited["content"], str)
+    # characters typed in the middle are computed, the text after them moved
+    typed = complete(reusing, HEAD + "xy" + TAIL)
+    assert typed["timings"]["prompt_n"] == 3 and typed["tokens_cached"] == len(HEAD + "xy" + TAIL) - 3
     # a run shorter than --cache-reuse is computed
     short = complete(reusing, HEAD + MIDDLE[:20] + "x = 1\n" + TAIL[-40:])
     assert short["tokens_cached"] < len(HEAD + MIDDLE[:20]) + 6
@@ -250,11 +253,15 @@ def test_cache_reuse_moves_the_text_after_an_edit_instead_of_computing_it(reusin
 
 def test_an_infill_after_the_window_moves_reuses_the_code_below(reusing: Served) -> None:
     lines = [f"value_{i} = compute({i}, {i * 3})\n" for i in range(16)]
-    body = {"input_suffix": "\nprint(value_0)\n", "prompt": "    ", "n_predict": 4, "temperature": 0}
-    first = post(reusing, "/infill", {**body, "input_prefix": "".join(lines)}).json()
-    moved = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[3:])}).json()
+    below = "\n" + "".join(f"after_{i} = {i}\n" for i in range(10))
+    body = {"input_suffix": below, "prompt": "    ", "n_predict": 4, "temperature": 0}
+    first = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[:12])}).json()
+    moved = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[3:12])}).json()
     assert moved["timings"]["prompt_n"] < first["timings"]["prompt_n"] // 4, (first, moved)
     assert moved["tokens_cached"] > 300
+    # a keystroke: the two characters computed (and <|fim_suffix|>), the code below the cursor moved
+    typed = post(reusing, "/infill", {**body, "input_prefix": "".join(lines[3:12]), "prompt": "    re"}).json()
+    assert typed["timings"]["prompt_n"] <= 4, typed
 
 
 def test_bench_infill_sends_each_request_to_every_server_in_turn(coder: Served, reusing: Served) -> None:

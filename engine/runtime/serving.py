@@ -475,9 +475,9 @@ class Serving:
         typed = len(state) if request.prefix_cache and (self.res.prefix_cache.last_key or "").startswith(HINT) else 0
         # a draft this prompt holds is sent: its prefill is done with
         self.res.hints.sent(self.res.prefix_cache, prompt.ids)
-        t_lookup = reply.since()
+        t_lookup, computed = reply.since(), state.computed
         if not started:
-            reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state)))
+            reply.emit(Started(request.id, t_lookup, len(prompt.ids), prompt.truncated, len(state) - computed))
         result = None
         for item in self.res.decoder.stream(
             request.id,
@@ -499,6 +499,11 @@ class Serving:
         assert result is not None, "the decode stream ends with its result"
         if typed:
             result.metrics = dataclasses.replace(result.metrics, typed_tokens=typed)
+        if computed:  # cache reuse computed these before the prefill (engine.runtime.prefix_cache): not cached
+            m = result.metrics
+            result.metrics = dataclasses.replace(
+                m, cached_tokens=m.cached_tokens - computed, computed_tokens=m.computed_tokens + computed
+            )
         if request.prefix_cache:
             try:
                 self._remember(state, prompt.system_tokens, conversation, prompt.documents)

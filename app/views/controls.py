@@ -10,13 +10,22 @@ exit, "shared QObject was deleted directly").
 :func:`guard_wheel` makes every spin box, combo box and slider under a
 widget take the mouse wheel only once it has focus (a click or Tab): the
 wheel over an unfocused one scrolls the form around it instead of changing
-its value.
+its value.  A scroll area's own scroll bars are left alone: they are what
+scrolls the form.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import QAbstractSlider, QAbstractSpinBox, QComboBox, QFormLayout, QHBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QAbstractSlider,
+    QAbstractSpinBox,
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QScrollBar,
+    QWidget,
+)
 
 WHEEL_GUARDED = (QAbstractSpinBox, QComboBox, QAbstractSlider)
 
@@ -46,5 +55,7 @@ def guard_wheel(root: QWidget) -> None:
         guard.setObjectName("wheelGuard")
     for kind in WHEEL_GUARDED:
         for widget in root.findChildren(kind):
+            if isinstance(widget, QScrollBar):  # a scroll area's bar takes the wheel it is handed, focused or not
+                continue
             widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the wheel never gives focus
             widget.installEventFilter(guard)

@@ -56,8 +56,11 @@ def test_wheel_over_an_unfocused_spin_box_scrolls_the_dialog(qtbot: QtBot) -> No
     assert scroll.verticalScrollBar().maximum() > 0  # there is somewhere to scroll to
     dialog.temperature.setFocus()
     assert not spin.hasFocus()
-    assert _wheel(spin) is scroll  # the scroll area takes the wheel (offscreen its bar does not move)
+    bar = scroll.verticalScrollBar()
+    before = bar.value()
+    assert _wheel(spin) is scroll.viewport()  # the scroll area takes the wheel and scrolls
     assert spin.value() == 1.1
+    assert bar.value() != before, "the form scrolled: the scroll area's own bar is not guarded like a value"
 
 
 def test_wheel_changes_a_focused_spin_box(qtbot: QtBot) -> None:

@@ -18,14 +18,15 @@ Tests written for llama.cpp's tiny story model (``stories260K``) check words tha
 start servers with options (slots, context shift, LoRA) that an external server cannot take: those fail
 on both.  What counts is the table's last column and the list after it: the tests that **pass on the
 peer and fail on Brisk**, each with the first line of its failure.  Each test ends after
-``TEST_TIMEOUT_S`` (with ``pytest-timeout``) and each file's run after ``FILE_TIMEOUT_S``; JSON in
-``bench/results/peer-suite.json``.
+``TEST_TIMEOUT_S`` (with ``pytest-timeout``) and each file's run after ``FILE_TIMEOUT_S`` (stopped as by
+Ctrl+C, so the tests it ran keep their results); JSON in ``bench/results/peer-suite.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,12 +89,20 @@ def outcomes(python: str, suite: Path, files: list[str], port: int) -> dict[str,
             report_file = Path(scratch) / f"{name}.xml"
             command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report_file}"]
             command += [f"--timeout={TEST_TIMEOUT_S}"] if timed else []
+            child = subprocess.Popen(
+                [*command, f"unit/{name}"], cwd=suite, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             try:
-                subprocess.run(
-                    [*command, f"unit/{name}"], cwd=suite, env=env, capture_output=True, timeout=FILE_TIMEOUT_S
-                )
+                child.wait(timeout=FILE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                # pytest stops on SIGINT as on Ctrl+C and still writes the report of the tests it ran
                 print(f"{name} on port {port} passed {FILE_TIMEOUT_S} s and was stopped", flush=True)
+                child.send_signal(signal.SIGINT)
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
             if report_file.is_file():
                 out |= read_junit(report_file)
     return out

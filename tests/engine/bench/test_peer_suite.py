@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,20 @@ def test_it_says_what_it_needs(tmp_path: Path) -> None:
         peer_suite.run(args)
     skipped = peer_suite.run(argparse.Namespace(**{**vars(args), "scenario": "all"}))
     assert skipped == {"skipped": "no --suite or --peer"}
+
+
+@pytest.mark.slow  # waits for the file's time limit by design (the durations file would say so too)
+def test_a_file_stopped_at_its_time_limit_keeps_the_results_of_the_tests_it_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp test file that runs past FILE_TIMEOUT_S (its completion tests took over 10 minutes on the
+    peer) is stopped as by Ctrl+C: the tests that finished are counted, not lost with the file."""
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "utils.py").write_text("")
+    (tmp_path / "unit" / "test_completion.py").write_text(
+        "import time\n\ndef test_quick():\n    assert True\n\ndef test_forever():\n    time.sleep(600)\n"
+    )
+    monkeypatch.setattr(peer_suite, "FILE_TIMEOUT_S", 5)
+    monkeypatch.setattr(peer_suite, "TEST_TIMEOUT_S", 600)
+    got = peer_suite.outcomes(sys.executable, tmp_path, ["test_completion.py"], 1)
+    assert got["test_completion.py::test_quick"] == ("passed", "")

@@ -6,8 +6,13 @@ in a dock (``window.add_panel``) and is what the window calls:
 * :meth:`begin(turn) <LatencyController.begin>` before a request goes out: it
   records the configuration on the reply (``turn.reply.config``), puts the
   reply in view and returns the request with the switches applied;
-* :meth:`on_event` for every bridge event (the panel follows only the reply in
-  view; ``Loaded``/``LoadProgress`` show the model and a reload's progress);
+* :meth:`on_event` for every bridge event: each reply begun here folds its own
+  events into its own trace (several chats may stream at once), the panel draws
+  the one in view, and every finished reply joins the history chart;
+  ``Loaded``/``LoadProgress`` show the model and a reload's progress;
+* :meth:`show_chat(conversation_id) <LatencyController.show_chat>` when a chat
+  is opened: the panel shows that chat's newest reply of this session (still
+  streaming or done), not the reply another chat began last;
 * :meth:`settings_changed` after the Settings dialog changed something;
 * :meth:`compare_message(message_id) <LatencyController.compare_message>`: the
   A/B compare dialog for a user message (the last one when ``None``); the chat
@@ -47,7 +52,9 @@ class LatencyController(QObject):
         self.window = window
         self.stream = True
         self.parallel_tools = True
-        self.trace: ReplyTrace | None = None
+        self.trace: ReplyTrace | None = None  # the reply the panel shows
+        self.running: dict[str, tuple[ReplyTrace, ReplyConfig]] = {}  # request id -> a reply still streaming
+        self.newest: dict[str, tuple[ReplyTrace, ReplyConfig]] = {}  # chat id -> its newest reply this session
         self.reloading: str | None = None
         self.dialog: CompareDialog | None = None
         self.panel = LatencyPanel(self.config())
@@ -107,8 +114,16 @@ class LatencyController(QObject):
         config = self.config()
         turn.reply.config = config
         self.trace = ReplyTrace(turn.request.id)
+        self.running[turn.request.id] = self.newest[turn.reply.conversation_id] = (self.trace, config)
         self.panel.start(self.trace, config)
         return config.request(turn.request)
+
+    def show_chat(self, conversation_id: str | None) -> None:
+        """The chat ``conversation_id`` is open: show its newest reply of this session, if it has one."""
+        shown = self.newest.get(conversation_id) if conversation_id is not None else None
+        if shown is not None and shown[0] is not self.trace:
+            self.trace = shown[0]
+            self.panel.start(*shown)
 
     def on_event(self, event: object) -> None:
         if isinstance(event, LoadProgress):
@@ -125,10 +140,14 @@ class LatencyController(QObject):
             self.reloading = None
             self.panel.show_reload(None)
             self.panel.numbers.show_model(None)
-        elif self.trace is not None and self.trace.apply(event):
-            if isinstance(event, Done | Error) and self.panel.config is not None:
-                self.panel.add_history(self.trace, self.panel.config)
-            else:
+        else:
+            entry = self.running.get(str(getattr(event, "request_id", "")))
+            if entry is None or not entry[0].apply(event):
+                return
+            if isinstance(event, Done | Error):
+                del self.running[entry[0].request_id]
+                self.panel.add_history(*entry)  # every chat's replies go on the history chart
+            elif entry[0] is self.trace:
                 self.panel.changed()
 
     # -- compare ----------------------------------------------------------------------------

@@ -52,6 +52,7 @@ class ConversationActions:
     stop: Any
     show_busy: Any  # app.window.turns: Send/Stop as the open chat is
     parameters: Any  # app.window.parameters.ParametersController
+    latency: Any  # app.panels.controller.LatencyController
     typing: Any  # app.window.draft_prefill.TypingPrefill
     documents: Any  # app.window.document_controller.DocumentsController
     statusBar: Any  # noqa: N815 (QMainWindow's)
@@ -120,6 +121,7 @@ class ConversationActions:
         self._show_title()
         self.parameters.show_chat()
         self.documents.show_chat(messages=messages)  # its chips and context meter; changed files read again
+        self.latency.show_chat(conversation_id)  # the panel shows this chat's reply, not the last one begun
         self.typing.chat_changed()
 
     def _open_hit(self, conversation_id: str, message_id: int | None) -> None:

@@ -164,3 +164,30 @@ def test_deleting_a_chat_stops_its_reply_and_closing_stops_them_all(qtbot: QtBot
                 "Answer",
                 "cancelled",
             )
+
+
+@pytest.mark.usefixtures("parallel")
+def test_the_latency_panel_shows_the_open_chats_reply(qtbot: QtBot, harness: Harness) -> None:
+    """The walk: a reply that ended in the chat in view while another chat streamed was never shown; the panel
+    and the status bar's latency line kept the reply begun last, from the other chat."""
+    window = harness.open()
+    engine = engine_of(window)
+    panel = window.latency.panel
+    first = start(qtbot, window, "First question")
+    first_id = engine.requests[-1].id
+    window.new_chat()
+    start(qtbot, window, "Second question")
+    second_id = engine.requests[-1].id
+    assert panel.trace is not None and panel.trace.request_id == second_id
+
+    window.open_conversation(first)
+    assert panel.trace is not None and panel.trace.request_id == first_id, "the open chat's own reply"
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.open("First question")
+    panel.flush()
+    assert panel.trace.status == "done" and panel.trace.tokens == 2
+    assert len(panel.history.points) == 1, "the finished reply is on the history chart"
+    with qtbot.waitSignal(window.bridge.event, check_params_cb=lambda e: isinstance(e, Done)):
+        engine.open("Second question")  # the other chat's reply ends out of view
+    panel.flush()
+    assert panel.trace.request_id == first_id and len(panel.history.points) == 2

@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPushButton,
+    QScrollArea,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -86,6 +87,15 @@ class ToolsDialog(QDialog):
         self.probes: dict[str, ServerProbe] = {}
         self._new_servers: set[str] = set()
         outer = QVBoxLayout(self)
+        scroll = QScrollArea()  # taller than an 800-pixel screen allows: the groups scroll, none is squeezed
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        page = QWidget()
+        column_of_groups = QVBoxLayout(page)
+        column_of_groups.setContentsMargins(0, 0, 0, 0)
+        scroll.setWidget(page)
+        outer.addWidget(scroll, 1)
 
         builtin = QGroupBox("Built-in tools")
         column = QVBoxLayout(builtin)
@@ -119,7 +129,7 @@ class ToolsDialog(QDialog):
         hint.setWordWrap(True)
         hint.setStyleSheet(f"color: {current().muted};")
         column.addWidget(hint)
-        outer.addWidget(builtin)
+        column_of_groups.addWidget(builtin)
 
         folders = QGroupBox("Folders the files tool may read")
         column = QVBoxLayout(folders)
@@ -136,7 +146,7 @@ class ToolsDialog(QDialog):
         row.addWidget(revoke)
         row.addStretch(1)
         column.addLayout(row)
-        outer.addWidget(folders)
+        column_of_groups.addWidget(folders)
 
         servers = QGroupBox("MCP servers")
         column = QVBoxLayout(servers)
@@ -158,7 +168,7 @@ class ToolsDialog(QDialog):
         for widget in (self.server_edit, add, remove, again):
             row.addWidget(widget, 1 if widget is self.server_edit else 0)
         column.addLayout(row)
-        outer.addWidget(servers)
+        column_of_groups.addWidget(servers)
 
         note = QLabel(
             "Tools you enable apply from the next message. Folders, fetch's addresses and MCP servers "
@@ -166,7 +176,7 @@ class ToolsDialog(QDialog):
         )
         note.setWordWrap(True)
         note.setStyleSheet(f"color: {current().muted};")
-        outer.addWidget(note)
+        column_of_groups.addWidget(note)
         self.problem = QLabel()  # why Save did not close the dialog
         self.problem.setWordWrap(True)
         self.problem.setStyleSheet(f"color: {current().error};")
@@ -178,6 +188,12 @@ class ToolsDialog(QDialog):
         outer.addWidget(buttons)
         for target in settings.mcp_servers:
             self._add_row(target)
+        # as tall as the groups need at this width (wrapped lines counted) where the screen allows
+        width = self.minimumWidth()
+        wanted = page.heightForWidth(width - 24) + buttons.sizeHint().height() + 40
+        screen = self.screen()
+        room = int(screen.availableGeometry().height() * 0.9) if screen is not None else wanted
+        self.resize(width, min(wanted, room))
 
     def _say_tool_format(self, on: bool) -> None:
         self.tool_format.setText(NO_TOOL_FORMAT if on else NO_TOOL_PROMPT)

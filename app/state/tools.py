@@ -36,6 +36,7 @@ BUILTIN: dict[str, str] = {
     "fetch": "Downloads a web page (http/https); off unless you turn it on",
 }
 RESULT_CHARS = 600  # the most of a result shown in the conversation (the whole text stays stored)
+FOLDED_CHARS = 60  # a result this short, on one line, stays on its call's line while the section is folded
 PROBE_TIMEOUT_S = 20.0
 
 
@@ -149,10 +150,15 @@ def call_line(call: Mapping[str, Any]) -> str:
 
 
 def tools_text(calls: Sequence[Mapping[str, Any]], expanded: bool) -> str:
-    """The section's body: one line per call, and when expanded each result (or error) under it."""
+    """The section's body: one line per call, and when expanded each result (or error) under it.  Folded, a
+    short one-line result stays at the end of its call's line (``… · 6 ms → 7006652``): the value a user asked
+    for with ``/calculator`` is in view even when the model's reply garbles it."""
     lines: list[str] = []
     for call in calls:
         lines.append(call_line(call))
+        short = str(call["result"]).strip()
+        if not expanded and short and call["ok"] and "\n" not in short and len(short) <= FOLDED_CHARS:
+            lines[-1] += f" \u2192 {short}"
         if expanded:
             result = str(call["result"]).strip() or "(no output)"
             if len(result) > RESULT_CHARS:

@@ -99,7 +99,11 @@ def test_calls_appear_in_the_chat_collapsible_and_on_the_timeline(qtbot: QtBot, 
     assert "one after another" in shown and "1 failed" in shown
     assert '\u2713 calculator {"expression": "2*(3+4)"}' in shown
     assert "\u2717 units" in shown
-    assert "\u2192 14" not in shown, "results are folded away at first"
+    # folded: a short result stays on its call's line (the walk: /calculator's 7006652 was hidden while the
+    # reply said 7006.65); an error and anything longer wait for the section to open
+    line = next(line for line in shown.splitlines() if line.startswith('\u2713 calculator {"expression": "2*(3+4)"}'))
+    assert line.endswith(" ms \u2192 14")
+    assert "error" not in shown
     box = window.chat_view.row_layout(bubble.message_id)
     assert box is not None and box.tools_header is not None
     window.chat_view.scrollTo(window.chat_view.index_of(bubble.message_id))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,6 @@ def test_it_says_what_it_needs(tmp_path: Path) -> None:
     assert skipped == {"skipped": "no --suite or --peer"}
 
 
-@pytest.mark.slow  # waits for the file's time limit by design (the durations file would say so too)
 def test_a_file_stopped_at_its_time_limit_keeps_the_results_of_the_tests_it_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,10 +58,25 @@ def test_a_file_stopped_at_its_time_limit_keeps_the_results_of_the_tests_it_ran(
     peer) is stopped as by Ctrl+C: the tests that finished are counted, not lost with the file."""
     (tmp_path / "unit").mkdir()
     (tmp_path / "utils.py").write_text("")
+    started = tmp_path / "forever-started"
     (tmp_path / "unit" / "test_completion.py").write_text(
-        "import time\n\ndef test_quick():\n    assert True\n\ndef test_forever():\n    time.sleep(600)\n"
+        "import pathlib, time\n\ndef test_quick():\n    assert True\n\n"
+        f"def test_forever():\n    pathlib.Path({str(started)!r}).touch()\n    time.sleep(600)\n"
     )
-    monkeypatch.setattr(peer_suite, "FILE_TIMEOUT_S", 5)
+
+    class LimitReached(subprocess.Popen):  # type: ignore[type-arg]
+        """The file's time limit comes once its endless test has started (not after a fixed time)."""
+
+        def wait(self, timeout: float | None = None) -> int:
+            if timeout == peer_suite.FILE_TIMEOUT_S:
+                for _ in range(600):
+                    if started.exists():
+                        break
+                    time.sleep(0.05)
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(peer_suite.subprocess, "Popen", LimitReached)
     monkeypatch.setattr(peer_suite, "TEST_TIMEOUT_S", 600)
     got = peer_suite.outcomes(sys.executable, tmp_path, ["test_completion.py"], 1)
     assert got["test_completion.py::test_quick"] == ("passed", "")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.model.kv import KVState, LayerSnapshot, Pair, Snapshot, fast_forward
+from engine.model.kv import GrowingLayer, KVState, LayerSnapshot, Pair, Snapshot, fast_forward
 
 STATIC = ("default", "linear", "llama3", "yarn")  # inv_freq does not depend on the sequence's length
 
@@ -116,6 +116,7 @@ def moved_state(
         if target != len(state):
             raise ValueError(f"a move to position {target} does not follow the state's {len(state)} positions")
         for layer, parts in zip(state.cache.layers, snapshot, strict=True):
+            assert isinstance(layer, GrowingLayer)  # from_snapshot makes them so
             k, v = span(parts, source, source + length)
             layer.append(rope.shift(k, target - source), v)
         state.tokens.extend(cached[source : source + length])

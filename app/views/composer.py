@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QIcon, QKeyEvent, QPainter, QPixmap
+from PySide6.QtGui import QIcon, QKeyEvent, QPainter, QPixmap, QResizeEvent
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -49,6 +49,8 @@ EMPTY_HINT = "Type a message first."
 BUSY_HINT = "A reply is still streaming. Press Esc to stop it."
 QUEUED_TEXT = "Queued \u2014 sends when the reply ends"
 MAX_LINES = 8
+PLACEHOLDER = "Message Brisk\u2026  (Enter to send, Shift+Enter for a new line)"
+SHORT_PLACEHOLDER = "Message Brisk\u2026"  # where the keys would wrap to a second line the box does not show
 NOT_READY_TIP = "The model is still loading. You can type; Send unlocks when it is ready."
 ATTACH_TIP = "Attach files to this chat (Ctrl+O); the menu attaches a folder. You can also drop files here."
 PAPERCLIP = Path(__file__).resolve().parent / "icons" / "paperclip.svg"
@@ -71,16 +73,32 @@ def tinted_icon(path: Path, colour: str, size: int = 18) -> QIcon:
 
 
 class MessageEdit(QPlainTextEdit):
-    """A plain-text editor whose Enter submits and Esc stops."""
+    """A plain-text editor whose Enter submits and Esc stops.  Its placeholder names the keys where the line
+    has room for them, else only "Message Brisk…" (a wrapped placeholder would show half a second line)."""
 
     enter_pressed = Signal()
     escape_pressed = Signal()
     restyled = Signal()  # the style or font changed: the height must be measured again
 
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setPlaceholderText(PLACEHOLDER)
+
     def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt override)
         super().changeEvent(event)
         if event.type() in (QEvent.Type.StyleChange, QEvent.Type.FontChange):
             self.restyled.emit()
+            self._fit_placeholder()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 (Qt override)
+        super().resizeEvent(event)
+        self._fit_placeholder()
+
+    def _fit_placeholder(self) -> None:
+        room = self.viewport().width() - 2 * round(self.document().documentMargin())
+        text = PLACEHOLDER if self.fontMetrics().horizontalAdvance(PLACEHOLDER) <= room else SHORT_PLACEHOLDER
+        if self.placeholderText() != text:
+            self.setPlaceholderText(text)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt override)
         key = event.key()
@@ -146,7 +164,6 @@ class Composer(QWidget):
         self._tint_icon()
         row.addWidget(self.attach_button, 0, Qt.AlignmentFlag.AlignBottom)
         self.editor = MessageEdit()
-        self.editor.setPlaceholderText("Message Brisk\u2026  (Enter to send, Shift+Enter for a new line)")
         self.editor.setTabChangesFocus(True)
         self.editor.enter_pressed.connect(self.submit)
         self.editor.escape_pressed.connect(self._escape)

@@ -186,3 +186,19 @@ def test_text_colours_are_readable_and_the_keyboard_focus_is_seen(harness) -> No
     panel = window.latency.panel
     charts = [panel.waterfall, panel.tokens, panel.history_chart]
     assert all(chart.focusPolicy() == Qt.FocusPolicy.NoFocus for chart in charts), "Tab goes past the charts"
+
+
+def test_the_composers_placeholder_fits_its_one_line(qtbot) -> None:  # noqa: ANN001
+    """The walk at 800x600 with the panel open: the placeholder wrapped and its second line showed cut in half."""
+    from app.views.composer import PLACEHOLDER, Composer
+
+    composer = Composer()
+    qtbot.addWidget(composer)
+    editor = composer.editor
+    for width, full in ((380, False), (900, True)):
+        composer.resize(width, 120)
+        composer.show()
+        qtbot.waitUntil(lambda w=width: composer.width() == w)
+        room = editor.viewport().width() - 2 * editor.document().documentMargin()
+        assert editor.fontMetrics().horizontalAdvance(editor.placeholderText()) <= room, width
+        assert (editor.placeholderText() == PLACEHOLDER) is full, "the keys are named where they fit"

@@ -75,8 +75,10 @@ class ServerSwitch:
             return
         self.set(True, settings.serve_port, save=False)
         label = self.window.status_area.server_label
-        if self.url:
+        if self.url:  # said in words for a while (a tooltip alone goes unseen), then the usual line stays
+            label.setText(f"Serving again at {self.url}, as when Brisk last closed (Tools > Server)")
             label.setToolTip(LEFT_ON_TIP)
+            QTimer.singleShot(TRANSIENT_MS, label, self._left_on_said)
             return
         other = brisk_serving(settings.serve_port)
         if other:
@@ -89,6 +91,11 @@ class ServerSwitch:
                 self.dialog.show_state("", self.error)
         else:
             self.window.show_banner("server", "warning", f"The server did not start again: {self.error}")
+
+    def _left_on_said(self) -> None:
+        if self.url and self.window.status_area.server_label.text().startswith("Serving again"):
+            self.window.status_area.serving(self.url)
+            self.window.status_area.server_label.setToolTip(LEFT_ON_TIP)
 
     def open(self) -> ServerDialog:
         if self.dialog is None:

@@ -82,11 +82,15 @@ def test_the_server_starts_again_with_the_window(harness) -> None:  # noqa: ANN0
 
 
 def test_a_server_started_with_the_window_says_why(harness) -> None:  # noqa: ANN001
+    """The walk: a server left on started again on the next launch, said only in a tooltip."""
     port = free_port()
     window = harness.open(settings=Settings(serve=True, serve_port=port))
     label = window.status_area.server_label
-    assert label.isVisible() and label.text() == f"Serving at http://127.0.0.1:{port}/v1"
+    url = f"http://127.0.0.1:{port}/v1"
+    assert label.isVisible() and label.text() == f"Serving again at {url}, as when Brisk last closed (Tools > Server)"
     assert "on when Brisk last closed" in label.toolTip() and "Tools > Server" in label.toolTip()
+    window.server_switch._left_on_said()  # what the timer does after a few seconds: the usual line stays
+    assert label.text() == f"Serving at {url}" and "on when Brisk last closed" in label.toolTip()
 
 
 def test_a_second_window_leaves_the_first_ones_server_alone(harness) -> None:  # noqa: ANN001

@@ -14,7 +14,9 @@ theme's have light strokes, ``Theme.arrows``): a styled frame makes Qt draw
 the buttons from the stylesheet too, and without an ``image`` their arrows
 would be empty boxes.  A drop-down's list gets the theme's colours and the
 accent for its current item, which a styled QComboBox otherwise draws as an
-empty box.  The sidebar's rename editor has a slim padding so the title fits
+empty box.  Check boxes get a drawn box (the muted colour's border, at 3:1 or
+more on either theme's backgrounds) and the accent with ``icons/check.svg``
+when checked: the dark palette's own box was dark grey on dark grey.  The sidebar's rename editor has a slim padding so the title fits
 in the row's height.
 """
 
@@ -239,6 +241,12 @@ QPushButton:focus, QComboBox:focus, QSpinBox:focus, QDoubleSpinBox:focus {{ bord
 QPushButton#primary:focus {{ border: 2px solid {t.text}; }}
 QToolButton:focus {{ border: 2px solid {t.accent}; }}
 QCheckBox:focus, QRadioButton:focus {{ border: 1px solid {t.accent}; border-radius: 4px; }}
+QCheckBox::indicator {{
+    width: 13px; height: 13px; border: 1px solid {t.muted}; border-radius: 3px; background: {t.window};
+}}
+QCheckBox::indicator:checked {{ background: {t.accent}; border-color: {t.accent}; image: url({ICONS}/check.svg); }}
+QCheckBox::indicator:disabled {{ border-color: {t.disabled}; background: {t.hover}; }}
+QCheckBox::indicator:checked:disabled {{ background: {t.accent_disabled}; border-color: {t.accent_disabled}; }}
 QListView:focus, QListWidget:focus, QTreeWidget:focus, QTableWidget:focus {{ border: 1px solid {t.accent}; }}
 """
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from PySide6.QtCore import QRect
 from PySide6.QtGui import QColor, QImage
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QStyle, QStyleOptionButton, QVBoxLayout, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.views import style
@@ -82,3 +82,22 @@ def test_spin_arrows_stand_out_from_their_buttons(qtbot: QtBot, theme: style.The
         assert arrow, f"{theme.name}: no arrow drawn"
         best = max(contrast(p, background) for p in arrow)
         assert best >= 3.0, f"{theme.name}: the arrow's contrast on its button is {best:.1f}:1 (WCAG asks 3:1)"
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["unchecked", "checked"])
+@pytest.mark.parametrize("theme", [style.LIGHT, style.DARK], ids=lambda t: t.name)
+def test_check_boxes_stand_out_from_the_window(qtbot: QtBot, theme: style.Theme, checked: bool) -> None:
+    """The walk in the dark theme: the Tools dialog's unchecked boxes were dark grey squares on dark grey."""
+    box = QCheckBox("calculator")
+    box.setChecked(checked)
+    window = themed(qtbot, theme, box)
+    shot = window.grab().toImage()
+    option = QStyleOptionButton()
+    option.initFrom(box)
+    option.text = box.text()
+    indicator = box.style().subElementRect(QStyle.SubElement.SE_CheckBoxIndicator, option, box)
+    area = QRect(box.mapTo(window, indicator.topLeft()), indicator.size()).adjusted(-2, -2, 2, 2)
+    background, marks = ink(shot, area)
+    assert marks, f"{theme.name}: no box drawn"
+    best = max(contrast(p, background) for p in marks)
+    assert best >= 3.0, f"{theme.name}: the box's contrast on the window is {best:.1f}:1 (WCAG asks 3:1)"

@@ -16,8 +16,9 @@ would be empty boxes.  A drop-down's list gets the theme's colours and the
 accent for its current item, which a styled QComboBox otherwise draws as an
 empty box.  Check boxes get a drawn box (the muted colour's border, at 3:1 or
 more on either theme's backgrounds) and the accent with ``icons/check.svg``
-when checked: the dark palette's own box was dark grey on dark grey.  The sidebar's rename editor has a slim padding so the title fits
-in the row's height.
+when checked: the dark palette's own box was dark grey on dark grey.  The
+sidebar's rename editor has a slim padding so the title fits in the row's
+height.
 """
 
 from __future__ import annotations

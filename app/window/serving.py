@@ -76,7 +76,7 @@ class ServerSwitch:
         self.set(True, settings.serve_port, save=False)
         label = self.window.status_area.server_label
         if self.url:  # said in words for a while (a tooltip alone goes unseen), then the usual line stays
-            label.setText(f"Serving again at {self.url}, as when Brisk last closed (Tools > Server)")
+            label.setText(f"Serving again at {self.url}")  # short: the load's progress shares the line
             label.setToolTip(LEFT_ON_TIP)
             QTimer.singleShot(TRANSIENT_MS, label, self._left_on_said)
             return

@@ -87,7 +87,7 @@ def test_a_server_started_with_the_window_says_why(harness) -> None:  # noqa: AN
     window = harness.open(settings=Settings(serve=True, serve_port=port))
     label = window.status_area.server_label
     url = f"http://127.0.0.1:{port}/v1"
-    assert label.isVisible() and label.text() == f"Serving again at {url}, as when Brisk last closed (Tools > Server)"
+    assert label.isVisible() and label.text() == f"Serving again at {url}"
     assert "on when Brisk last closed" in label.toolTip() and "Tools > Server" in label.toolTip()
     window.server_switch._left_on_said()  # what the timer does after a few seconds: the usual line stays
     assert label.text() == f"Serving at {url}" and "on when Brisk last closed" in label.toolTip()

@@ -111,17 +111,27 @@ def test_temporary_folders_of_killed_processes_are_removed(data: Path, tmp_path:
     assert leftovers(data) == [] and (copy / "quant.json").is_file()
 
 
-@pytest.mark.parametrize("after", ["locks", "cache/models"])
-def test_a_first_start_killed_midway_leaves_nothing_that_breaks_the_next(data: Path, after: str) -> None:
-    """kill -9 once the conversion has begun (lock taken) or once its folder is being written: the next start
-    converts again and answers (``--quant none``: the auto probe's timing of every mode is no part of it)."""
+def start_and_kill(data: Path, after: str) -> None:
+    """Start Brisk on ``data`` and kill -9 it once its stage has begun: something new appears under ``data/after``
+    (not what an earlier, killed start left there)."""
+    before = set((data / after).glob("*"))
     proc = start(data)
     deadline = time.monotonic() + HANG_S
-    while not any((data / after).glob("*")) and proc.poll() is None and time.monotonic() < deadline:
+    while set((data / after).glob("*")) <= before and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # polling for the stage to begin, not waiting a fixed time
-    assert proc.poll() is None, "the first start ended before it could be killed"
+    assert proc.poll() is None, f"the start ended before it could be killed: {proc.communicate()[1][-3000:]}"
+    assert set((data / after).glob("*")) - before, f"the start never reached {after} in {HANG_S} s"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def test_first_starts_killed_midway_leave_nothing_that_breaks_the_next(data: Path) -> None:
+    """kill -9 once the conversion has begun (lock taken), then kill the next start once its folder is being
+    written: that start got past the dead one's lock, and the start after both converts again and answers
+    (``--quant none``: the auto probe's timing of every mode is no part of it).  One folder for both kills:
+    each case alone would pay a whole conversion for its next start."""
+    start_and_kill(data, "locks")
+    start_and_kill(data, "cache/models")
     code, out, err = finish([start(data, "--quant", "none")])[0]
     assert code == 0 and answered(out), f"exit {code}: {err[-3000:]}"
     assert "Traceback" not in err and leftovers(data) == []

@@ -33,6 +33,11 @@ llama-server's ``return_progress`` (streamed: ``prompt_progress`` chunks before
 the first token) and ``timings_per_token`` (``timings`` on every chunk) are
 taken on the OpenAI paths as on its own (``engine.server.live``); every answer's
 ``brisk`` field carries Brisk's timings, phase by phase (``shapes.phases``).
+A stream opens with llama-server's and OpenAI's role chunk (``content: null``, no
+``timings``).  The chat path also takes llama-server's ``grammar`` /
+``json_schema`` (the constraint ``/completion`` applies), ``verbose`` (the prompt
+the model read, under ``__verbose``) and ``id_slot`` (taken and said: Brisk has
+no slots to pin).
 """
 
 from __future__ import annotations
@@ -250,7 +255,23 @@ class Handlers:
         body = await read_json(request, self.s.max_body)
         model = self.chat_model(body)
         req, reply = shapes.chat_request(body, model, self.s.defaults, self.s.context, self.s.speculative)
+        if reply.verbose:
+            reply = dataclasses.replace(reply, prompt_text=await self.prompt_text(req))
         return await self.answer(request, req, reply, "/v1/chat/completions", chat=True)
+
+    async def prompt_text(self, req: Request) -> str:
+        """``req``'s prompt as the engine builds it, as text (llama-server's ``verbose``); "" without a local
+        tokenizer (a remote engine)."""
+        vocab = self.s.vocab
+        if vocab is None:
+            return ""
+
+        def run() -> str:
+            model = vocab.model()
+            ids = vocab.prompt_ids(req) if model is not None else None
+            return "" if ids is None or model is None else vocab.detokenize(model, ids)
+
+        return await asyncio.to_thread(run)
 
     async def completions(self, request: HttpRequest) -> Response:
         self.check_key(request)
@@ -363,7 +384,10 @@ class Handlers:
             return shapes.completion_response(reply_id, reply, text, finish, done.metrics, logprobs=lp)
         text, calls = split_calls(done.text) if reply.tools else (done.text, [])
         lp = None if numbers is None else shapes.chat_logprobs(numbers)
-        return shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp, done.thinking)
+        body = shapes.chat_response(reply_id, reply, text, calls, done.finish_reason, done.metrics, lp, done.thinking)
+        if reply.verbose:
+            body["__verbose"] = shapes.verbose(reply, done.text, done.metrics)
+        return body
 
     async def answer_siblings(
         self, http: HttpRequest, reqs: list[Request], reply: Reply, endpoint: str, chat: bool
@@ -589,7 +613,8 @@ class Handlers:
         """A stream's chunks, each with llama.cpp's ``timings`` (``reply.per_token``): the figures so far, the
         reply's own ``Metrics`` on its last chunks."""
         async for chunk, figures in chunks:
-            if reply.per_token and "error" not in chunk:
+            role = any("role" in c.get("delta", ()) for c in chunk.get("choices", ()))
+            if reply.per_token and "error" not in chunk and not role:  # none on a role chunk, as llama-server
                 chunk["timings"] = figures.timings() if isinstance(figures, Live) else timings(figures)
             yield chunk
 
@@ -608,7 +633,7 @@ class Handlers:
         self, req: Request, reply: Reply, events: asyncio.Queue[Any], live: Live
     ) -> AsyncIterator[tuple[dict[str, Any], Live | Metrics]]:
         reply_id = shapes.new_id("chatcmpl")
-        yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": ""}), live
+        yield shapes.chat_chunk(reply_id, reply, {"role": "assistant", "content": None}), live
         held = ""  # text that may open a tool call, not sent yet
         numbers = Numbers(req.sampling.logprobs, shapes.chat_logprobs)  # go out with the next chunk sent
         thinking = ""  # a thinking model's: "open" while its thinking is sent as content (reasoning_format none)
@@ -650,7 +675,10 @@ class Handlers:
                 for i, call in enumerate(calls):
                     yield shapes.chat_chunk(reply_id, reply, {"tool_calls": [{"index": i, **call}]}), live
                 finish = "tool_calls" if calls else shapes.finish_reason(event.finish_reason)
-                yield shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics, numbers.take()), event.metrics
+                last = shapes.chat_chunk(reply_id, reply, {}, finish, event.metrics, numbers.take())
+                if reply.verbose:
+                    last["__verbose"] = shapes.verbose(reply, event.text, event.metrics)
+                yield last, event.metrics
                 if reply.include_usage:
                     yield shapes.chat_chunk(reply_id, reply, None, None, event.metrics), event.metrics
                 return

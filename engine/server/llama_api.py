@@ -31,7 +31,9 @@ handlers: the API key, the model rule, the hub):
   none on this path).
 * ``POST /tokenize`` (``content``, ``add_special``, ``parse_special``,
   ``with_pieces``), ``POST /detokenize`` (``tokens``), ``POST /apply-template``
-  (``messages``, ``tools``: the prompt text a reply renders) -- the loaded
+  (``messages``, ``tools``, ``add_generation_prompt``: the prompt text a reply
+  renders), ``POST [/v1]/chat/completions/input_tokens`` (a chat body: its
+  prompt's token count, ``{"input_tokens": N}``) -- the loaded
   model's own tokenizer and chat template (``engine.server.vocab``); a 503 while
   the server has no local model to read them from.
 * ``POST /infill`` -- ``input_prefix``, ``input_suffix``, ``input_extra``
@@ -68,7 +70,6 @@ from engine.api import (
     Sampling,
     Started,
     Token,
-    reply_format,
 )
 from engine.server import infill, shapes
 from engine.server.live import Live, timings
@@ -156,6 +157,8 @@ def routes(handlers: Handlers) -> list[Route]:
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/apply-template", api.apply_template, methods=["POST"]),
         Route("/props", api.props, methods=["GET"]),
+        Route("/chat/completions/input_tokens", api.input_tokens, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", api.input_tokens, methods=["POST"]),
         Route("/infill", api.infill, methods=["POST"]),
     ]
 
@@ -241,15 +244,32 @@ class LlamaApi:
         return JSONResponse({"content": await asyncio.to_thread(Vocab.detokenize, model, ids)})
 
     async def apply_template(self, http: HttpRequest) -> Response:
-        body = await self._body(http, frozenset({"messages", "tools", "model"}), "/apply-template")
+        fields = frozenset({"messages", "tools", "model", "add_generation_prompt"})
+        body = await self._body(http, fields, "/apply-template")
         messages = list(shapes.messages_from(body.get("messages")))
         tools = [dict(t) for t in shapes.tools_from({"tools": body.get("tools") or []})[0]] or None
+        generation = _flag(body, "add_generation_prompt", True)
         model = await self._model()
         try:
-            text = await asyncio.to_thread(Vocab.template_text, model, messages, tools)
+            text = await asyncio.to_thread(Vocab.template_text, model, messages, tools, generation)
         except ValueError as exc:  # a template that fails or runs too long (engine.model.template)
             raise bad(str(exc), "messages", "template_error") from None
         return JSONResponse({"prompt": text})
+
+    async def input_tokens(self, http: HttpRequest) -> Response:
+        """llama-server's ``/chat/completions/input_tokens``: a chat body's prompt, counted as the engine
+        builds it (the template, the client's tools), as ``{"input_tokens": N}``; nothing is generated."""
+        self.h.check_key(http)
+        from engine.server.app import read_json
+
+        body = await read_json(http, self.s.max_body)
+        name = self.h.chat_model(body)
+        request, _ = shapes.chat_request(body, name, self.s.defaults, self.s.context, self.s.speculative)
+        await self._model()  # a 503 without a local tokenizer
+        ids = await asyncio.to_thread(self.s.vocab.prompt_ids, request) if self.s.vocab is not None else None
+        if ids is None:
+            raise bad("The prompt cannot be built for this model (see /apply-template).", "messages")
+        return JSONResponse({"input_tokens": len(ids)})
 
     async def props(self, http: HttpRequest) -> Response:
         from engine.runtime.batching import MAX_ACTIVE
@@ -483,7 +503,7 @@ class LlamaApi:
             seed=None if seed is None or seed in RANDOM_SEEDS else seed % 2**63,
             max_tokens=await self._limit(body, model, text),
             stop=_stops(body.get("stop")),
-            format=_format(body),
+            format=shapes.grammar_format(body),
             presence_penalty=shapes.number(body, "presence_penalty", -2.0, 2.0, 0.0),
             frequency_penalty=shapes.number(body, "frequency_penalty", -2.0, 2.0, 0.0),
             logit_bias=_bias(body.get("logit_bias")),
@@ -719,34 +739,3 @@ def _stops(value: Any) -> tuple[str, ...]:
     if len(stops) > MAX_STOPS:
         raise bad(f"'stop' takes at most {MAX_STOPS} texts, not {len(stops)}.", "stop")
     return tuple(stops)
-
-
-def _format(body: Mapping[str, Any]) -> str:
-    """``json_schema`` or ``grammar`` (GBNF, or llguidance's Lark) as a ``Sampling.format``, checked."""
-    schema, grammar = body.get("json_schema"), body.get("grammar") or None
-    if schema is not None and grammar is not None:
-        raise bad("Send 'json_schema' or 'grammar', not both.", "grammar")
-    if schema is not None:
-        if not isinstance(schema, Mapping):
-            raise bad("'json_schema' must be a JSON schema object.", "json_schema", "invalid_type")
-        format_json = reply_format("json_schema", dict(schema)) if schema else reply_format("json_object")
-        shapes.usable(format_json, "json_schema")
-        return format_json
-    if grammar is None:
-        return ""
-    if not isinstance(grammar, str):
-        raise bad("'grammar' must be the grammar's text (GBNF or Lark).", "grammar", "invalid_type")
-    from llguidance.gbnf_to_lark import any_to_lark
-
-    try:
-        lark = any_to_lark(grammar)
-    except Exception as exc:  # the converter raises its own error types for a grammar it cannot read
-        raise bad(f"'grammar' could not be read as GBNF or Lark ({shapes_short(exc)}).", "grammar") from None
-    format_json = reply_format("lark", lark)
-    shapes.usable(format_json, "grammar")
-    return format_json
-
-
-def shapes_short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text if len(text) <= 200 else text[:200] + "..."

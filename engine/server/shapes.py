@@ -81,6 +81,12 @@ SAMPLING_FIELDS = frozenset(
 # llama-server's, on its OpenAI paths too: prompt_progress chunks before the first token, timings on every
 # chunk (engine.server.live)
 LIVE_FIELDS = ("return_progress", "timings_per_token")
+# llama-server's on its chat path: a constraint as on /completion (``json_schema``, ``grammar``: GBNF or
+# Lark, read by grammar_format) and ``verbose`` (the prompt as rendered, under ``__verbose``)
+LLAMA_CHAT_FIELDS = ("json_schema", "grammar", "verbose")
+# llama-server's slot to run on: Brisk has no slots to pin (its batch takes every request), so like HABITS
+# it changes nothing in the reply; taken on chat and named in X-Brisk-Ignored
+CHAT_HABITS = HABITS | {"id_slot"}
 CHAT_FIELDS = SAMPLING_FIELDS | {
     "model",
     "messages",
@@ -91,6 +97,7 @@ CHAT_FIELDS = SAMPLING_FIELDS | {
     "chat_template_kwargs",  # llama.cpp's and vLLM's: {"enable_thinking": bool} is the template's switch
     "reasoning_format",  # llama.cpp's: "none" keeps the thinking in content; else it is reasoning_content
     *LIVE_FIELDS,
+    *LLAMA_CHAT_FIELDS,
 }
 REASONING_FORMATS = ("auto", "deepseek", "none")
 COMPLETION_FIELDS = (SAMPLING_FIELDS - {"response_format", "max_completion_tokens", "top_logprobs"}) | {
@@ -151,6 +158,8 @@ class Reply:
     reasoning_apart: bool = True
     progress: bool = False  # return_progress: streamed prompt_progress chunks before the first token
     per_token: bool = False  # timings_per_token: llama.cpp's timings on every chunk (and the whole answer)
+    verbose: bool = False  # llama-server's ``verbose``: the prompt as rendered under ``__verbose`` (chat)
+    prompt_text: str = ""  # that prompt, filled in by the server (engine.server.app) when ``verbose``
 
 
 def new_id(prefix: str) -> str:
@@ -291,6 +300,39 @@ def usable(format_json: str, param: str) -> None:
     problems = format_problems(format_json)
     if problems:
         raise bad(problems[0], param, "invalid_format")
+
+
+def grammar_format(body: Mapping[str, Any]) -> str:
+    """llama.cpp's ``json_schema`` or ``grammar`` (GBNF, or llguidance's Lark) as a ``Sampling.format``,
+    checked; "" when the body sends neither (``/completion`` and llama-server's chat path take both)."""
+    schema, grammar = body.get("json_schema"), body.get("grammar") or None
+    if schema is not None and grammar is not None:
+        raise bad("Send 'json_schema' or 'grammar', not both.", "grammar")
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise bad("'json_schema' must be a JSON schema object.", "json_schema", "invalid_type")
+        format_json = reply_format("json_schema", dict(schema)) if schema else reply_format("json_object")
+        usable(format_json, "json_schema")
+        return format_json
+    if grammar is None:
+        return ""
+    if not isinstance(grammar, str):
+        raise bad("'grammar' must be the grammar's text (GBNF or Lark).", "grammar", "invalid_type")
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(grammar)
+    except Exception as exc:  # the converter raises its own error types for a grammar it cannot read
+        raise bad(f"'grammar' could not be read as GBNF or Lark ({short(exc)}).", "grammar") from None
+    format_json = reply_format("lark", lark)
+    usable(format_json, "grammar")
+    return format_json
+
+
+def short(exc: Exception) -> str:
+    """An exception's first line, at most 200 characters: for a 400's message."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _format(value: Any) -> str:
@@ -455,11 +497,19 @@ def chat_request(
     body: Mapping[str, Any], model: str, defaults: Sampling, context: int, speculative: str
 ) -> tuple[Request, Reply]:
     """A ``/v1/chat/completions`` body as Brisk's request and how to answer it."""
-    ignored = checked_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+    ignored = checked_fields(body, CHAT_FIELDS, "/v1/chat/completions", CHAT_HABITS)
     messages = messages_from(body.get("messages"))
+    if len(messages) > 1 and messages[-1]["role"] == messages[-2]["role"] == "assistant":
+        where = f"messages[{len(messages) - 1}]"  # llama-server's refusal too: which one would the reply go on?
+        raise bad(f"{where}: two assistant messages end the list; the reply may continue one at most.", where)
     within_context(len(messages), sum(len(m["content"]) for m in messages), context, "messages")
     tools, forced = tools_from(body)
     sampling = sampling_from(body, defaults, context)
+    constraint = grammar_format(body)
+    if constraint:
+        if sampling.format:
+            raise bad("Send 'response_format' or llama.cpp's 'json_schema' / 'grammar', not both.", "grammar")
+        sampling = replace(sampling, format=constraint)
     if forced:
         if sampling.format:
             raise bad("'tool_choice' that forces a call cannot go with 'response_format'.", "tool_choice")
@@ -472,12 +522,22 @@ def chat_request(
         sampling,
         speculative=speculative,
         client_tools=tools,
-        answer_cache=not sampling.logprobs,  # a cached answer keeps no logprobs
+        # a cached answer keeps no logprobs, and reads no prompt whose progress return_progress would show
+        answer_cache=not sampling.logprobs and not _flag(body, "return_progress"),
         origin="server",
         thinking=thinking_switch(body),
     )
     apart = reasoning_apart(body)
-    reply = Reply(model, stream, include_usage, bool(tools), ignored=ignored, n=_n(body), reasoning_apart=apart)
+    reply = Reply(
+        model,
+        stream,
+        include_usage,
+        bool(tools),
+        ignored=ignored,
+        n=_n(body),
+        reasoning_apart=apart,
+        verbose=_flag(body, "verbose"),
+    )
     return request, live_options(reply, body)
 
 
@@ -815,6 +875,18 @@ def chat_chunk(
         if delta is None:
             chunk["usage"] = usage(metrics)
     return chunk
+
+
+def verbose(reply: Reply, text: str, metrics: Metrics) -> dict[str, Any]:
+    """llama-server's ``__verbose`` for ``verbose: true``: the prompt the model read, as text, and the reply
+    in its own words (the last chunk of a stream carries it)."""
+    return {
+        "prompt": reply.prompt_text,
+        "content": text,
+        "tokens_evaluated": metrics.prompt_tokens,
+        "tokens_cached": metrics.cached_tokens,
+        "tokens_predicted": metrics.completion_tokens,
+    }
 
 
 def completion_response(

@@ -113,11 +113,14 @@ class Vocab:
         return str(model.tokenizer.decode(ids, skip_special_tokens=False))
 
     @staticmethod
-    def template_text(model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        """The chat template's text for ``messages``, with the generation prompt, as a reply renders it
-        (tools the template cannot carry go in as Brisk's own tool prompt, ``engine.runtime.prompt``)."""
+    def template_text(
+        model: Model, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool = True
+    ) -> str:
+        """The chat template's text for ``messages``, with the generation prompt (unless not ``generation``),
+        as a reply renders it (tools the template cannot carry go in as Brisk's own tool prompt,
+        ``engine.runtime.prompt``)."""
         from engine.model.template import render_chat
         from engine.runtime.prompt import for_template
 
         messages, tools = for_template(model.tokenizer, messages, tools)
-        return render_chat(model.tokenizer, messages, True, tools)
+        return render_chat(model.tokenizer, messages, generation, tools)

@@ -92,7 +92,7 @@ def test_brisk_serve_takes_strict_model() -> None:
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/chat/completions", {"messages": HELLO, "grammar": 'root ::= "yes"'}, "grammar"),
+        ("/chat/completions", {"messages": HELLO, "n_probs": 3}, "n_probs"),
         ("/chat/completions", {"messages": HELLO, "functions": [{"name": "f"}]}, "functions"),
         ("/chat/completions", {"messages": HELLO, "min_p": 0.1, "user": "u1"}, "min_p"),
         ("/completions", {"prompt": "The cat", "response_format": {"type": "json_object"}}, "response_format"),

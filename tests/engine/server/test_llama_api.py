@@ -157,7 +157,7 @@ def test_grammar_and_json_schema_constrain_the_reply(served: Served) -> None:
         ("/completion", {"prompt": ["one", "two"]}, "prompt"),
         ("/tokenize", {"content": "hi", "bos": True}, "bos"),
         ("/detokenize", {"tokens": "hi"}, "tokens"),
-        ("/apply-template", {"messages": [], "add_generation_prompt": False}, "add_generation_prompt"),
+        ("/apply-template", {"messages": [], "continue_final_message": True}, "continue_final_message"),
     ],
 )
 def test_what_brisk_lacks_is_refused_by_name(served: Served, path: str, body: dict, param: str) -> None:

@@ -1,7 +1,8 @@
 """Quantization: the int8/int4 CPU layers' maths, what is refused where, the cache of
 quantized copies (tiny model), and every available mode on the bundled model (finite
 logits of the right shape, the mode's own determinism, next-token agreement with fp32
-above a floor that any CPU's kernel clears; quality figures are `brisk bench quant`'s)."""
+above a floor that any CPU's kernel clears; quality figures are `brisk bench quant`'s)
+but bnb-fp4, which shares bnb-nf4's 4-bit path and runs those checks on the tiny model."""
 
 from __future__ import annotations
 

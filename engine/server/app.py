@@ -6,7 +6,8 @@ Endpoints: ``GET /health``, ``GET /v1/models`` (and ``/v1/models/{id}``),
 each of OpenAI's paths also without the ``/v1`` (a client given the base URL
 ``http://host:port`` posts to ``/chat/completions``, as llama-server answers);
 and llama.cpp's own ``/completion``, ``/infill``, ``/tokenize``, ``/detokenize``,
-``/apply-template`` and ``/props`` (``engine.server.llama_api``); and Anthropic's
+``/apply-template``, ``/props``, ``/slots`` and ``/chat/completions/input_tokens``
+(``engine.server.llama_api``); and Anthropic's
 ``POST /v1/messages`` and ``/v1/messages/count_tokens`` (``engine.server.anthropic_api``, which answers
 its errors in Anthropic's shape).
 A field an endpoint does not know is a 400 that names it, except those clients
@@ -81,7 +82,8 @@ IGNORED_HEADER = "X-Brisk-Ignored"
 # what a 404 lists: OpenAI's paths answer with and without the /v1 in front
 ENDPOINTS = (
     "[/v1]/chat/completions, [/v1]/completions, [/v1]/embeddings, [/v1]/models, /health; llama.cpp's "
-    "/completion, /infill, /tokenize, /detokenize, /apply-template, /props; Anthropic's [/v1]/messages, "
+    "/completion, /infill, /tokenize, /detokenize, /apply-template, /props, /slots, "
+    "[/v1]/chat/completions/input_tokens; Anthropic's [/v1]/messages, "
     "[/v1]/messages/count_tokens"
 )
 

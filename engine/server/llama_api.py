@@ -33,7 +33,8 @@ handlers: the API key, the model rule, the hub):
   ``with_pieces``), ``POST /detokenize`` (``tokens``), ``POST /apply-template``
   (``messages``, ``tools``, ``add_generation_prompt``: the prompt text a reply
   renders), ``POST [/v1]/chat/completions/input_tokens`` (a chat body: its
-  prompt's token count, ``{"input_tokens": N}``) -- the loaded
+  prompt's token count, ``{"input_tokens": N}``), ``GET /slots`` (the batch as
+  slots, as many ``is_processing`` as requests in flight) -- the loaded
   model's own tokenizer and chat template (``engine.server.vocab``); a 503 while
   the server has no local model to read them from.
 * ``POST /infill`` -- ``input_prefix``, ``input_suffix``, ``input_extra``
@@ -157,6 +158,7 @@ def routes(handlers: Handlers) -> list[Route]:
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/apply-template", api.apply_template, methods=["POST"]),
         Route("/props", api.props, methods=["GET"]),
+        Route("/slots", api.slots, methods=["GET"]),
         Route("/chat/completions/input_tokens", api.input_tokens, methods=["POST"]),
         Route("/v1/chat/completions/input_tokens", api.input_tokens, methods=["POST"]),
         Route("/infill", api.infill, methods=["POST"]),
@@ -270,6 +272,23 @@ class LlamaApi:
         if ids is None:
             raise bad("The prompt cannot be built for this model (see /apply-template).", "messages")
         return JSONResponse({"input_tokens": len(ids)})
+
+    async def slots(self, http: HttpRequest) -> Response:
+        """llama-server's ``GET /slots``: Brisk's batch as ``MAX_ACTIVE`` slots, as many processing as there are
+        requests in flight (Brisk gives a request no fixed slot: slot i is the i-th running one)."""
+        from engine.runtime.batching import MAX_ACTIVE
+
+        self.h.check_key(http)
+        model = await self._model()
+        running, _, _ = self.s.hub.log.snapshot()
+        context = self.s.context or model.context
+        params = generation_settings(self.s.defaults, context, False, self.s.model or "")
+        return JSONResponse(
+            [
+                {"id": i, "id_task": -1, "n_ctx": context, "is_processing": i < len(running), "params": params}
+                for i in range(MAX_ACTIVE)
+            ]
+        )
 
     async def props(self, http: HttpRequest) -> Response:
         from engine.runtime.batching import MAX_ACTIVE
@@ -705,9 +724,17 @@ def _real(body: Mapping[str, Any], name: str, default: float) -> float:
 
 
 def _prompt(value: Any) -> tuple[str, list[Any] | None]:
-    """The prompt as text, or (``""``, its token ids) when it is a list of ids."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+    """The prompt as text, or (``""``, its token ids) when it is a list of ids; llama-server's JSON prompt
+    ``{"prompt_string": ...}`` is its text (``multimodal_data``, for a model with vision, a 400 here)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list | dict):
         value = value[0]
+    if isinstance(value, dict):
+        if value.get("multimodal_data"):
+            raise bad("'prompt.multimodal_data' needs a model with vision; this one reads text.", "prompt")
+        unknown = sorted(set(value) - {"prompt_string", "multimodal_data"})
+        if unknown or not isinstance(value.get("prompt_string"), str):
+            raise bad("A JSON 'prompt' must be {\"prompt_string\": text}.", "prompt", "invalid_type")
+        value = value["prompt_string"]
     if isinstance(value, str):
         if not value:
             raise bad("'prompt' is empty.", "prompt")

@@ -107,3 +107,30 @@ def test_return_progress_reads_the_prompt_not_the_answer_cache() -> None:
     plain, _ = shapes.chat_request(body, "m", Sampling(), 2048, "off")
     watched, _ = shapes.chat_request({**body, "return_progress": True}, "m", Sampling(), 2048, "off")
     assert plain.answer_cache and not watched.answer_cache
+
+
+def test_completion_takes_llama_servers_json_prompt(served: Served) -> None:
+    def completion(prompt: Any) -> httpx.Response:
+        return httpx.post(served.root + "/completion", json={"prompt": prompt, "n_predict": 4}, timeout=120)
+
+    plain = completion("The cat sat on the").json()["content"]
+    assert completion({"prompt_string": "The cat sat on the"}).json()["content"] == plain
+    assert completion([{"prompt_string": "The cat sat on the"}]).json()["content"] == plain
+    vision = completion({"prompt_string": "a <__media__>", "multimodal_data": "iVBORw0KGgo="})
+    assert vision.status_code == 400 and vision.json()["error"]["param"] == "prompt"
+    assert completion({"text": "The cat"}).status_code == 400
+
+
+def test_slots_shows_the_batch_and_what_runs_in_it(served: Served) -> None:
+    from engine.runtime.batching import MAX_ACTIVE
+
+    slots = httpx.get(served.root + "/slots").json()
+    assert [s["id"] for s in slots] == list(range(MAX_ACTIVE))
+    assert not any(s["is_processing"] for s in slots) and slots[0]["n_ctx"] > 0
+    body = {"messages": HELLO, "max_tokens": 24, "stream": True}
+    with httpx.stream("POST", served.root + "/chat/completions", json=body, timeout=120) as response:
+        lines = response.iter_lines()
+        next(lines)  # the reply has started: its request is in flight
+        busy = httpx.get(served.root + "/slots").json()
+        list(lines)
+    assert [s["is_processing"] for s in busy] == [True] + [False] * (MAX_ACTIVE - 1)

@@ -16,7 +16,7 @@ handlers: the API key, the model rule, the hub):
   Lark, through llguidance's converter), ``return_tokens``, ``model``,
   ``presence_penalty`` / ``frequency_penalty`` (OpenAI's meaning: over the
   whole reply, not llama.cpp's last ``repeat_last_n`` tokens), ``logit_bias``
-  (token ids; ``false`` bans), ``n_probs`` (``completion_probabilities``:
+  (token ids, or a text: each of its tokens; ``false`` bans), ``n_probs`` (``completion_probabilities``:
   each token's ``logprob`` and its ``n_probs`` likeliest, as the OpenAI paths
   give them; at most 20), ``return_progress`` (streamed: ``prompt_progress``
   pieces before the first token, with no text and no tokens;
@@ -525,7 +525,7 @@ class LlamaApi:
             format=shapes.grammar_format(body),
             presence_penalty=shapes.number(body, "presence_penalty", -2.0, 2.0, 0.0),
             frequency_penalty=shapes.number(body, "frequency_penalty", -2.0, 2.0, 0.0),
-            logit_bias=_bias(body.get("logit_bias")),
+            logit_bias=_bias(body.get("logit_bias"), model),
             logprobs=bool(probs),
             top_logprobs=probs or 0,
         )
@@ -671,17 +671,22 @@ def probabilities(numbers: list[Logprob]) -> list[dict[str, Any]]:
     return [{**one(lp), "top_logprobs": [one(alt) for alt in lp.top]} for lp in numbers]
 
 
-def _bias(value: Any) -> tuple[tuple[int, float], ...]:
-    """llama.cpp's ``logit_bias``: ``[[id, bias], ...]`` or ``{"id": bias}``, a bias of ``false`` a ban (-100)."""
+def _bias(value: Any, model: Model | None) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's ``logit_bias``: ``[[id, bias], ...]`` or ``{"id": bias}``, a bias of ``false`` a ban (-100);
+    a key that is a text (``[" the ", -100]``) biases each of its tokens, as llama-server does."""
     if value is None:
         return ()
     pairs = list(value.items()) if isinstance(value, Mapping) else value
     if not isinstance(pairs, list) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
         raise bad("'logit_bias' must be [[token id, bias], ...] or {\"token id\": bias}.", "logit_bias")
-    as_openai = {}
+    as_openai: dict[str, Any] = {}
     for token, bias in pairs:
         if isinstance(token, str) and not token.strip().isdigit():
-            raise bad(f"'logit_bias' takes token ids here, not texts ({token!r}): see /tokenize.", "logit_bias")
+            if model is None:
+                raise bad(f"'logit_bias' takes token ids here, not texts ({token!r}).", "logit_bias")
+            for i in Vocab.tokenize(model, token, False, True):
+                as_openai[str(i)] = -100 if bias is False else bias
+            continue
         as_openai[str(token)] = -100 if bias is False else bias
     return shapes.bias_from(as_openai)
 
@@ -690,7 +695,7 @@ def _bias(value: Any) -> tuple[tuple[int, float], ...]:
 
 
 def _response_fields(value: Any) -> list[str] | None:
-    if value is None:
+    if value is None or value == []:  # llama-server: an empty list is every field
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise bad("'response_fields' must be a list of field paths (\"timings/prompt_n\").", "response_fields")

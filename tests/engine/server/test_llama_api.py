@@ -147,7 +147,7 @@ def test_grammar_and_json_schema_constrain_the_reply(served: Served) -> None:
     ("path", "body", "param"),
     [
         ("/completion", {"prompt": PROMPT, "n_probs": 21}, "n_probs"),
-        ("/completion", {"prompt": PROMPT, "logit_bias": [["hello", 1]]}, "logit_bias"),
+        ("/completion", {"prompt": PROMPT, "logit_bias": [[1, 500]]}, "logit_bias"),
         ("/completion", {"prompt": PROMPT, "min_p": 0.05}, "min_p"),
         ("/completion", {"prompt": PROMPT, "samplers": ["top_k", "min_p"]}, "samplers"),
         ("/completion", {"prompt": PROMPT, "mirostat": 2}, "mirostat"),

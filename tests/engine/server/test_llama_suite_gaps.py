@@ -134,3 +134,20 @@ def test_slots_shows_the_batch_and_what_runs_in_it(served: Served) -> None:
         busy = httpx.get(served.root + "/slots").json()
         list(lines)
     assert [s["is_processing"] for s in busy] == [True] + [False] * (MAX_ACTIVE - 1)
+
+
+def test_completion_bias_by_text_and_every_field_for_an_empty_list(served: Served) -> None:
+    def completion(extra: dict[str, Any]) -> dict[str, Any]:
+        body = {"prompt": "The cat sat on the", "n_predict": 4, "temperature": 0, **extra}
+        answer = httpx.post(served.root + "/completion", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    plain = completion({})
+    first = plain["content"][:1]  # the tiny model's tokens are bytes: this text is its first token
+    ids = httpx.post(served.root + "/tokenize", json={"content": first}).json()["tokens"]
+    by_text = completion({"logit_bias": [[first, -100]]})["content"]
+    assert by_text == completion({"logit_bias": [[i, -100] for i in ids]})["content"] != plain["content"]
+    assert not by_text.startswith(first)
+    every = completion({"response_fields": []})
+    assert every["content"] == plain["content"] and "generation_settings" in every

@@ -242,10 +242,24 @@ class _Copy:
     def between_chunks(self) -> None:
         """Between two chunks of the copy: wait while a request is served, unless someone waits for the copy
         (a request may be waiting for a load that reads it)."""
-        from engine.runtime import activity
-
-        while not self.hurry.is_set() and not activity.wait_idle(0.05):
+        while not self.hurry.is_set() and not _request_gate(0.05):
             pass
+
+
+def _no_engine(_timeout: float) -> bool:
+    return True
+
+
+# whether no request is being served, waiting at most the seconds given: the engine's signal once an engine
+# is in this process (``engine.runtime.loading`` sets ``engine.runtime.activity.wait_idle`` here; this layer
+# may not import the runtime), else always true
+_request_gate: Callable[[float], bool] = _no_engine
+
+
+def set_request_gate(gate: Callable[[float], bool]) -> None:
+    """Let a conversion's copy wait on ``gate`` (``engine.runtime.activity.wait_idle``) between its chunks."""
+    global _request_gate
+    _request_gate = gate
 
 
 _fresh: dict[str, Fresh] = {}  # target folder -> the conversion not yet taken by a loader

@@ -34,11 +34,13 @@ import torch
 from engine.api import ModelInfo, ModelSpec, Warning
 from engine.model.kv import KVState, forward
 from engine.model.loader import LoadedModel, ModelLoadError, load_draft, load_model
+from engine.model.source import set_request_gate
 from engine.model.support import support
 from engine.model.template import takes_thinking_switch
 from engine.model.tool_template import template_renders_tools
 from engine.paths import cache_dir
 from engine.quant import native
+from engine.runtime import activity
 from engine.runtime.decode import Decoder
 from engine.runtime.memory import reserve
 from engine.runtime.options import EngineOptions
@@ -46,6 +48,7 @@ from engine.runtime.prefix_cache import PrefixCache, kv_layout
 from engine.runtime.speculative import DraftModel
 
 log = logging.getLogger(__name__)
+set_request_gate(activity.wait_idle)  # a first start's converted copy is written between requests
 
 KV_RESERVE_BYTES = 256 << 20  # memory made ready for KV buffers at load (engine.runtime.memory.reserve)
 

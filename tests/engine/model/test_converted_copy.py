@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model import source
-from engine.runtime import activity
+from engine.runtime import activity, loading  # noqa: F401 - loading gives source the engine's signal
 
 
 @pytest.fixture
@@ -33,13 +33,15 @@ def test_the_copy_is_safetensors_with_every_dtype_and_the_tied_head_once(tmp_pat
     }
     source._write_weights(weights, tmp_path)
     with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as fh:
-        assert set(fh.keys()) == set(weights) - {"lm_head.weight"}
+        names = fh.keys()
+        assert set(names) == set(weights) - {"lm_head.weight"}
         assert fh.metadata() == {"format": "pt"}
-        for name in fh.keys():
+        for name in names:
             assert torch.equal(fh.get_tensor(name), weights[name]), name
 
 
 def test_the_copy_waits_while_a_request_is_served(tmp_path: Path, served: object) -> None:
+    assert source._request_gate is activity.wait_idle  # set where the engine's loading is imported
     weights = {"w": torch.randn(3 * source.WRITE_CHUNK // 4)}  # three chunks of float32
     copy_ = source._Copy()
     writer = threading.Thread(target=source._write_weights, args=(weights, tmp_path, copy_.between_chunks))

@@ -86,11 +86,16 @@ def verified_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_current(folder: Path) -> bool:
     """Stamp the copy's outputs and ninja's records of them (``.ninja_log`` v5+, ``.ninja_deps`` v4) with
     the time now; true where ninja then has nothing to compile.  Sound because the folder's name hashes the
-    sources' bytes: its objects are these sources' objects, whatever the files' times say (a CI clone's
-    sources are newer than a build made from an earlier checkout).  Any format not known: false."""
+    sources' bytes: its objects are these sources' objects, whatever the files' times say (a clone's
+    sources are newer than the build ``make native`` made from them).  False for a build made from another
+    checkout: torch writes the build file again with this checkout's paths, every command changes, and
+    ninja would compile each case from scratch (seven cases of about 45 s on CI).  Any format not known:
+    false."""
     now = time.time_ns()
     log, deps = folder / ".ninja_log", folder / ".ninja_deps"
     try:
+        if f" {ROOT / 'engine' / 'quant'}{os.sep}" not in (folder / "build.ninja").read_text():
+            return False
         lines = log.read_text().splitlines()
         if not lines or not lines[0].startswith("# ninja log v"):
             return False

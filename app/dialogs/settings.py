@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt
 from PySide6.QtGui import QIntValidator
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -36,16 +35,14 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSpinBox,
-    QVBoxLayout,
     QWidget,
 )
 
 from app.dialogs.about import AboutDialog, Report
 from app.dialogs.engines import EngineSection
 from app.dialogs.speed import SpeedSection, browse_model
-from app.views.controls import form_row, guard_wheel
+from app.views.controls import form_row, guard_wheel, scrolling_page
 from engine.api import DEVICES, DTYPES, Loaded
 from engine.client import model_note
 from engine.storage import Settings
@@ -99,16 +96,7 @@ class SettingsDialog(QDialog):
         self._loaded = loaded
         self._report = report
         self.about: AboutDialog | None = None
-        outer = QVBoxLayout(self)
-        scroll = QScrollArea()  # the form is taller than small laptop screens
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        page = QWidget()
-        layout = QVBoxLayout(page)
-        layout.setContentsMargins(0, 0, 0, 0)
-        scroll.setWidget(page)
-        outer.addWidget(scroll, 1)
+        outer, page, layout = scrolling_page(self)  # the form is taller than small laptop screens
 
         self.engines = EngineSection(settings)  # the local model or a saved server (keys in the keyring)
         layout.addWidget(self.engines)

@@ -37,7 +37,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListWidget,
     QPushButton,
-    QScrollArea,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -46,6 +45,7 @@ from PySide6.QtWidgets import (
 
 from app.background import in_background
 from app.state.tools import BUILTIN, ServerProbe, probe_server
+from app.views.controls import scrolling_page
 from app.views.style import current
 from engine.api import Loaded
 from engine.storage import Settings
@@ -86,16 +86,8 @@ class ToolsDialog(QDialog):
         self._enabled = set(settings.tools_enabled)
         self.probes: dict[str, ServerProbe] = {}
         self._new_servers: set[str] = set()
-        outer = QVBoxLayout(self)
-        scroll = QScrollArea()  # taller than an 800-pixel screen allows: the groups scroll, none is squeezed
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        page = QWidget()
-        column_of_groups = QVBoxLayout(page)
-        column_of_groups.setContentsMargins(0, 0, 0, 0)
-        scroll.setWidget(page)
-        outer.addWidget(scroll, 1)
+        # taller than an 800-pixel screen allows: the groups scroll, none is squeezed
+        outer, page, column_of_groups = scrolling_page(self)
 
         builtin = QGroupBox("Built-in tools")
         column = QVBoxLayout(builtin)

@@ -12,6 +12,9 @@ widget take the mouse wheel only once it has focus (a click or Tab): the
 wheel over an unfocused one scrolls the form around it instead of changing
 its value.  A scroll area's own scroll bars are left alone: they are what
 scrolls the form.
+
+:func:`scrolling_page` fills a dialog with a frameless, vertically scrolling page
+(dialogs taller than small screens: Settings, Tools).
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
     QHBoxLayout,
+    QScrollArea,
     QScrollBar,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -59,3 +64,19 @@ def guard_wheel(root: QWidget) -> None:
                 continue
             widget.setFocusPolicy(Qt.FocusPolicy.StrongFocus)  # the wheel never gives focus
             widget.installEventFilter(guard)
+
+
+def scrolling_page(dialog: QWidget) -> tuple[QVBoxLayout, QWidget, QVBoxLayout]:
+    """``dialog``'s area as a page that scrolls up and down (never sideways), without a frame: the dialog's
+    own column (for what stays below the page, such as its buttons), the page, and the page's column."""
+    outer = QVBoxLayout(dialog)
+    scroll = QScrollArea()
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    page = QWidget()
+    column = QVBoxLayout(page)
+    column.setContentsMargins(0, 0, 0, 0)
+    scroll.setWidget(page)
+    outer.addWidget(scroll, 1)
+    return outer, page, column

@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,17 @@ def ask_in_new_process(
         errors.seek(0)
         stderr = errors.read()
     return ColdAsk(metrics, first, total, usage.ru_maxrss * 1024, proc.returncode, stderr)
+
+
+def stop(process: subprocess.Popen[Any], sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+    """Send ``process`` ``sig`` (SIGTERM; SIGINT stops a pytest as Ctrl+C does, its report written) and wait
+    ``grace`` seconds for it to end, then kill it."""
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def run_python(code: str, env: dict[str, str] | None = None, cwd: str | Path | None = None) -> str:

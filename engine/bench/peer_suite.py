@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from engine.bench.common import markdown_table, save
+from engine.bench.common import markdown_table, save, stop
 
 FILES = (
     "test_basic.py",
@@ -97,12 +97,7 @@ def outcomes(python: str, suite: Path, files: list[str], port: int) -> dict[str,
             except subprocess.TimeoutExpired:
                 # pytest stops on SIGINT as on Ctrl+C and still writes the report of the tests it ran
                 print(f"{name} on port {port} passed {FILE_TIMEOUT_S} s and was stopped", flush=True)
-                child.send_signal(signal.SIGINT)
-                try:
-                    child.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+                stop(child, signal.SIGINT, 30)
             if report_file.is_file():
                 out |= read_junit(report_file)
     return out
@@ -162,11 +157,7 @@ class brisk_server:  # noqa: N801 (a context manager used as a function)
 
     def __exit__(self, *exc: object) -> None:
         if self.process is not None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+            stop(self.process, signal.SIGTERM, 30)
         self.scratch.cleanup()
 
 

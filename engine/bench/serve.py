@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from engine.bench.common import BRISK, median, percentile, spread, table
+from engine.bench.common import BRISK, median, percentile, spread, stop, table
 from engine.bench.versus import GROUNDED, OPEN
 
 STAGGER_S = 0.25
@@ -214,11 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
     finally:
         for child in children:
-            child.terminate()
-            try:
-                child.wait(20)
-            except subprocess.TimeoutExpired:
-                child.kill()
+            stop(child)
     rows, summary = [], {}
     for key_name, runs in raw.items():
         name, pattern, how_many = key_name.split("|")

@@ -38,7 +38,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.bench.common import markdown_table, median, percentile, run_python, save, spread
+from engine.bench.common import markdown_table, median, percentile, run_python, save, spread, stop
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository, where ``python -m engine.bench...`` finds engine/
 
@@ -299,12 +299,7 @@ def server_run(variant: str) -> dict[str, float]:
             client.close()
         out["RSS after requests MB"] = rss_mb(server.pid)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, signal.SIGTERM, 10)
     return out
 
 

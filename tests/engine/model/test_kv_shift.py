@@ -75,12 +75,21 @@ def test_reuse_moves_follows_llama_servers_loop() -> None:
     assert reuse_moves([*b, *a, 7, 7, *c], [*a, *c, 1], 16) == (0, [(10, 0, 40), (52, 40, 40)])
 
 
-def test_a_moved_state_holds_re_rotated_keys_and_the_same_values(tiny: Any) -> None:
+@pytest.fixture
+def cached(tiny: Any) -> tuple[list[int], KVState, PrefixCache]:
+    """A 60-token prompt's KV, and a prefix cache holding it under "old"."""
     prompt = list(range(10, 70))
     state = KVState()
     forward(tiny, state, prompt)
     cache = PrefixCache("tiny")
     cache.insert("old", state)
+    return prompt, state, cache
+
+
+def test_a_moved_state_holds_re_rotated_keys_and_the_same_values(
+    tiny: Any, cached: tuple[list[int], KVState, PrefixCache]
+) -> None:
+    prompt, state, cache = cached
     new = [*prompt[:8], *prompt[28:], 5]  # 20 tokens deleted after the first 8
     got = cache.lookup(new, reuse=16, model=tiny)
     assert got.tokens == new[:-1] and len(got) == 40
@@ -97,12 +106,10 @@ def test_a_moved_state_holds_re_rotated_keys_and_the_same_values(tiny: Any) -> N
     torch.testing.assert_close(again.cache.layers[0].keys, got.cache.layers[0].keys[..., :40, :])
 
 
-def test_new_tokens_before_a_chunk_are_computed_and_counted(tiny: Any) -> None:
-    prompt = list(range(10, 70))
-    state = KVState()
-    forward(tiny, state, prompt)
-    cache = PrefixCache("tiny")
-    cache.insert("old", state)
+def test_new_tokens_before_a_chunk_are_computed_and_counted(
+    tiny: Any, cached: tuple[list[int], KVState, PrefixCache]
+) -> None:
+    prompt, state, cache = cached
     typed = [*prompt[:8], 3, 4, *prompt[8:], 5]  # two tokens typed after the first 8
     got = cache.lookup(typed, reuse=16, model=tiny)
     assert got.tokens == typed[:-1] and got.computed == 2
